@@ -1,0 +1,54 @@
+// Host-side helpers shared by the CPU and CUDA implementations: argument checks and the pre-scaling
+// z = x / lengthscale that every kernel works on.
+//
+// Every registered op takes canonical shapes; the Python wrapper (gpfast/ops.py) broadcasts the user's
+// shapes into them:
+//   x1: (B, n, d)   x2: (B, m, d)   lengthscale: (B, d)   outputscale: (B)   v: (B, m, t)
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+namespace gpfast {
+
+inline void check_canonical(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                            const at::Tensor& outputscale, const char* op) {
+  TORCH_CHECK(x1.dim() == 3, op, ": x1 must be (B, n, d), got ", x1.dim(), " dims with shape ", x1.sizes());
+  TORCH_CHECK(x2.dim() == 3, op, ": x2 must be (B, m, d), got ", x2.dim(), " dims with shape ", x2.sizes());
+  TORCH_CHECK(x1.size(0) == x2.size(0), op, ": batch of x1 (", x1.size(0), ") and x2 (", x2.size(0),
+              ") must match");
+  TORCH_CHECK(x1.size(2) == x2.size(2), op, ": x1 has d=", x1.size(2), " features but x2 has d=", x2.size(2));
+  TORCH_CHECK(lengthscale.dim() == 2 && lengthscale.size(0) == x1.size(0) && lengthscale.size(1) == x1.size(2),
+              op, ": lengthscale must be (B, d) = (", x1.size(0), ", ", x1.size(2), "), got ", lengthscale.sizes());
+  TORCH_CHECK(outputscale.dim() == 1 && outputscale.size(0) == x1.size(0), op, ": outputscale must be (B,) = (",
+              x1.size(0), ",), got ", outputscale.sizes());
+  TORCH_CHECK(x1.scalar_type() == at::kFloat || x1.scalar_type() == at::kDouble, op,
+              ": x1 must be float32 or float64, got ", x1.scalar_type());
+  for (const at::Tensor* t : {&x2, &lengthscale, &outputscale}) {
+    TORCH_CHECK(t->scalar_type() == x1.scalar_type(), op, ": all inputs must share x1's dtype ",
+                x1.scalar_type(), ", got ", t->scalar_type());
+    TORCH_CHECK(t->device() == x1.device(), op, ": all inputs must be on x1's device ", x1.device(), ", got ",
+                t->device());
+  }
+}
+
+inline void check_rhs(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& v, const char* op) {
+  TORCH_CHECK(v.dim() == 3 && v.size(0) == x2.size(0) && v.size(1) == x2.size(1), op,
+              ": v must be (B, m, t) with (B, m) = (", x2.size(0), ", ", x2.size(1), "), got ", v.sizes());
+  TORCH_CHECK(v.scalar_type() == x1.scalar_type(), op, ": v must share x1's dtype ", x1.scalar_type(), ", got ",
+              v.scalar_type());
+  TORCH_CHECK(v.device() == x1.device(), op, ": v must be on x1's device ", x1.device(), ", got ", v.device());
+}
+
+// z = x / lengthscale, contiguous, zero-padded on the feature axis to `dpad` columns. Zero columns add
+// nothing to a squared distance and get zero gradient, so kernels may round d up freely.
+inline at::Tensor prescale(const at::Tensor& x, const at::Tensor& lengthscale, int64_t dpad) {
+  at::Tensor z = x / lengthscale.unsqueeze(1);
+  const int64_t d = x.size(2);
+  if (dpad == d) return z.contiguous();
+  at::Tensor out = at::zeros({x.size(0), x.size(1), dpad}, x.options());
+  out.narrow(2, 0, d).copy_(z);
+  return out;
+}
+
+}  // namespace gpfast

@@ -1,0 +1,198 @@
+// CPU implementations of the gpfast ops: plain loops over pre-scaled inputs, parallel over rows with
+// at::parallel_for. They favour clarity and exact accumulation order over speed; CI runs on them.
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+#include "../common.h"
+
+namespace gpfast {
+namespace {
+
+template <typename T>
+inline T sq_dist(const T* a, const T* b, int64_t d) {
+  T acc = 0;
+  for (int64_t k = 0; k < d; ++k) {
+    const T diff = a[k] - b[k];
+    acc += diff * diff;
+  }
+  return acc;
+}
+
+at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                          const at::Tensor& outputscale) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance");
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  at::Tensor out = at::empty({B, n, m}, x1.options());
+  if (out.numel() == 0) return out;
+  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor s = outputscale.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_cpu", [&] {
+    const scalar_t* pz1 = z1.data_ptr<scalar_t>();
+    const scalar_t* pz2 = z2.data_ptr<scalar_t>();
+    const scalar_t* ps = s.data_ptr<scalar_t>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t b = r / n;
+        const scalar_t* a = pz1 + r * d;
+        const scalar_t* zb = pz2 + b * m * d;
+        scalar_t* row = po + r * m;
+        for (int64_t j = 0; j < m; ++j) row[j] = ps[b] * std::exp(scalar_t(-0.5) * sq_dist(a, zb + j * d, d));
+      }
+    });
+  });
+  return out;
+}
+
+// One pass over the rows of a (B, n, m) weight W given by `weight(b, i, j, dot_fn)`; per row i it
+// accumulates A_i = sum_j W_ij (z1_i - z2_j) and, when `with_l`, L_i = sum_j W_ij (z1_i - z2_j)^2 and
+// S_i = sum_j W_ij / s. The gradients of both ops are built from two such passes (rows, then columns
+// as the rows of the transposed problem), so no n x m intermediate is ever stored.
+template <typename scalar_t, typename GradFn>
+void row_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int64_t B, int64_t n, int64_t m,
+              int64_t d, bool with_l, GradFn grad_of, scalar_t* A, scalar_t* L, scalar_t* S) {
+  at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<scalar_t> diff(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / n, i = r % n;
+      const scalar_t* a = pz1 + r * d;
+      const scalar_t* zb = pz2 + b * m * d;
+      scalar_t* Ar = A + r * d;
+      scalar_t* Lr = with_l ? L + r * d : nullptr;
+      scalar_t srow = 0;
+      for (int64_t k = 0; k < d; ++k) {
+        Ar[k] = 0;
+        if (with_l) Lr[k] = 0;
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const scalar_t* c = zb + j * d;
+        scalar_t dist = 0;
+        for (int64_t k = 0; k < d; ++k) {
+          diff[k] = a[k] - c[k];
+          dist += diff[k] * diff[k];
+        }
+        const scalar_t ge = grad_of(b, i, j) * std::exp(scalar_t(-0.5) * dist);  // dLoss/ds contribution
+        const scalar_t w = ps[b] * ge;                                             // G_ij * K_ij
+        srow += ge;
+        for (int64_t k = 0; k < d; ++k) {
+          const scalar_t wd = w * diff[k];
+          Ar[k] += wd;
+          if (with_l) Lr[k] += wd * diff[k];
+        }
+      }
+      if (with_l) S[r] = srow;
+    }
+  });
+}
+
+// Assemble (gx1, gx2, glengthscale, goutputscale) from the row and column passes. With z = x / l:
+// dK/dx1 = -K (z1 - z2) / l, dK/dx2 = +K (z1 - z2) / l, dK/dl_k = K (z1_k - z2_k)^2 / l_k, dK/ds = K / s.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> assemble_grads(const at::Tensor& A1, const at::Tensor& A2,
+                                                                          const at::Tensor& L, const at::Tensor& S,
+                                                                          const at::Tensor& lengthscale) {
+  const at::Tensor l = lengthscale.unsqueeze(1);
+  return {-A1 / l, -A2 / l, L.sum(1) / lengthscale, S.sum(1)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_cpu(const at::Tensor& grad,
+                                                                                   const at::Tensor& x1,
+                                                                                   const at::Tensor& x2,
+                                                                                   const at::Tensor& lengthscale,
+                                                                                   const at::Tensor& outputscale) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance_backward");
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m,
+              "rbf_covariance_backward: grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
+  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor s = outputscale.contiguous();
+  const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
+  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);
+  at::Tensor S = at::zeros({B, n}, x1.options());
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cpu", [&] {
+    const scalar_t* pg = G.data_ptr<scalar_t>();
+    const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
+    row_pass<scalar_t>(
+        pz1, pz2, ps, B, n, m, d, true, [&](int64_t b, int64_t i, int64_t j) { return pg[(b * n + i) * m + j]; },
+        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>());
+    row_pass<scalar_t>(
+        pz2, pz1, ps, B, m, n, d, false, [&](int64_t b, int64_t j, int64_t i) { return pg[(b * n + i) * m + j]; },
+        A2.data_ptr<scalar_t>(), nullptr, nullptr);
+  });
+  return assemble_grads(A1, A2, L, S, lengthscale);
+}
+
+at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                      const at::Tensor& outputscale, const at::Tensor& v) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul");
+  check_rhs(x1, x2, v, "rbf_matmul");
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
+  at::Tensor out = at::zeros({B, n, t}, x1.options());
+  if (out.numel() == 0 || m == 0) return out;
+  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor s = outputscale.contiguous();
+  const at::Tensor V = v.contiguous();
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_cpu", [&] {
+    const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
+    const scalar_t* pv = V.data_ptr<scalar_t>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t b = r / n;
+        const scalar_t* a = pz1 + r * d;
+        scalar_t* orow = po + r * t;
+        for (int64_t j = 0; j < m; ++j) {
+          const scalar_t e = std::exp(scalar_t(-0.5) * sq_dist(a, pz2 + (b * m + j) * d, d));
+          const scalar_t* vrow = pv + (b * m + j) * t;
+          for (int64_t c = 0; c < t; ++c) orow[c] += e * vrow[c];
+        }
+        for (int64_t c = 0; c < t; ++c) orow[c] *= ps[b];
+      }
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
+    const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+    const at::Tensor& outputscale, const at::Tensor& v) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul_backward");
+  check_rhs(x1, x2, v, "rbf_matmul_backward");
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
+  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == t,
+              "rbf_matmul_backward: grad must be (B, n, t) = (", B, ", ", n, ", ", t, "), got ", grad.sizes());
+  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor s = outputscale.contiguous();
+  const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
+  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);
+  at::Tensor S = at::zeros({B, n}, x1.options());
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_backward_cpu", [&] {
+    const scalar_t *pg = G.data_ptr<scalar_t>(), *pv = V.data_ptr<scalar_t>();
+    const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
+    // The weight of pair (i, j) is dLoss/dK_ij = G_i . V_j.
+    auto dot = [t](const scalar_t* a, const scalar_t* b) {
+      scalar_t acc = 0;
+      for (int64_t c = 0; c < t; ++c) acc += a[c] * b[c];
+      return acc;
+    };
+    row_pass<scalar_t>(
+        pz1, pz2, ps, B, n, m, d, true,
+        [&](int64_t b, int64_t i, int64_t j) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
+        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>());
+    row_pass<scalar_t>(
+        pz2, pz1, ps, B, m, n, d, false,
+        [&](int64_t b, int64_t j, int64_t i) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
+        A2.data_ptr<scalar_t>(), nullptr, nullptr);
+  });
+  return assemble_grads(A1, A2, L, S, lengthscale);
+}
+
+}  // namespace
+}  // namespace gpfast
+
+TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
+  m.impl("rbf_covariance", &gpfast::covariance_cpu);
+  m.impl("rbf_covariance_backward", &gpfast::covariance_backward_cpu);
+  m.impl("rbf_matmul", &gpfast::matmul_cpu);
+  m.impl("rbf_matmul_backward", &gpfast::matmul_backward_cpu);
+}

@@ -1,0 +1,36 @@
+// The gpfast op schemas, in one place. CPU and CUDA implementations live in cpu/ and cuda/; the fake
+// (meta) implementations and autograd formulas are registered from Python (gpfast/ops.py).
+#include "common.h"
+
+namespace gpfast {
+
+// K(x1_i, x2_i) for paired rows (GPyTorch's diag=True). O(n d) work, so it is written with ATen ops and
+// registered as CompositeImplicitAutograd: autograd, meta and every backend come for free.
+at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                               const at::Tensor& outputscale) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance_diag");
+  TORCH_CHECK(x1.size(1) == x2.size(1), "rbf_covariance_diag: diag=True needs as many rows in x2 as in x1, got n=",
+              x1.size(1), " and m=", x2.size(1));
+  at::Tensor diff = (x1 - x2) / lengthscale.unsqueeze(1);
+  return outputscale.unsqueeze(1) * at::exp(-0.5 * diff.pow(2).sum(-1));
+}
+
+}  // namespace gpfast
+
+TORCH_LIBRARY(gpfast, m) {
+  m.def("rbf_covariance(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale) -> Tensor");
+  m.def(
+      "rbf_covariance_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale)"
+      " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("rbf_covariance_diag(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale) -> Tensor");
+  m.def("rbf_matmul(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v) -> Tensor");
+  // Gradients of K(x1, x2) @ v for x1, x2, lengthscale, outputscale (the v-gradient is K^T grad, which is
+  // rbf_matmul itself with x1 and x2 swapped).
+  m.def(
+      "rbf_matmul_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v)"
+      " -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
+  m.impl("rbf_covariance_diag", &gpfast::rbf_covariance_diag);
+}
