@@ -1,0 +1,330 @@
+"""Exact float64 Cholesky routines for a GP on a dense covariance matrix.
+
+These are the textbook algorithms (Rasmussen & Williams, *Gaussian Processes for Machine Learning*, 2006,
+Algorithm 2.1), written in torch so that they run on the GPU as well as the CPU. Everything is computed in
+float64 whatever the dtype of the inputs: the point of this module is an exact reference answer (log marginal
+likelihood, posterior mean and variance) for hyperparameters that may have been trained in float32.
+
+* :func:`robust_cholesky` factors ``A = L L^T`` with ``torch.linalg.cholesky_ex`` and, when that fails,
+  retries with a growing jitter on the diagonal (1e-8 .. 1e-4 times the mean diagonal), warning with the
+  jitter it used, and raising :class:`CholeskyError` when it still fails.
+* :func:`exact_mll` is the log marginal likelihood ``log N(y | mean, K + noise I)`` divided by n, i.e. the
+  *average per data point*, the same normalisation as GPyTorch's ``ExactMarginalLogLikelihood``.
+* :class:`CholeskyPredictor` factors ``K + noise I`` once, then gives the posterior mean, variance and
+  (optionally) full covariance at test points from their cross-covariances ``K_*`` in bounded-memory chunks.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable, Optional, Sequence, Tuple, Union
+
+import torch
+
+__all__ = [
+    "CholeskyError",
+    "CholeskyJitterWarning",
+    "DEFAULT_JITTERS",
+    "robust_cholesky",
+    "exact_mll",
+    "CholeskyPredictor",
+]
+
+#: Relative jitters tried in turn (times the mean of the diagonal) when the plain factorisation fails.
+DEFAULT_JITTERS: Tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4)
+
+# Upper bound on the size (in bytes) of the (n, chunk) float64 temporaries used to solve for test points.
+_CHUNK_BYTES = 256 * 2**20
+
+TensorLike = Union[torch.Tensor, float, int]
+
+
+class CholeskyError(torch.linalg.LinAlgError):
+    """The covariance matrix is not positive definite, even after adding the largest jitter."""
+
+
+class CholeskyJitterWarning(RuntimeWarning):
+    """The Cholesky factorisation only succeeded after adding jitter to the diagonal."""
+
+
+def _as_f64(x: TensorLike, device) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.float64, device=device)
+
+
+def robust_cholesky(
+    A: torch.Tensor,
+    jitters: Sequence[float] = DEFAULT_JITTERS,
+    overwrite: bool = False,
+) -> Tuple[torch.Tensor, float]:
+    """Lower Cholesky factor of the symmetric matrix ``A`` (n, n), in float64.
+
+    Tries the plain factorisation first; if it fails, adds ``jitter * mean(diag(A))`` to the diagonal for each
+    relative jitter in ``jitters`` (increasing) until it succeeds, and warns (:class:`CholeskyJitterWarning`)
+    with the jitter it used.
+
+    Args:
+        A: symmetric matrix (n, n). Cast to float64 (a copy unless it already is float64 and ``overwrite``).
+        jitters: relative jitters to try, in increasing order.
+        overwrite: allow the function to add the jitter to ``A``'s diagonal in place (saves one n x n copy
+            when ``A`` is already float64; its diagonal is then left with the jitter added).
+
+    Returns:
+        ``(L, jitter)``: ``L`` the lower factor (float64), ``jitter`` the absolute jitter added to the
+        diagonal (0.0 when none was needed).
+
+    Raises:
+        CholeskyError: the matrix is not positive definite even with the largest jitter.
+    """
+    if A.dim() != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"A must be a square matrix (n, n), got shape {tuple(A.shape)}")
+    if A.dtype != torch.float64 or not overwrite:
+        A = A.to(torch.float64, copy=True)
+    if not bool(torch.isfinite(A.diagonal()).all()):
+        raise CholeskyError("cannot factor the covariance matrix: its diagonal contains NaN or inf")
+    L, info = torch.linalg.cholesky_ex(A)
+    if int(info) == 0:
+        return L, 0.0
+    scale = float(A.diagonal().mean())
+    if not math.isfinite(scale) or scale <= 0:
+        scale = 1.0
+    added = 0.0
+    diag = A.diagonal()
+    for rel in jitters:
+        jitter = rel * scale
+        diag.add_(jitter - added)  # total jitter on the diagonal is now `jitter`
+        added = jitter
+        L, info = torch.linalg.cholesky_ex(A)
+        if int(info) == 0:
+            warnings.warn(
+                f"Cholesky factorisation of the {A.shape[0]}x{A.shape[0]} covariance matrix failed without "
+                f"jitter; succeeded after adding {jitter:.3g} to the diagonal ({rel:.0e} x its mean "
+                f"{scale:.3g}).",
+                CholeskyJitterWarning,
+                stacklevel=2,
+            )
+            return L, jitter
+    raise CholeskyError(
+        f"Cholesky factorisation of the {A.shape[0]}x{A.shape[0]} covariance matrix failed even after adding "
+        f"jitter {added:.3g} ({jitters[-1]:.0e} x the mean diagonal {scale:.3g}); the matrix is not positive "
+        f"definite (info={int(info)}). Check the inputs for duplicated points with a tiny noise, or increase "
+        f"the noise."
+    )
+
+
+def _residual(y: torch.Tensor, mean: TensorLike) -> torch.Tensor:
+    y = y.to(torch.float64).reshape(-1)
+    return y - _as_f64(mean, y.device)
+
+
+def exact_mll(
+    K: torch.Tensor,
+    y: torch.Tensor,
+    noise: TensorLike,
+    mean: TensorLike = 0.0,
+    jitters: Sequence[float] = DEFAULT_JITTERS,
+) -> torch.Tensor:
+    """Exact log marginal likelihood of a GP, **averaged per data point**, in float64.
+
+    Rasmussen & Williams Algorithm 2.1 with ``L = cholesky(K + noise I)``, ``alpha = L^T \\ (L \\ (y - mean))``::
+
+        log p(y) = -0.5 (y - mean)^T alpha - sum(log diag L) - n/2 log(2 pi)
+
+    and the return value is ``log p(y) / n``, the same normalisation as GPyTorch's
+    ``ExactMarginalLogLikelihood`` (so ``-exact_mll(...)`` is comparable with its training loss). Multiply by
+    ``n`` for the total.
+
+    Args:
+        K: noise-free prior covariance of the training points (n, n).
+        y: targets (n,) or (n, 1).
+        noise: Gaussian noise variance (scalar, or a (n,) tensor for heteroscedastic noise).
+        mean: prior mean (scalar or (n,)).
+
+    Returns:
+        0-dim float64 tensor.
+    """
+    r = _residual(y, mean)
+    n = r.shape[0]
+    if K.shape != (n, n):
+        raise ValueError(f"K must have shape ({n}, {n}) to match y, got {tuple(K.shape)}")
+    A = K.to(torch.float64, copy=True)
+    A.diagonal().add_(_as_f64(noise, A.device))
+    L, _ = robust_cholesky(A, jitters=jitters, overwrite=True)
+    del A
+    alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+    total = -0.5 * (r @ alpha) - L.diagonal().log().sum() - 0.5 * n * math.log(2 * math.pi)
+    return total / n
+
+
+class CholeskyPredictor:
+    """Exact GP posterior from a dense training covariance, factored once in float64.
+
+    ``CholeskyPredictor(K_train, y, noise, mean)`` factors ``K_train + noise I = L L^T`` (with jitter retries,
+    see :func:`robust_cholesky`) and stores ``L`` and ``alpha = (K_train + noise I)^{-1} (y - mean)``.
+    :meth:`predict` then returns, for test points with cross-covariances ``K_* = k(X_train, X_test)``
+    (n, n_test) and prior variances ``k_** = diag k(X_test, X_test)`` (n_test,)::
+
+        mean = K_*^T alpha + mean
+        var  = max(k_** - |L^{-1} K_*|^2, 0)     (+ noise with ``include_noise=True``)
+
+    solving in chunks of test points so the temporaries stay below ~256 MB.
+
+    Args:
+        K_train: noise-free prior covariance of the training points (n, n).
+        y: training targets (n,) or (n, 1).
+        noise: Gaussian noise variance (float or 0-dim tensor).
+        mean: constant prior mean.
+        overwrite: allow ``K_train`` (if already float64) to be overwritten (saves an n x n copy).
+        jitters: see :func:`robust_cholesky`.
+
+    Attributes:
+        L: lower Cholesky factor (n, n) float64 of ``K_train + (noise + jitter) I``.
+        alpha: (n,) float64.
+        jitter: absolute jitter that had to be added to the diagonal (0.0 normally).
+        noise, mean: as given (float).
+        n: number of training points.
+    """
+
+    def __init__(
+        self,
+        K_train: torch.Tensor,
+        y: torch.Tensor,
+        noise: TensorLike,
+        mean: TensorLike = 0.0,
+        overwrite: bool = False,
+        jitters: Sequence[float] = DEFAULT_JITTERS,
+    ):
+        r = _residual(y, mean)
+        n = r.shape[0]
+        if K_train.shape != (n, n):
+            raise ValueError(f"K_train must have shape ({n}, {n}) to match y, got {tuple(K_train.shape)}")
+        self.n = n
+        self.noise = float(noise)
+        self.mean = float(mean)
+        if overwrite and K_train.dtype == torch.float64:
+            A = K_train
+        else:
+            A = K_train.to(torch.float64, copy=True)
+        A.diagonal().add_(self.noise)
+        self.L, self.jitter = robust_cholesky(A, jitters=jitters, overwrite=True)
+        del A
+        self.alpha = torch.cholesky_solve(r.unsqueeze(-1), self.L).squeeze(-1)
+        self._r = r
+
+    @property
+    def device(self) -> torch.device:
+        return self.L.device
+
+    def log_marginal_likelihood(self) -> torch.Tensor:
+        """Total (not averaged) exact log marginal likelihood ``log N(y | mean, K + noise I)`` (float64)."""
+        n = self.n
+        return -0.5 * (self._r @ self.alpha) - self.L.diagonal().log().sum() - 0.5 * n * math.log(2 * math.pi)
+
+    def chunk_size(self) -> int:
+        """Number of test points per chunk so an (n, chunk) float64 block stays under ~256 MB."""
+        return max(1, _CHUNK_BYTES // (8 * max(self.n, 1)))
+
+    def predict(
+        self,
+        K_star: torch.Tensor,
+        k_star_star: Optional[torch.Tensor] = None,
+        return_var: bool = False,
+        include_noise: bool = False,
+        K_star_star: Optional[torch.Tensor] = None,
+        return_cov: bool = False,
+    ):
+        """Posterior at test points.
+
+        Args:
+            K_star: cross-covariance (n, n_test) between the training and test points.
+            k_star_star: prior variances (n_test,) of the test points (needed for ``return_var``).
+            return_var: also return the posterior variance (n_test,).
+            include_noise: add the noise variance (predictive variance of a noisy target ``y`` rather than of
+                the latent ``f``).
+            K_star_star: prior covariance (n_test, n_test) of the test points (needed for ``return_cov``).
+            return_cov: also return the full posterior covariance (n_test, n_test) (symmetrised).
+
+        Returns:
+            ``mean`` (n_test,) float64, or ``(mean, var)`` / ``(mean, cov)``.
+        """
+        if return_var and return_cov:
+            raise ValueError("at most one of return_var and return_cov can be True")
+        if K_star.dim() != 2 or K_star.shape[0] != self.n:
+            raise ValueError(f"K_star must have shape ({self.n}, n_test), got {tuple(K_star.shape)}")
+        K_star = K_star.to(device=self.device, dtype=torch.float64)
+        n_test = K_star.shape[1]
+        mean = K_star.T @ self.alpha + self.mean
+        if return_cov:
+            if K_star_star is None:
+                raise ValueError("return_cov=True needs K_star_star, the (n_test, n_test) prior covariance")
+            V = torch.linalg.solve_triangular(self.L, K_star, upper=False)
+            cov = K_star_star.to(device=self.device, dtype=torch.float64) - V.T @ V
+            cov = 0.5 * (cov + cov.T)
+            if include_noise:
+                cov.diagonal().add_(self.noise)
+            return mean, cov
+        if not return_var:
+            return mean
+        if k_star_star is None:
+            raise ValueError("return_var=True needs k_star_star, the (n_test,) prior variances")
+        kss = k_star_star.to(device=self.device, dtype=torch.float64).reshape(-1)
+        var = torch.empty(n_test, dtype=torch.float64, device=self.device)
+        step = self.chunk_size()
+        for s in range(0, n_test, step):
+            V = torch.linalg.solve_triangular(self.L, K_star[:, s : s + step], upper=False)
+            var[s : s + step] = kss[s : s + step] - V.pow(2).sum(0)
+        var.clamp_(min=0.0)
+        if include_noise:
+            var.add_(self.noise)
+        return mean, var
+
+    def predict_from_kernel(
+        self,
+        kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        x_train: torch.Tensor,
+        x_test: torch.Tensor,
+        prior_var: Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]],
+        return_var: bool = False,
+        return_cov: bool = False,
+        include_noise: bool = False,
+        chunk_size: Optional[int] = None,
+    ):
+        """Like :meth:`predict`, forming ``K_*`` chunk by chunk with ``kernel(x_train, x_test_chunk)``.
+
+        Only an (n, chunk) block of ``K_*`` exists at a time (unless ``return_cov``, which needs all of it).
+
+        Args:
+            kernel: ``kernel(a, b)`` returns the (len(a), len(b)) float64 covariance.
+            x_train: (n, d) training inputs in the units ``kernel`` expects.
+            x_test: (n_test, d) test inputs.
+            prior_var: prior variance ``k(x, x)``: a constant (stationary kernel), an (n_test,) tensor, or a
+                callable ``prior_var(x_chunk) -> (chunk,)``.
+            chunk_size: test points per chunk (default :meth:`chunk_size`).
+        """
+        n_test = x_test.shape[0]
+        if return_cov:
+            K_star = kernel(x_train, x_test)
+            K_ss = kernel(x_test, x_test)
+            return self.predict(K_star, return_cov=True, K_star_star=K_ss, include_noise=include_noise)
+        step = chunk_size or self.chunk_size()
+        means, variances = [], []
+        for s in range(0, n_test, step):
+            xc = x_test[s : s + step]
+            K_star = kernel(x_train, xc)
+            if not return_var:
+                means.append(self.predict(K_star))
+                continue
+            if callable(prior_var):
+                kss = prior_var(xc)
+            elif torch.is_tensor(prior_var) and prior_var.dim() > 0:
+                kss = prior_var[s : s + step]
+            else:
+                kss = torch.full((xc.shape[0],), float(prior_var), dtype=torch.float64, device=self.device)
+            m, v = self.predict(K_star, kss, return_var=True, include_noise=include_noise)
+            means.append(m)
+            variances.append(v)
+        empty = torch.zeros(0, dtype=torch.float64, device=self.device)
+        mean = torch.cat(means) if means else empty
+        if not return_var:
+            return mean
+        return mean, (torch.cat(variances) if variances else empty)
