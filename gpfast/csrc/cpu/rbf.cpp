@@ -2,18 +2,22 @@
 // at::parallel_for. They favour clarity and exact accumulation order over speed; CI runs on them.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "../common.h"
 
 namespace gpfast {
 namespace {
 
+// Sums are accumulated in double whatever the input dtype: on the CPU it costs little, and it keeps the float32
+// result as close to the float64 reference as its rounding allows.
 template <typename T>
-inline T sq_dist(const T* a, const T* b, int64_t d) {
-  T acc = 0;
+inline double sq_dist(const T* a, const T* b, int64_t d) {
+  double acc = 0;
   for (int64_t k = 0; k < d; ++k) {
-    const T diff = a[k] - b[k];
+    const double diff = static_cast<double>(a[k] - b[k]);
     acc += diff * diff;
   }
   return acc;
@@ -38,7 +42,7 @@ at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::
         const scalar_t* a = pz1 + r * d;
         const scalar_t* zb = pz2 + b * m * d;
         scalar_t* row = po + r * m;
-        for (int64_t j = 0; j < m; ++j) row[j] = ps[b] * std::exp(scalar_t(-0.5) * sq_dist(a, zb + j * d, d));
+        for (int64_t j = 0; j < m; ++j) row[j] = static_cast<scalar_t>(ps[b] * std::exp(-0.5 * sq_dist(a, zb + j * d, d)));
       }
     });
   });
@@ -53,35 +57,37 @@ template <typename scalar_t, typename GradFn>
 void row_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int64_t B, int64_t n, int64_t m,
               int64_t d, bool with_l, GradFn grad_of, scalar_t* A, scalar_t* L, scalar_t* S) {
   at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) {
-    std::vector<scalar_t> diff(d);
+    std::vector<double> diff(d), acc_a(d), acc_l(d);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / n, i = r % n;
       const scalar_t* a = pz1 + r * d;
       const scalar_t* zb = pz2 + b * m * d;
       scalar_t* Ar = A + r * d;
       scalar_t* Lr = with_l ? L + r * d : nullptr;
-      scalar_t srow = 0;
-      for (int64_t k = 0; k < d; ++k) {
-        Ar[k] = 0;
-        if (with_l) Lr[k] = 0;
-      }
+      double srow = 0;
+      std::fill(acc_a.begin(), acc_a.end(), 0.0);
+      std::fill(acc_l.begin(), acc_l.end(), 0.0);
       for (int64_t j = 0; j < m; ++j) {
         const scalar_t* c = zb + j * d;
-        scalar_t dist = 0;
+        double dist = 0;
         for (int64_t k = 0; k < d; ++k) {
-          diff[k] = a[k] - c[k];
+          diff[k] = static_cast<double>(a[k] - c[k]);
           dist += diff[k] * diff[k];
         }
-        const scalar_t ge = grad_of(b, i, j) * std::exp(scalar_t(-0.5) * dist);  // dLoss/ds contribution
-        const scalar_t w = ps[b] * ge;                                             // G_ij * K_ij
+        const double ge = static_cast<double>(grad_of(b, i, j)) * std::exp(-0.5 * dist);  // dLoss/ds contribution
+        const double w = ps[b] * ge;                                                        // G_ij * K_ij
         srow += ge;
         for (int64_t k = 0; k < d; ++k) {
-          const scalar_t wd = w * diff[k];
-          Ar[k] += wd;
-          if (with_l) Lr[k] += wd * diff[k];
+          const double wd = w * diff[k];
+          acc_a[k] += wd;
+          if (with_l) acc_l[k] += wd * diff[k];
         }
       }
-      if (with_l) S[r] = srow;
+      for (int64_t k = 0; k < d; ++k) {
+        Ar[k] = static_cast<scalar_t>(acc_a[k]);
+        if (with_l) Lr[k] = static_cast<scalar_t>(acc_l[k]);
+      }
+      if (with_l) S[r] = static_cast<scalar_t>(srow);
     }
   });
 }
@@ -137,16 +143,17 @@ at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     const scalar_t* pv = V.data_ptr<scalar_t>();
     scalar_t* po = out.data_ptr<scalar_t>();
     at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> acc(t);
       for (int64_t r = begin; r < end; ++r) {
         const int64_t b = r / n;
         const scalar_t* a = pz1 + r * d;
-        scalar_t* orow = po + r * t;
+        std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j < m; ++j) {
-          const scalar_t e = std::exp(scalar_t(-0.5) * sq_dist(a, pz2 + (b * m + j) * d, d));
+          const double e = std::exp(-0.5 * sq_dist(a, pz2 + (b * m + j) * d, d));
           const scalar_t* vrow = pv + (b * m + j) * t;
-          for (int64_t c = 0; c < t; ++c) orow[c] += e * vrow[c];
+          for (int64_t c = 0; c < t; ++c) acc[c] += e * vrow[c];
         }
-        for (int64_t c = 0; c < t; ++c) orow[c] *= ps[b];
+        for (int64_t c = 0; c < t; ++c) po[r * t + c] = static_cast<scalar_t>(ps[b] * acc[c]);
       }
     });
   });
@@ -171,8 +178,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
     const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
     // The weight of pair (i, j) is dLoss/dK_ij = G_i . V_j.
     auto dot = [t](const scalar_t* a, const scalar_t* b) {
-      scalar_t acc = 0;
-      for (int64_t c = 0; c < t; ++c) acc += a[c] * b[c];
+      double acc = 0;
+      for (int64_t c = 0; c < t; ++c) acc += static_cast<double>(a[c]) * b[c];
       return acc;
     };
     row_pass<scalar_t>(

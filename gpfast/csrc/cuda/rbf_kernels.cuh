@@ -79,11 +79,14 @@ __global__ void __launch_bounds__(kCovThreads) cov_fwd_kernel(const CovFwdArgs<T
   const T* z2 = a.z2 + b * a.m * a.dp;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 
-  T acc[4][4];
+  // four accumulation chains per output (features k mod 4): shorter rounding chains and more ILP
+  T acc[4][4][4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+  for (int u = 0; u < 4; ++u)
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[r][c] = T(0);
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[u][r][c] = T(0);
 
   for (int k0 = 0; k0 < a.dp; k0 += kCovChunk) {
     const int kc = min(kCovChunk, a.dp - k0);
@@ -93,18 +96,20 @@ __global__ void __launch_bounds__(kCovThreads) cov_fwd_kernel(const CovFwdArgs<T
       s2[k][r] = (j0 + r < a.m) ? z2[(j0 + r) * a.dp + k0 + k] : T(0);
     }
     __syncthreads();
-#pragma unroll 4
-    for (int k = 0; k < kc; ++k) {
-      T xa[4], xb[4];
-      load4(&s1[k][ty * 4], xa);
-      load4(&s2[k][tx * 4], xb);
+    for (int k = 0; k < kc; k += 4) {  // kc is a multiple of 4
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
+      for (int u = 0; u < 4; ++u) {
+        T xa[4], xb[4];
+        load4(&s1[k + u][ty * 4], xa);
+        load4(&s2[k + u][tx * 4], xb);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const T diff = xa[r] - xb[c];
-          acc[r][c] = fma(diff, diff, acc[r][c]);
-        }
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const T diff = xa[r] - xb[c];
+            acc[u][r][c] = fma(diff, diff, acc[u][r][c]);
+          }
+      }
     }
     __syncthreads();
   }
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(kCovThreads) cov_fwd_kernel(const CovFwdArgs<T
     if (i >= a.n) break;
     T v[4];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) v[c] = s * exp_neg_half(acc[r][c]);
+    for (int c = 0; c < 4; ++c) v[c] = s * exp_neg_half((acc[0][r][c] + acc[1][r][c]) + (acc[2][r][c] + acc[3][r][c]));
     T* row = out + i * a.m;
     if (kVecStore && j + 3 < a.m) {
       store4(row + j, v);
@@ -154,6 +159,18 @@ __device__ __forceinline__ T warp_reduce_scatter(T (&v)[D], int lane, int& dim) 
     }
   }
   return v[0];
+}
+
+// |a - b|^2 over D features (a multiple of 4) in four chains; diff receives a - b.
+template <typename T, int D>
+__device__ __forceinline__ T sq_dist4(const T (&a)[D], const T (&b)[D], T (&diff)[D]) {
+  T p[4] = {T(0), T(0), T(0), T(0)};
+#pragma unroll
+  for (int k = 0; k < D; ++k) {
+    diff[k] = a[k] - b[k];
+    p[k & 3] = fma(diff[k], diff[k], p[k & 3]);
+  }
+  return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
 template <typename T>
@@ -253,12 +270,8 @@ __global__ void __launch_bounds__(kBwdMaxWarps * 32) cov_bwd_kernel(const CovBwd
       for (int k = 0; k < D; ++k) arow[k] = T(0);
 #pragma unroll
       for (int c = 0; c < CPL; ++c) {
-        T diff[D], dist = T(0);
-#pragma unroll
-        for (int k = 0; k < D; ++k) {
-          diff[k] = zr[k] - z2[c][k];
-          dist = fma(diff[k], diff[k], dist);
-        }
+        T diff[D];
+        const T dist = sq_dist4<T, D>(zr, z2[c], diff);
         const T ge = g[c] * exp_neg_half(dist);  // G_ij * K_ij / s
         const T w = s * ge;
         sacc += ge;
@@ -393,13 +406,8 @@ __global__ void __launch_bounds__(kMmThreads) matmul_fwd_kernel(const MatmulArgs
       }
 #pragma unroll
       for (int r = 0; r < TM; ++r) {
-        T dist = T(0);
-#pragma unroll
-        for (int k = 0; k < D; ++k) {
-          const T diff = zr[r][k] - zc[k];
-          dist = fma(diff, diff, dist);
-        }
-        const T e = exp_neg_half(dist);
+        T diff[D];
+        const T e = exp_neg_half(sq_dist4<T, D>(zr[r], zc, diff));
 #pragma unroll
         for (int c = 0; c < TC; ++c) acc[r][c] = fma(e, vc[c], acc[r][c]);
       }
@@ -473,14 +481,10 @@ __global__ void __launch_bounds__(kMmThreads) matmul_bwd_kernel(const MatmulArgs
       for (int c = 0; c < TC; ++c) vc[c] = s_v[jj][c];
 #pragma unroll
       for (int r = 0; r < TM; ++r) {
-        T dot = T(0), dist = T(0), diff[D];
+        T dot = T(0), diff[D];
 #pragma unroll
         for (int c = 0; c < TC; ++c) dot = fma(gr[r][c], vc[c], dot);
-#pragma unroll
-        for (int k = 0; k < D; ++k) {
-          diff[k] = zr[r][k] - zc[k];
-          dist = fma(diff[k], diff[k], dist);
-        }
+        const T dist = sq_dist4<T, D>(zr[r], zc, diff);
         const T ge = exp_neg_half(dist) * dot;
         const T w = s * ge;
 #pragma unroll

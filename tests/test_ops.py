@@ -1,0 +1,241 @@
+"""The fused ops against the float64 pure-PyTorch reference, on fresh random inputs each run."""
+
+import pytest
+import torch
+from torch.autograd import gradcheck
+
+from conftest import DEVICES, poison_allocator, rel_err
+from gpfast import _reference as ref
+from gpfast import ops
+
+
+def rand_inputs(batch, n, m, d, device, dtype=torch.float32, ard=True, gen=None):
+    x1 = torch.randn(*batch, n, d, device=device, dtype=dtype)
+    x2 = torch.randn(*batch, m, d, device=device, dtype=dtype)
+    l = (torch.rand(*batch, 1, d if ard else 1, device=device, dtype=dtype) * 1.5 + 0.5)
+    s = torch.rand(tuple(batch), device=device, dtype=dtype) + 0.5
+    return x1, x2, l, s
+
+
+def reference64(x1, x2, l, s, diag=False):
+    return ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double(), diag=diag)
+
+
+SHAPES = [
+    ((), 1, 1, 1),
+    ((), 7, 5, 3),
+    ((), 64, 64, 8),
+    ((), 65, 130, 9),  # partial tiles, m not a multiple of 4
+    ((2,), 33, 40, 17),
+    ((2, 3), 20, 12, 2),
+    ((16,), 512, 128, 8),  # the seed's shape
+    ((), 100, 70, 40),  # wider than the fused kernels' 32-feature bucket
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_covariance_matches_float64_reference(device, dtype, shape):
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, device, dtype)
+    poison_allocator(device, x1.element_size() * n * m * max(1, len(batch) and batch[0]))
+    K = ops.rbf_covariance(x1, x2, l, s)
+    assert K.shape == (*batch, n, m) and K.dtype == dtype and K.device.type == device
+    assert torch.isfinite(K).all()
+    K64 = reference64(x1, x2, l, s)
+    tol = 1e-13 if dtype == torch.float64 else 1e-5
+    assert rel_err(K, K64) < tol
+    if dtype == torch.float32:
+        # no worse than the plain PyTorch formula in float32 (FlashAttention's rule: at most 2x its error)
+        plain = ref.rbf_covariance(x1, x2, l, s)
+        assert rel_err(K, K64) <= 2 * rel_err(plain, K64) + 1e-7
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_covariance_shared_lengthscale_scalars_and_broadcast(device):
+    x1 = torch.randn(1, 9, 4, device=device)
+    x2 = torch.randn(3, 6, 4, device=device)
+    K = ops.rbf_covariance(x1, x2, 0.7, 2.0)
+    assert K.shape == (3, 9, 6)
+    assert rel_err(K, reference64(x1.expand(3, 9, 4), x2, torch.tensor(0.7), torch.tensor(2.0))) < 1e-5
+    l = torch.tensor([0.7], device=device)  # shape (1,): shared
+    assert torch.allclose(ops.rbf_covariance(x1, x2, l, 2.0), K)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_inputs(device):
+    x1 = torch.randn(12, 30, device=device)[:, ::3].t()[:, :7]  # (10, 7) strided
+    x2 = torch.randn(7, 20, device=device).t()  # (20, 7) transposed
+    l = (torch.rand(14, device=device) + 0.5)[::2]
+    assert not x1.is_contiguous() and not x2.is_contiguous() and not l.is_contiguous()
+    K = ops.rbf_covariance(x1, x2, l, 1.3)
+    assert rel_err(K, reference64(x1, x2, l, torch.tensor(1.3))) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_sizes(device):
+    for n, m in [(0, 5), (5, 0), (0, 0)]:
+        K = ops.rbf_covariance(torch.randn(n, 3, device=device), torch.randn(m, 3, device=device), 1.0, 1.0)
+        assert K.shape == (n, m)
+    assert ops.rbf_covariance(torch.randn(0, 4, 3, device=device), torch.randn(0, 5, 3, device=device), 1.0,
+                              1.0).shape == (0, 4, 5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_diagonal_exact_and_distances_nonnegative(device, dtype):
+    x = torch.randn(300, 6, device=device, dtype=dtype) * 50 + 1000  # far from the origin: cancellation-prone
+    s = torch.tensor(1.7, device=device, dtype=dtype)
+    K = ops.rbf_covariance(x, x, torch.rand(6, device=device, dtype=dtype) + 0.1, s)
+    assert torch.equal(K.diagonal(), torch.full((300,), 1.7, device=device, dtype=dtype))
+    assert (K <= s).all()  # exp of a never-negative squared distance
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_diag_mode(device, dtype):
+    x1, x2, l, s = rand_inputs((3,), 11, 11, 5, device, dtype)
+    kd = ops.rbf_covariance(x1, x2, l, s, diag=True)
+    assert kd.shape == (3, 11)
+    assert rel_err(kd, reference64(x1, x2, l, s, diag=True)) < (1e-12 if dtype == torch.float64 else 1e-6)
+    with pytest.raises(ValueError, match="same number of rows"):
+        ops.rbf_covariance(x1, x2[:, :4], l, s, diag=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [1, 3, 8, 12, 33])
+def test_covariance_gradcheck_float64(device, d):
+    x1, x2, l, s = rand_inputs((2,), 6, 5, d, device, torch.float64)
+    inputs = [t.clone().requires_grad_() for t in (x1, x2, l, s)]
+    assert gradcheck(lambda a, b, c, e: ops.rbf_covariance(a, b, c, e), inputs, eps=1e-6, atol=1e-7)
+    # broadcast batch and a shared lengthscale: the reductions of the broadcast dims go through autograd
+    a = torch.randn(1, 4, d, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(3, 5, d, dtype=torch.float64, device=device, requires_grad=True)
+    ls = torch.tensor([0.9], dtype=torch.float64, device=device, requires_grad=True)
+    os_ = torch.tensor(1.4, dtype=torch.float64, device=device, requires_grad=True)
+    assert gradcheck(lambda *t: ops.rbf_covariance(*t), (a, b, ls, os_), eps=1e-6, atol=1e-7)
+    assert gradcheck(lambda *t: ops.rbf_covariance(*t, diag=True), (a, b[:, :4], ls, os_), eps=1e-6, atol=1e-7)
+
+
+def grads_of(fn, inputs, weight):
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    (out * weight).sum().backward()
+    return [t.grad for t in inputs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [((), 200, 1100, 8), ((2,), 97, 301, 3), ((), 150, 260, 16), ((), 70, 90, 29),
+                                   ((), 64, 64, 40)])
+def test_covariance_gradients_float32_vs_float64(device, shape):
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, device)
+    w = torch.randn(*batch, n, m, device=device)
+    got = grads_of(ops.rbf_covariance, (x1, x2, l, s), w)
+    want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l, s)], w.double())
+    plain = grads_of(ref.rbf_covariance, (x1, x2, l, s), w)
+    for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
+        assert g.dtype == torch.float32
+        assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+def test_opcheck_cpu():
+    x1, x2, l, s = rand_inputs((2,), 5, 4, 3, "cpu", torch.float64)
+    args = (x1, x2, l.reshape(2, 3), s)
+    torch.library.opcheck(torch.ops.gpfast.rbf_covariance.default, [t.requires_grad_() for t in args])
+    v = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+    args = [t.detach().requires_grad_() for t in args]
+    torch.library.opcheck(torch.ops.gpfast.rbf_matmul.default, [*args, v])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_opcheck_cuda():
+    x1, x2, l, s = rand_inputs((2,), 70, 40, 5, "cuda", torch.float64)
+    args = [t.requires_grad_() for t in (x1, x2, l.reshape(2, 5), s)]
+    torch.library.opcheck(torch.ops.gpfast.rbf_covariance.default, args)
+    v = torch.randn(2, 40, 3, dtype=torch.float64, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.gpfast.rbf_matmul.default, [*[a.detach().requires_grad_() for a in args], v])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    x1, x2, l, s = rand_inputs((), 33, 21, 4, device)
+    ops.rbf_covariance(x1, x2, l, s)  # build and load outside the traced region
+
+    def f(a, b, ls, os_, v):
+        K = ops.rbf_covariance(a, b, ls, os_, check_values=False)
+        return (K * K).sum() + ops.rbf_matmul(a, b, ls, os_, v, check_values=False).sum()
+
+    v = torch.randn(21, 3, device=device)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    inputs = [t.clone().requires_grad_() for t in (x1, x2, l, s, v)]
+    out = compiled(*inputs)
+    out.backward()
+    eager_inputs = [t.clone().requires_grad_() for t in (x1, x2, l, s, v)]
+    expect = f(*eager_inputs)
+    expect.backward()
+    assert torch.allclose(out, expect, rtol=1e-5)
+    for a, b in zip(inputs, eager_inputs):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------- errors
+
+def test_errors_name_the_argument():
+    x = torch.randn(5, 3)
+    with pytest.raises(ValueError, match=r"x1 has d=3 .* x2 has d=4"):
+        ops.rbf_covariance(x, torch.randn(4, 4), 1.0, 1.0)
+    with pytest.raises(TypeError, match=r"x2 has dtype torch.float64 but x1 has torch.float32"):
+        ops.rbf_covariance(x, x.double(), 1.0, 1.0)
+    with pytest.raises(TypeError, match=r"x1 must be float32 or float64, got dtype torch.int64"):
+        ops.rbf_covariance(torch.ones(5, 3, dtype=torch.long), x, 1.0, 1.0)
+    with pytest.raises(TypeError, match=r"lengthscale has dtype torch.float64"):
+        ops.rbf_covariance(x, x, torch.ones(3, dtype=torch.float64), 1.0)
+    with pytest.raises(TypeError, match=r"lengthscale must be a floating-point tensor"):
+        ops.rbf_covariance(x, x, torch.ones(3, dtype=torch.long), 1.0)
+    with pytest.raises(ValueError, match=r"last dim must be 1 \(shared\) or 3 \(ARD\), got shape \(2,\)"):
+        ops.rbf_covariance(x, x, torch.ones(2), 1.0)
+    with pytest.raises(ValueError, match=r"second-to-last dim must be 1"):
+        ops.rbf_covariance(x, x, torch.ones(5, 3), 1.0)
+    with pytest.raises(ValueError, match=r"lengthscale must be positive, got min -0.5"):
+        ops.rbf_covariance(x, x, torch.tensor([1.0, -0.5, 2.0]), 1.0)
+    with pytest.raises(ValueError, match=r"lengthscale must be positive, got min 0"):
+        ops.rbf_covariance(x, x, 0.0, 1.0)
+    with pytest.raises(ValueError, match=r"x1 must have shape \(..., n, d\)"):
+        ops.rbf_covariance(torch.randn(5), x, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"batch shapes do not broadcast"):
+        ops.rbf_covariance(torch.randn(2, 5, 3), torch.randn(3, 5, 3), 1.0, 1.0)
+    with pytest.raises(TypeError, match=r"x1 must be a torch.Tensor"):
+        ops.rbf_covariance([[1.0]], x, 1.0, 1.0)
+    with pytest.raises(ValueError, match=r"v must have m=5 rows"):
+        ops.rbf_matmul(x, x, 1.0, 1.0, torch.randn(4, 2))
+    with pytest.raises(TypeError, match=r"v has dtype torch.float64"):
+        ops.rbf_matmul(x, x, 1.0, 1.0, torch.randn(5, 2, dtype=torch.float64))
+    # the registered op itself checks too (for callers that skip the Python wrapper)
+    with pytest.raises(RuntimeError, match=r"x1 has d=3 features but x2 has d=4"):
+        torch.ops.gpfast.rbf_covariance(x[None], torch.randn(1, 4, 4), torch.ones(1, 3), torch.ones(1))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_mixed_devices_error():
+    with pytest.raises(ValueError, match=r"x2 is on cpu but x1 is on cuda"):
+        ops.rbf_covariance(torch.randn(3, 2, device="cuda"), torch.randn(3, 2), 1.0, 1.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_64bit_indexing_cuda():
+    n = 46400  # n * n > 2^31
+    x = torch.randn(n, 2, device="cuda")
+    l = torch.tensor([0.8, 1.3], device="cuda")
+    poison_allocator("cuda", 4 * n * n)
+    K = ops.rbf_covariance(x, x, l, 1.5)
+    rows = torch.tensor([0, 1, n // 2, n - 2, n - 1], device="cuda")
+    want = reference64(x[rows], x, l, torch.tensor(1.5))
+    assert rel_err(K[rows], want) < 1e-5
+    assert torch.isfinite(K[-3:]).all() and torch.isfinite(K[:, -3:]).all()
+    assert (K.diagonal() == 1.5).all()
+    del K
