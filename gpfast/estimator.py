@@ -52,12 +52,7 @@ from tqdm.auto import tqdm
 from gpfast.models.cholesky import CholeskyPredictor, exact_mll
 from gpfast.models.exact_gp import ExactGPModel
 
-# --- TEMPORARY LOCAL FALLBACK (remove once gpfast.ops lands) ---------------------------------------------
-try:
-    from gpfast.ops import rbf_covariance
-except ImportError:  # pragma: no cover
-    from gpfast._reference import rbf_covariance
-# --- END TEMPORARY LOCAL FALLBACK ------------------------------------------------------------------------
+from gpfast.ops import rbf_covariance
 
 try:  # private helpers of scikit-learn (stable since 1.0); feature names are optional sugar
     from sklearn.utils.validation import _check_feature_names, _get_feature_names
@@ -247,8 +242,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
     log_marginal_likelihood_ : float
         Log marginal likelihood of the standardised targets (total, not per point; comparable to
         scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the
-        fitted hyperparameters. Exact (float64 Cholesky) whenever that fits in memory, whatever the solver;
-        otherwise GPyTorch's CG/Lanczos estimate. ``log_marginal_likelihood_method_`` says which
+        fitted hyperparameters. Exact (float64 Cholesky) with the Cholesky solver, and with the CG solver too
+        when the ``"auto"`` rule would have allowed a Cholesky (memory and ``AUTO_CHOLESKY_MAX_N``); otherwise
+        GPyTorch's stochastic CG/Lanczos estimate, evaluated once more after the last step. ``log_marginal_likelihood_method_`` says which
         (``"cholesky"`` or ``"cg_estimate"``).
     lengthscale_ : numpy.ndarray of shape (n_features,)
         Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).

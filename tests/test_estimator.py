@@ -1,0 +1,622 @@
+"""Tests of the scikit-learn style estimator gpfast.ExactGP (CPU; CUDA tests are marked and skipped without a GPU)."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+import warnings
+from pathlib import Path
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.exceptions import DataConversionWarning, NotFittedError
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import gpfast.estimator as est_mod
+from gpfast.estimator import ExactGP
+
+F64 = torch.float64
+BIG = 10**9
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _rng():
+    """A fresh random generator each run; the seed goes in assertion messages so a failure can be replayed."""
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+
+def _toy(rng, n=40, d=3, n_test=25):
+    scales = rng.uniform(0.5, 5.0, d)
+    offsets = rng.normal(0, 10, d)
+    X = rng.uniform(-1, 1, (n, d)) * scales + offsets
+    Xt = rng.uniform(-1.2, 1.2, (n_test, d)) * scales + offsets
+    f = lambda Z: np.sin(((Z - offsets) / scales) @ rng_w) * 3.0 + 20.0  # noqa: E731
+    rng_w = rng.normal(size=d)
+    y = f(X) + 0.2 * rng.normal(size=n)
+    yt = f(Xt) + 0.2 * rng.normal(size=n_test)
+    return X, y, Xt, yt
+
+
+def _gp(**kw):
+    kw.setdefault("verbose", False)
+    kw.setdefault("device", "cpu")
+    kw.setdefault("max_iter", 5)
+    return ExactGP(**kw)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# scikit-learn's estimator checks: all of them apply and pass (no expected failures declared); the pandas-based
+# one is skipped when pandas is absent. The CG instance runs in float64: in float32, GPyTorch's CG predictions
+# differ from one test-set ordering to another by ~1e-7 relative (float32 rounding), above the 1e-7 rtol of
+# check_methods_sample_order_invariance. The Cholesky instance keeps the float32 default (its predictions are
+# float64).
+# ----------------------------------------------------------------------------------------------------------
+@parametrize_with_checks(
+    [_gp(random_state=0), _gp(solver="cg", random_state=0, ard=False, dtype="float64")]
+)
+def test_sklearn_estimator_checks(estimator, check):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
+        check(estimator)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# exactness: fixed hyperparameters against scikit-learn's GaussianProcessRegressor, float64
+# ----------------------------------------------------------------------------------------------------------
+def _fixed(rng, X, y, ard=True, dtype="float64"):
+    d = X.shape[1]
+    x_std = X.std(0)
+    y_var = y.var()
+    ls = x_std * rng.uniform(0.5, 2.0, d) if ard else float(rng.uniform(0.5, 2.0))  # ard=False: standardised
+    return _gp(
+        max_iter=0,
+        solver="cholesky",
+        dtype=dtype,
+        lengthscale_init=ls,
+        outputscale_init=float(y_var * rng.uniform(0.5, 2.0)),
+        noise_init=float(y_var * rng.uniform(0.01, 0.2)),
+    ).fit(X, y)
+
+
+@pytest.mark.parametrize("ard", [True, False])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_fixed_hyperparameters_match_sklearn(ard, dtype):
+    rng, seed = _rng()
+    X, y, Xt, _ = _toy(rng)
+    gp = _fixed(rng, X, y, ard=ard, dtype=dtype)
+    msg = f"seed {seed}"
+    assert gp.n_iter_ == 0 and gp.history_ == []
+    assert gp.lengthscale_.shape == (3,)
+    if ard and dtype == "float64":  # the initial values come back (in the original units)
+        np.testing.assert_allclose(gp.lengthscale_, np.asarray(gp.lengthscale_init), rtol=1e-12)
+        np.testing.assert_allclose(gp.noise_, gp.noise_init, rtol=1e-12)
+        np.testing.assert_allclose(gp.outputscale_, gp.outputscale_init, rtol=1e-12)
+    np.testing.assert_allclose(gp.constant_mean_, y.mean(), rtol=1e-12)  # constant starts at 0 (standardised)
+    s, ls, noise, c = gp.outputscale_, gp.lengthscale_, gp.noise_, gp.constant_mean_
+
+    # (a) y-space std (include_noise=True) <-> noise as a WhiteKernel, on y minus the fitted constant mean
+    sk = GaussianProcessRegressor(
+        ConstantKernel(s, "fixed") * RBF(ls, "fixed") + WhiteKernel(noise, "fixed"), alpha=0.0, optimizer=None
+    ).fit(X, y - c)
+    m_sk, s_sk = sk.predict(Xt, return_std=True)
+    m, sd = gp.predict(Xt, return_std=True)
+    np.testing.assert_allclose(m, m_sk + c, rtol=1e-8, atol=1e-8, err_msg=msg)
+    np.testing.assert_allclose(sd, s_sk, rtol=1e-8, atol=1e-10, err_msg=msg)
+    _, cov_sk = sk.predict(Xt, return_cov=True)
+    m2, cov = gp.predict(Xt, return_cov=True)
+    np.testing.assert_allclose(m2, m, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(cov, cov_sk, rtol=1e-8, atol=1e-8 * s, err_msg=msg)
+
+    # (b) latent-f std (include_noise=False) <-> noise as alpha
+    sk_f = GaussianProcessRegressor(ConstantKernel(s, "fixed") * RBF(ls, "fixed"), alpha=noise, optimizer=None)
+    sk_f.fit(X, y - c)
+    mf_sk, sf_sk = sk_f.predict(Xt, return_std=True)
+    mf, sf = gp.predict(Xt, return_std=True, include_noise=False)
+    np.testing.assert_allclose(mf, mf_sk + c, rtol=1e-8, atol=1e-8, err_msg=msg)
+    np.testing.assert_allclose(sf, sf_sk, rtol=1e-8, atol=1e-10, err_msg=msg)
+    np.testing.assert_allclose(sd**2, sf**2 + noise, rtol=1e-10)
+    _, covf = gp.predict(Xt, return_cov=True, include_noise=False)
+    np.testing.assert_allclose(covf, sk_f.predict(Xt, return_cov=True)[1], rtol=1e-8, atol=1e-8 * s, err_msg=msg)
+
+    # (c) normalize_y=True with the kernel in standardised units; also the log marginal likelihood
+    ys2 = gp.y_std_**2
+    sk_n = GaussianProcessRegressor(
+        ConstantKernel(s / ys2, "fixed") * RBF(ls, "fixed") + WhiteKernel(noise / ys2, "fixed"),
+        alpha=0.0,
+        optimizer=None,
+        normalize_y=True,
+    ).fit(X, y)
+    mn_sk, sn_sk = sk_n.predict(Xt, return_std=True)
+    np.testing.assert_allclose(m, mn_sk, rtol=1e-8, atol=1e-8, err_msg=msg)
+    np.testing.assert_allclose(sd, sn_sk, rtol=1e-8, atol=1e-10, err_msg=msg)
+    assert gp.log_marginal_likelihood_method_ == "cholesky"
+    np.testing.assert_allclose(gp.log_marginal_likelihood_, sk_n.log_marginal_likelihood_value_, rtol=1e-9)
+
+
+@pytest.mark.filterwarnings("ignore:CG terminated")  # variance solves: columns of K_* near 0 stall the relative residual
+def test_fixed_hyperparameters_cg_close_to_cholesky():
+    rng, seed = _rng()
+    X, y, Xt, _ = _toy(rng, n=60)
+    kw = dict(max_iter=0, lengthscale_init=X.std(0), noise_init=0.05 * y.var(), eval_cg_tolerance=1e-6)
+    a = _gp(solver="cholesky", **kw).fit(X, y)
+    b = _gp(solver="cg", dtype="float64", **kw).fit(X, y)
+    assert (a.solver_, b.solver_) == ("cholesky", "cg")
+    ma, sa = a.predict(Xt, return_std=True)
+    mb, sb = b.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mb, ma, rtol=1e-5, atol=1e-5 * y.std(), err_msg=f"seed {seed}")
+    np.testing.assert_allclose(sb, sa, rtol=1e-4, err_msg=f"seed {seed}")
+    mbf, sbf = b.predict(Xt, return_std=True, include_noise=False)
+    np.testing.assert_allclose(sbf**2 + b.noise_, sb**2, rtol=1e-6)
+    _, cb = b.predict(Xt[:5], return_cov=True)
+    np.testing.assert_allclose(np.sqrt(np.diag(cb)), sb[:5], rtol=1e-4)
+    np.testing.assert_allclose(b.predict(Xt), mb, rtol=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# UCI sets: same test RMSE as a plain GPyTorch exact GP trained the same way
+# ----------------------------------------------------------------------------------------------------------
+def _load_uci(name):
+    try:
+        from gpfast.datasets import load_uci
+
+        ds = load_uci(name, split=0, standardize=False)
+        return ds.X_train, ds.y_train, ds.X_test, ds.y_test
+    except ImportError:  # the datasets module is not there: read the files directly
+        root = Path("/work/shared/datasets/uci") / name
+        with gzip.open(root / "data.csv.gz") as f:
+            data = np.loadtxt(f, delimiter=",", ndmin=2)
+        with gzip.open(root / "test_mask.csv.gz") as f:
+            test = np.loadtxt(f, delimiter=",", ndmin=2)[:, 0] == 1
+        return data[~test, :-1], data[~test, -1], data[test, :-1], data[test, -1]
+
+
+class _PlainGP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, likelihood):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[1]))
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _plain_gpytorch_rmse(X, y, Xt, yt, iters):
+    xm, xs = X.mean(0), X.std(0)
+    xs[xs == 0] = 1.0
+    ym, ys = y.mean(), y.std()
+    x = torch.from_numpy((X - xm) / xs)
+    t = torch.from_numpy((y - ym) / ys)
+    lik = gpytorch.likelihoods.GaussianLikelihood().to(F64)
+    model = _PlainGP(x, t, lik).to(F64)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model.train()
+    lik.train()
+    with gpytorch.settings.max_cholesky_size(BIG):
+        for _ in range(iters):
+            opt.zero_grad()
+            loss = -mll(model(x), t)
+            loss.backward()
+            opt.step()
+        model.eval()
+        lik.eval()
+        with torch.no_grad():
+            mean = lik(model(torch.from_numpy((Xt - xm) / xs))).mean.numpy() * ys + ym
+    return float(np.sqrt(np.mean((mean - yt) ** 2)))
+
+
+@pytest.mark.parametrize("name", ["yacht", "energy", "concrete"])
+def test_uci_rmse_matches_plain_gpytorch(name):
+    X, y, Xt, yt = _load_uci(name)
+    iters = 50
+    ref = _plain_gpytorch_rmse(X, y, Xt, yt, iters)
+    gp = _gp(max_iter=iters, lr=0.1, dtype="float64", solver="cholesky", random_state=0).fit(X, y)
+    rmse = float(np.sqrt(np.mean((gp.predict(Xt) - yt) ** 2)))
+    assert gp.n_iter_ == iters and len(gp.history_) == iters
+    assert gp.history_[-1] < gp.history_[0]
+    assert rmse <= 1.05 * ref, (name, rmse, ref)
+    # the default float32 training gets there too
+    gp32 = _gp(max_iter=iters, random_state=0).fit(X, y)
+    rmse32 = float(np.sqrt(np.mean((gp32.predict(Xt) - yt) ** 2)))
+    assert rmse32 <= 1.05 * ref, (name, rmse32, ref)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bad input: a clear error, and no change to the fitted state
+# ----------------------------------------------------------------------------------------------------------
+def _snapshot(gp):
+    """Copies of the fitted state: attributes ending in '_' (public) or starting with '_' (private)."""
+    snap = {}
+    for k, v in vars(gp).items():
+        if not (k.endswith("_") or k.startswith("_")):
+            continue  # constructor parameters
+        if torch.is_tensor(v):
+            snap[k] = ("tensor", v.clone())
+        elif isinstance(v, np.ndarray):
+            snap[k] = ("array", v.copy())
+        elif isinstance(v, torch.nn.Module):
+            snap[k] = ("module", v, {n: t.clone() for n, t in v.state_dict().items()})
+        elif isinstance(v, list):
+            snap[k] = ("list", list(v))
+        else:
+            snap[k] = ("value", v)
+    return snap
+
+
+def _assert_unchanged(gp, snap):
+    fitted_keys = {k for k in vars(gp) if k.endswith("_") or k.startswith("_")}
+    assert fitted_keys == set(snap), fitted_keys ^ set(snap)
+    for k, entry in snap.items():
+        v = getattr(gp, k)
+        kind = entry[0]
+        if kind == "tensor":
+            assert torch.equal(v, entry[1]), k
+        elif kind == "array":
+            np.testing.assert_array_equal(v, entry[1], err_msg=k)
+        elif kind == "module":
+            assert v is entry[1], k
+            sd = v.state_dict()
+            assert all(torch.equal(sd[n], t) for n, t in entry[2].items()), k
+        else:
+            assert v == entry[1] or v is entry[1], k
+
+
+@pytest.fixture
+def fitted():
+    rng, _ = _rng()
+    X, y, Xt, yt = _toy(rng, n=30)
+    gp = _gp(max_iter=3, random_state=0).fit(X, y)
+    return gp, X, y, Xt
+
+
+def _with_value(A, idx, value):
+    A = np.array(A, dtype=np.float64, copy=True)
+    A[idx] = value
+    return A
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda X, y: (_with_value(X, (3, 1), np.nan), y), r"Input X contains 1 NaN value\(s\) \(first at index \(3, 1\)\)"),
+        (lambda X, y: (_with_value(X, (0, 0), np.inf), y), r"Input X contains 1 infinite value"),
+        (lambda X, y: (X, _with_value(y, 5, np.nan)), r"Input y contains 1 NaN"),
+        (lambda X, y: (X, _with_value(y, 2, -np.inf)), r"Input y contains 1 infinite"),
+        (lambda X, y: (torch.from_numpy(_with_value(X, (1, 2), np.nan)), y), r"Input X contains 1 NaN"),
+        (lambda X, y: (X[:, 0], y), r"Expected 2D array"),
+        (lambda X, y: (torch.from_numpy(X[:, 0]), y), r"Expected 2D array for X, got a 1-D tensor"),
+        (lambda X, y: (X, y[:-1]), r"inconsistent numbers of samples: X has 30 rows but y has 29"),
+        (lambda X, y: (X[:1], y[:1]), r"n_samples = 1 .* at least 2 samples"),
+        (lambda X, y: (X, None), r"requires y to be passed, but the target y is None"),
+        (lambda X, y: (X, np.stack([y, y], 1)), r"y must have shape \(n_samples,\) or \(n_samples, 1\), got shape \(30, 2\)"),
+    ],
+)
+def test_bad_fit_input_raises_and_keeps_state(fitted, make, match):
+    gp, X, y, Xt = fitted
+    before = gp.predict(Xt)
+    snap = _snapshot(gp)
+    Xb, yb = make(X, y)
+    with pytest.raises(ValueError, match=match):
+        gp.fit(Xb, yb)
+    _assert_unchanged(gp, snap)
+    np.testing.assert_array_equal(gp.predict(Xt), before)
+
+
+@pytest.mark.parametrize(
+    "param, value, match",
+    [
+        ("solver", "qr", r"invalid solver='qr'; expected one of 'auto', 'cholesky', 'cg'"),
+        ("optimizer", "sgd", r"invalid optimizer='sgd'; expected one of 'adam', 'lbfgs'"),
+        ("lr", -1.0, r"invalid lr=-1.0; expected a positive float"),
+        ("max_iter", 2.5, r"invalid max_iter=2.5"),
+        ("tol", -1, r"invalid tol=-1"),
+        ("dtype", "float16", r"invalid dtype='float16'"),
+        ("device", "tpu", r"invalid device='tpu'"),
+        ("noise_init", 0.0, r"invalid noise_init=0.0"),
+        ("lengthscale_init", [1.0, 2.0], r"invalid lengthscale_init=\[1.0, 2.0\]; expected a positive float or an array of 3"),
+        ("pretrain_subset", 1, r"invalid pretrain_subset=1"),
+        ("random_state", "seed", r"invalid random_state='seed'"),
+    ],
+)
+def test_bad_params_raise_at_fit_and_keep_state(fitted, param, value, match):
+    gp, X, y, Xt = fitted
+    snap = _snapshot(gp)
+    gp2 = clone(gp).set_params(**{param: value})  # __init__/set_params only store
+    with pytest.raises(ValueError, match=match):
+        gp2.fit(X, y)
+    assert not hasattr(gp2, "model_")
+    # the same failure on an already fitted estimator leaves it intact
+    gp.set_params(**{param: value})
+    with pytest.raises(ValueError, match=match):
+        gp.fit(X, y)
+    _assert_unchanged(gp, snap)
+
+
+def test_cuda_device_without_cuda_is_a_clear_error(fitted):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    gp, X, y, _ = fitted
+    snap = _snapshot(gp)
+    with pytest.raises(ValueError, match="device='cuda' but CUDA is not available"):
+        gp.set_params(device="cuda").fit(X, y)
+    _assert_unchanged(gp, snap)
+
+
+def test_bad_predict_input(fitted):
+    gp, X, y, Xt = fitted
+    snap = _snapshot(gp)
+    with pytest.raises(ValueError, match="X has 2 features, but ExactGP is expecting 3 features as input"):
+        gp.predict(Xt[:, :2])
+    with pytest.raises(ValueError, match="X has 2 features, but ExactGP is expecting 3"):
+        gp.score(Xt[:, :2], np.zeros(len(Xt)))
+    with pytest.raises(ValueError, match="Input X contains 1 NaN"):
+        gp.predict(_with_value(Xt, (0, 0), np.nan))
+    with pytest.raises(ValueError, match="Expected 2D array"):
+        gp.predict(Xt[0])
+    with pytest.raises(ValueError, match="at most one of return_std and return_cov"):
+        gp.predict(Xt, return_std=True, return_cov=True)
+    _assert_unchanged(gp, snap)
+
+
+def test_predict_before_fit():
+    with pytest.raises(NotFittedError, match="not fitted yet"):
+        _gp().predict(np.zeros((3, 2)))
+    with pytest.raises(NotFittedError):
+        _gp().save("never.pt")
+
+
+def test_constant_column_warns_and_fits():
+    rng, seed = _rng()
+    X, _, Xt, _ = _toy(rng, n=40, d=4)
+    X[:, 1] = 7.0
+    X[:, 3] = -2.0
+    y = np.sin((X[:, 0] - X[:, 0].mean()) / X[:, 0].std()) + 0.5 * (X[:, 2] - X[:, 2].mean()) / X[:, 2].std()
+    with pytest.warns(UserWarning, match=r"constant column\(s\) at index \[1, 3\]"):
+        gp = _gp(max_iter=20, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(gp.x_std_[[1, 3]], 1.0)
+    m, s = gp.predict(Xt, return_std=True)
+    assert np.isfinite(m).all() and np.isfinite(s).all() and (s > 0).all()
+    assert gp.score(X, y) > 0.5, seed
+
+
+def test_too_large_for_cholesky_is_a_clear_error(fitted, monkeypatch):
+    gp, X, y, Xt = fitted
+    snap = _snapshot(gp)
+    monkeypatch.setattr(est_mod, "free_memory_bytes", lambda device: 10_000)
+    gp.set_params(solver="cholesky")
+    with pytest.raises(ValueError) as info:
+        gp.fit(X, y)
+    msg = str(info.value)
+    assert "n=30 is too large for solver='cholesky'" in msg
+    assert "a float64 n x n matrix needs 7.2e-06 GB" in msg
+    assert "only 1e-05 GB is free" in msg
+    assert "Use solver='cg'" in msg
+    _assert_unchanged(gp, snap)
+    # auto falls back to CG instead
+    gp.set_params(solver="auto").fit(X, y)
+    assert gp.solver_ == "cg"
+    assert gp.log_marginal_likelihood_method_ == "cg_estimate"
+    assert np.isfinite(gp.log_marginal_likelihood_)
+
+
+def test_auto_solver_choice(monkeypatch):
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=30)
+    assert _gp(max_iter=1).fit(X, y).solver_ == "cholesky"
+    # an explicit CG solver still reports the exact LML when the auto rule would allow a Cholesky
+    gp = _gp(max_iter=1, solver="cg").fit(X, y)
+    assert (gp.solver_, gp.log_marginal_likelihood_method_) == ("cg", "cholesky")
+    monkeypatch.setitem(est_mod.AUTO_CHOLESKY_MAX_N, "cpu", 20)
+    gp = _gp(max_iter=1).fit(X, y)
+    assert (gp.solver_, gp.log_marginal_likelihood_method_) == ("cg", "cg_estimate")
+
+
+def test_free_memory_is_positive():
+    assert est_mod.free_memory_bytes(torch.device("cpu")) > 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# behaviour
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_random_state_reproducible(solver):
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=80)
+    state = torch.random.get_rng_state()
+    kw = dict(solver=solver, max_iter=8, pretrain_subset=30, pretrain_iter=4, random_state=3)
+    a = _gp(**kw).fit(X, y)
+    b = _gp(**kw).fit(X, y)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
+    assert a.history_ == b.history_ and a.pretrain_history_ == b.pretrain_history_
+    assert len(a.pretrain_history_) == 4 and len(a.history_) == 8
+    np.testing.assert_array_equal(a.predict(Xt), b.predict(Xt))
+    c = _gp(**{**kw, "random_state": 4}).fit(X, y)
+    assert c.pretrain_history_ != a.pretrain_history_  # another subset
+
+
+def test_numpy_and_torch_in_and_out():
+    rng, _ = _rng()
+    X, y, Xt, yt = _toy(rng, n=40)
+    gp_np = _gp(max_iter=5, random_state=0).fit(X, y)
+    gp_t = _gp(max_iter=5, random_state=0).fit(torch.from_numpy(X), torch.from_numpy(y))
+    assert gp_np.history_ == gp_t.history_
+    m = gp_np.predict(Xt)
+    assert isinstance(m, np.ndarray) and m.dtype == np.float64 and m.shape == (25,)
+    mt, st = gp_np.predict(torch.from_numpy(Xt), return_std=True)
+    assert torch.is_tensor(mt) and mt.dtype == F64 and mt.device.type == "cpu" and st.shape == (25,)
+    np.testing.assert_array_equal(mt.numpy(), m)
+    m32 = gp_np.predict(torch.from_numpy(Xt).float())
+    assert m32.dtype == torch.float32
+    np.testing.assert_allclose(m32.numpy(), m, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(gp_t.predict(Xt.tolist()), m)  # lists too
+    assert isinstance(gp_t.X_train_, torch.Tensor) and gp_t.X_train_.dtype == F64
+    # score with tensors
+    s = gp_np.score(Xt, yt)
+    assert s == pytest.approx(gp_np.score(torch.from_numpy(Xt), torch.from_numpy(yt)))
+    assert s == pytest.approx(gp_np.score(torch.from_numpy(Xt), torch.from_numpy(yt).reshape(-1, 1)))
+    assert s > 0.5
+
+
+def test_column_y_is_accepted_with_sklearn_warning():
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=30)
+    a = _gp(random_state=0).fit(X, y)
+    for y2 in (y.reshape(-1, 1), torch.from_numpy(y).reshape(-1, 1)):
+        with pytest.warns(DataConversionWarning, match="column-vector y"):
+            b = _gp(random_state=0).fit(X, y2)
+        np.testing.assert_array_equal(a.predict(Xt), b.predict(Xt))
+
+
+def test_hyperparameters_in_original_units():
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=40)
+    a = _gp(max_iter=10, random_state=0).fit(X, y)
+    b = _gp(max_iter=10, random_state=0).fit(X * 10.0 + 3.0, y * 5.0 - 1.0)
+    np.testing.assert_allclose(b.lengthscale_, 10.0 * a.lengthscale_, rtol=1e-6)
+    np.testing.assert_allclose(b.outputscale_, 25.0 * a.outputscale_, rtol=1e-6)
+    np.testing.assert_allclose(b.noise_, 25.0 * a.noise_, rtol=1e-6)
+    np.testing.assert_allclose(b.constant_mean_, 5.0 * a.constant_mean_ - 1.0, rtol=1e-6)
+    np.testing.assert_allclose(b.predict(Xt * 10.0 + 3.0), 5.0 * a.predict(Xt) - 1.0, rtol=1e-6)
+    std = a.model_.covar_module.base_kernel.lengthscale.detach().double().numpy().ravel()
+    np.testing.assert_allclose(a.lengthscale_, std * a.x_std_, rtol=1e-6)
+
+
+def test_tol_stops_early_and_lbfgs_runs():
+    rng, _ = _rng()
+    X, y, Xt, yt = _toy(rng, n=40)
+    gp = _gp(max_iter=200, tol=1e-2, random_state=0).fit(X, y)
+    assert 5 < gp.n_iter_ < 200 and len(gp.history_) == gp.n_iter_
+    gp = _gp(optimizer="lbfgs", lr=1.0, max_iter=15, random_state=0).fit(X, y)
+    assert gp.n_iter_ == 15 and gp.history_[-1] < gp.history_[0]
+    assert gp.score(Xt, yt) > 0.5
+
+
+def test_pretrain_subset_larger_than_n_is_skipped():
+    rng, _ = _rng()
+    X, y, _, _ = _toy(rng, n=20)
+    with pytest.warns(UserWarning, match="pretrain_subset=50 >= n_samples=20"):
+        gp = _gp(pretrain_subset=50, random_state=0).fit(X, y)
+    assert gp.pretrain_history_ == []
+
+
+def test_verbose_output(capsys):
+    rng, _ = _rng()
+    X, y, _, _ = _toy(rng, n=20)
+    _gp(verbose=False).fit(X, y)
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+    _gp(verbose=True, solver="cholesky").fit(X, y)
+    err = capsys.readouterr().err
+    assert "solver=cholesky" in err and "loss=" in err
+
+
+def test_get_set_params_clone():
+    gp = ExactGP(solver="cg", lr=0.05, max_iter=7, dtype=torch.float64, random_state=1)
+    p = gp.get_params()
+    assert p["solver"] == "cg" and p["max_iter"] == 7 and p["dtype"] is torch.float64
+    c = clone(gp)
+    assert c.get_params() == p and c is not gp
+    c.set_params(max_iter=3, optimizer="lbfgs")
+    assert (c.max_iter, c.optimizer, gp.max_iter) == (3, "lbfgs", 7)
+    assert "ExactGP(" in repr(gp)
+
+
+def test_pickle_round_trip(fitted):
+    gp, X, y, Xt = fitted
+    m, s = gp.predict(Xt, return_std=True)
+    gp2 = pickle.loads(pickle.dumps(gp))
+    m2, s2 = gp2.predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# save / load
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_save_load_round_trip(tmp_path, solver):
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=40)
+    gp = _gp(solver=solver, max_iter=5, random_state=0, lengthscale_init=X.std(0)).fit(X, y)
+    m, s = gp.predict(Xt, return_std=True)
+    path = tmp_path / "gp.pt"
+    gp.save(path)
+    gp2 = ExactGP.load(path)
+    assert gp2.get_params() == {**gp.get_params(), "lengthscale_init": list(X.std(0))}
+    for attr in ("solver_", "history_", "n_iter_", "y_mean_", "y_std_", "noise_", "outputscale_", "constant_mean_",
+                 "log_marginal_likelihood_", "log_marginal_likelihood_method_", "n_features_in_"):
+        assert getattr(gp2, attr) == getattr(gp, attr), attr
+    for attr in ("x_mean_", "x_std_", "lengthscale_"):
+        np.testing.assert_array_equal(getattr(gp2, attr), getattr(gp, attr))
+    assert torch.equal(gp2.X_train_, gp.X_train_) and torch.equal(gp2.y_train_, gp.y_train_)
+    m2, s2 = gp2.predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
+    # the file holds only plain data
+    state = torch.load(path, weights_only=True)
+    assert state["version"] and state["solver_"] == solver
+    # ... and a loaded estimator can be refitted
+    gp2.fit(X, y)
+
+
+def test_load_refuses_unknown_or_missing_version(tmp_path, fitted):
+    gp = fitted[0]
+    path = tmp_path / "gp.pt"
+    gp.save(path)
+    state = torch.load(path, weights_only=True)
+    bad = tmp_path / "bad.pt"
+    torch.save({**state, "version": "99.0"}, bad)
+    with pytest.raises(ValueError, match=r"saved by gpfast version '99.0'.*readable versions"):
+        ExactGP.load(bad)
+    state.pop("version")
+    torch.save(state, bad)
+    with pytest.raises(ValueError, match="has no 'version' entry"):
+        ExactGP.load(bad)
+    torch.save({"something": 1}, bad)
+    with pytest.raises(ValueError, match="not a gpfast.ExactGP file"):
+        ExactGP.load(bad)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUDA
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_cuda_matches_cpu(solver):
+    rng, seed = _rng()
+    X, y, Xt, yt = _toy(rng, n=200)
+    kw = dict(solver=solver, max_iter=20, dtype="float64", random_state=0)
+    cpu = _gp(**kw).fit(X, y)
+    gpu = _gp(**{**kw, "device": "cuda"}).fit(torch.from_numpy(X).cuda(), torch.from_numpy(y).cuda())
+    assert gpu.device_.type == "cuda" and gpu.X_train_.is_cuda
+    np.testing.assert_allclose(gpu.history_, cpu.history_, rtol=1e-3, err_msg=str(seed))
+    m, s = gpu.predict(torch.from_numpy(Xt).cuda(), return_std=True)
+    assert m.is_cuda and s.is_cuda
+    mc, sc = cpu.predict(Xt, return_std=True)
+    np.testing.assert_allclose(m.cpu().numpy(), mc, rtol=1e-3, atol=1e-3 * y.std())
+    np.testing.assert_allclose(s.cpu().numpy(), sc, rtol=1e-3)
+    assert gpu.score(torch.from_numpy(Xt).cuda(), torch.from_numpy(yt).cuda()) == pytest.approx(
+        cpu.score(Xt, yt), abs=1e-3
+    )
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_default_device_and_save_load(tmp_path):
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=100)
+    gp = ExactGP(max_iter=5, verbose=False, random_state=0).fit(X, y)
+    assert gp.device_.type == "cuda"
+    gp.save(tmp_path / "gp.pt")
+    gp2 = ExactGP.load(tmp_path / "gp.pt")
+    np.testing.assert_array_equal(gp2.predict(Xt), gp.predict(Xt))
+    gp3 = ExactGP.load(tmp_path / "gp.pt", device="cpu")
+    assert gp3.device_.type == "cpu"
+    np.testing.assert_allclose(gp3.predict(Xt), gp.predict(Xt), rtol=1e-6)

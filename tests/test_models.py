@@ -1,0 +1,289 @@
+"""Tests of gpfast.models: the GPyTorch model and the exact float64 Cholesky routines (CPU only)."""
+
+from __future__ import annotations
+
+import math
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+
+import gpfast.models.cholesky as chol
+from gpfast.models import (
+    CholeskyError,
+    CholeskyJitterWarning,
+    CholeskyPredictor,
+    ExactGPModel,
+    exact_mll,
+    robust_cholesky,
+)
+
+F64 = torch.float64
+BIG = 10**9
+
+
+def _seed():
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    torch.manual_seed(seed)
+    return seed
+
+
+def _rbf(a, b, ls, os_):
+    d = (a.unsqueeze(-2) - b.unsqueeze(-3)) / ls
+    return os_ * torch.exp(-0.5 * d.pow(2).sum(-1))
+
+
+def _data(n=30, d=3, n_test=20):
+    x = torch.randn(n, d, dtype=F64)
+    y = torch.sin(x.sum(-1)) + 0.1 * torch.randn(n, dtype=F64)
+    xt = torch.randn(n_test, d, dtype=F64)
+    ls = 0.5 + torch.rand(1, d, dtype=F64)
+    os_ = 0.5 + float(torch.rand(()))
+    noise = 0.01 + 0.2 * float(torch.rand(()))
+    mean = float(torch.randn(())) * 0.3
+    return x, y, xt, ls, os_, noise, mean
+
+
+class _PlainGPyTorch(gpytorch.models.ExactGP):
+    """The textbook GPyTorch model gpfast's ExactGPModel replaces."""
+
+    def __init__(self, x, y, likelihood, ard=True):
+        super().__init__(x, y, likelihood)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = gpytorch.kernels.ScaleKernel(
+            gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[-1] if ard else None)
+        )
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def _set_hypers(model, ls, os_, noise, mean):
+    # float64 tensors: GPyTorch would round Python floats through float32
+    t = lambda v: torch.as_tensor(v, dtype=F64)  # noqa: E731
+    model.covar_module.base_kernel.lengthscale = t(ls)
+    model.covar_module.outputscale = t(os_)
+    model.likelihood.noise = t(noise)
+    model.mean_module.constant = t(mean)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ExactGPModel
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ard", [True, False])
+def test_model_state_dict_matches_plain_gpytorch(ard):
+    x = torch.randn(10, 4)
+    y = torch.randn(10)
+    ours = ExactGPModel(x, y, gpytorch.likelihoods.GaussianLikelihood(), ard=ard)
+    plain = _PlainGPyTorch(x, y, gpytorch.likelihoods.GaussianLikelihood(), ard=ard)
+    sd_ours, sd_plain = ours.state_dict(), plain.state_dict()
+    assert list(sd_ours.keys()) == list(sd_plain.keys())
+    for k in sd_plain:
+        assert sd_ours[k].shape == sd_plain[k].shape, k
+    assert ours.covar_module.base_kernel.lengthscale.shape == (1, 4 if ard else 1)
+    # the state dicts are interchangeable
+    plain.load_state_dict(sd_ours)
+    ours.load_state_dict(sd_plain)
+
+
+@pytest.mark.parametrize("ard", [True, False])
+def test_model_mll_and_posterior_equal_plain_gpytorch(ard):
+    seed = _seed()
+    x, y, xt, ls, os_, noise, mean = _data()
+    if not ard:
+        ls = ls[:, :1]
+    models = []
+    for cls in (ExactGPModel, _PlainGPyTorch):
+        lik = gpytorch.likelihoods.GaussianLikelihood()
+        m = cls(x, y, lik, ard=ard).to(F64)
+        _set_hypers(m, ls, os_, noise, mean)
+        models.append(m)
+    with gpytorch.settings.max_cholesky_size(BIG):
+        mlls = [gpytorch.mlls.ExactMarginalLogLikelihood(m.likelihood, m)(m(x), y) for m in models]
+        torch.testing.assert_close(mlls[0], mlls[1], rtol=1e-10, atol=1e-12, msg=f"seed {seed}")
+        for m in models:
+            m.eval()
+        with torch.no_grad():
+            preds = [m.likelihood(m(xt)) for m in models]
+    out = models[0](xt)
+    assert isinstance(out, gpytorch.distributions.MultivariateNormal)
+    torch.testing.assert_close(preds[0].mean, preds[1].mean, rtol=1e-9, atol=1e-10, msg=f"seed {seed}")
+    torch.testing.assert_close(preds[0].variance, preds[1].variance, rtol=1e-9, atol=1e-10, msg=f"seed {seed}")
+
+
+def test_model_trains_with_plain_gpytorch_loop():
+    _seed()
+    x = torch.rand(60, 2) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) * x[:, 1] + 0.05 * torch.randn(60)
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, y, lik)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    losses = []
+    model.train()
+    lik.train()
+    for _ in range(40):
+        opt.zero_grad()
+        loss = -mll(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+    model.eval()
+    lik.eval()
+    with torch.no_grad(), pytest.warns(gpytorch.utils.warnings.GPInputWarning):
+        pred = lik(model(x))  # predicting at the training inputs is deliberate here
+    assert float((pred.mean - y).pow(2).mean().sqrt()) < 0.3
+
+
+# ----------------------------------------------------------------------------------------------------------
+# exact_mll
+# ----------------------------------------------------------------------------------------------------------
+def test_exact_mll_matches_scipy_and_gpytorch():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    seed = _seed()
+    x, y, _, ls, os_, noise, mean = _data(n=40)
+    K = _rbf(x, x, ls, os_)
+    ours = exact_mll(K, y, noise, mean)
+    assert ours.dtype == F64 and ours.dim() == 0
+    cov = (K + noise * torch.eye(40, dtype=F64)).numpy()
+    ref = scipy_stats.multivariate_normal(mean=np.full(40, mean), cov=cov).logpdf(y.numpy()) / 40
+    assert abs(float(ours) - ref) < 1e-10 * max(1.0, abs(ref)), f"seed {seed}"
+    # same normalisation (average per data point) as GPyTorch's ExactMarginalLogLikelihood
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    m = ExactGPModel(x, y, lik).to(F64)
+    _set_hypers(m, ls, os_, noise, mean)
+    with gpytorch.settings.max_cholesky_size(BIG):
+        gp = gpytorch.mlls.ExactMarginalLogLikelihood(lik, m)(m(x), y)
+    assert abs(float(ours) - float(gp.detach())) < 1e-10, f"seed {seed}"
+    # float32 K and (n, 1) y give the same float64 answer
+    ours32 = exact_mll(K.float(), y.reshape(-1, 1), noise, mean)
+    assert ours32.dtype == F64
+    assert abs(float(ours32) - float(ours)) < 1e-5
+
+
+def test_exact_mll_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="K must have shape"):
+        exact_mll(torch.eye(3, dtype=F64), torch.zeros(4, dtype=F64), 0.1)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# robust_cholesky
+# ----------------------------------------------------------------------------------------------------------
+def test_robust_cholesky_plain_no_warning(recwarn):
+    A = torch.eye(5, dtype=F64) * 2
+    L, jitter = robust_cholesky(A)
+    assert jitter == 0.0
+    torch.testing.assert_close(L @ L.T, A)
+    assert not [w for w in recwarn if issubclass(w.category, CholeskyJitterWarning)]
+
+
+def test_robust_cholesky_adds_jitter_and_warns():
+    v = torch.randn(6, 1, dtype=F64)
+    A = v @ v.T  # rank one, singular
+    A0 = A.clone()
+    with pytest.warns(CholeskyJitterWarning, match="adding .* to the diagonal"):
+        L, jitter = robust_cholesky(A)
+    assert jitter > 0
+    mean_diag = float(A0.diagonal().mean())
+    assert 1e-8 * mean_diag * 0.999 <= jitter <= 1e-4 * mean_diag * 1.001
+    torch.testing.assert_close(L @ L.T, A0 + jitter * torch.eye(6, dtype=F64), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(A, A0)  # not overwritten by default
+
+
+def test_robust_cholesky_raises_when_not_positive_definite():
+    A = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=F64))
+    with pytest.raises(CholeskyError, match="not positive"):
+        robust_cholesky(A)
+    assert issubclass(CholeskyError, torch.linalg.LinAlgError)
+    with pytest.raises(CholeskyError, match="NaN or inf"):
+        robust_cholesky(torch.full((2, 2), float("nan"), dtype=F64))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CholeskyPredictor
+# ----------------------------------------------------------------------------------------------------------
+def _dense_posterior(x, y, xt, ls, os_, noise, mean):
+    K = _rbf(x, x, ls, os_) + noise * torch.eye(x.shape[0], dtype=F64)
+    Ks = _rbf(x, xt, ls, os_)
+    Kss = _rbf(xt, xt, ls, os_)
+    mu = Ks.T @ torch.linalg.solve(K, y - mean) + mean
+    cov = Kss - Ks.T @ torch.linalg.solve(K, Ks)
+    return mu, cov
+
+
+def test_predictor_matches_dense_formulas():
+    seed = _seed()
+    x, y, xt, ls, os_, noise, mean = _data(n=50, n_test=30)
+    mu_ref, cov_ref = _dense_posterior(x, y, xt, ls, os_, noise, mean)
+    K = _rbf(x, x, ls, os_)
+    K_copy = K.clone()
+    pred = CholeskyPredictor(K, y, noise, mean)
+    torch.testing.assert_close(K, K_copy)  # not overwritten without overwrite=True
+    assert pred.jitter == 0.0 and pred.n == 50
+    Ks = _rbf(x, xt, ls, os_)
+    kss = torch.full((30,), os_, dtype=F64)
+    msg = f"seed {seed}"
+    torch.testing.assert_close(pred.predict(Ks), mu_ref, rtol=1e-10, atol=1e-10, msg=msg)
+    m, v = pred.predict(Ks, kss, return_var=True)
+    torch.testing.assert_close(m, mu_ref, rtol=1e-10, atol=1e-10, msg=msg)
+    torch.testing.assert_close(v, cov_ref.diagonal(), rtol=1e-8, atol=1e-10, msg=msg)
+    _, vn = pred.predict(Ks, kss, return_var=True, include_noise=True)
+    torch.testing.assert_close(vn, cov_ref.diagonal() + noise, rtol=1e-8, atol=1e-10, msg=msg)
+    _, c = pred.predict(Ks, return_cov=True, K_star_star=_rbf(xt, xt, ls, os_))
+    torch.testing.assert_close(c, cov_ref, rtol=1e-8, atol=1e-10, msg=msg)
+    _, cn = pred.predict(Ks, return_cov=True, K_star_star=_rbf(xt, xt, ls, os_), include_noise=True)
+    torch.testing.assert_close(cn, cov_ref + noise * torch.eye(30, dtype=F64), rtol=1e-8, atol=1e-10, msg=msg)
+    # total log marginal likelihood = n * exact_mll
+    lml = pred.log_marginal_likelihood()
+    torch.testing.assert_close(lml / 50, exact_mll(K, y, noise, mean), rtol=1e-12, atol=1e-12)
+
+
+def test_predictor_chunked_kernel_path_matches_unchunked(monkeypatch):
+    seed = _seed()
+    x, y, xt, ls, os_, noise, mean = _data(n=40, n_test=37)
+    kern = lambda a, b: _rbf(a, b, ls, os_)  # noqa: E731
+    pred = CholeskyPredictor(kern(x, x), y, noise, mean)
+    m_full, v_full = pred.predict(kern(x, xt), torch.full((37,), os_, dtype=F64), return_var=True)
+    # force tiny chunks (3 test points per chunk) both through chunk_size and through the memory budget
+    for kwargs in ({"chunk_size": 3}, {}):
+        if not kwargs:
+            monkeypatch.setattr(chol, "_CHUNK_BYTES", 8 * 40 * 3)
+            assert pred.chunk_size() == 3
+        m, v = pred.predict_from_kernel(kern, x, xt, prior_var=os_, return_var=True, **kwargs)
+        torch.testing.assert_close(m, m_full, rtol=1e-12, atol=1e-12, msg=f"seed {seed}")
+        torch.testing.assert_close(v, v_full, rtol=1e-12, atol=1e-12, msg=f"seed {seed}")
+    m2 = pred.predict_from_kernel(kern, x, xt, prior_var=lambda z: torch.full((z.shape[0],), os_, dtype=F64))
+    torch.testing.assert_close(m2, m_full, rtol=1e-12, atol=1e-12)
+    _, c = pred.predict_from_kernel(kern, x, xt, prior_var=os_, return_cov=True)
+    torch.testing.assert_close(c.diagonal(), v_full, rtol=1e-8, atol=1e-12)
+    empty = pred.predict_from_kernel(kern, x, xt[:0], prior_var=os_, return_var=True)
+    assert empty[0].shape == (0,) and empty[1].shape == (0,)
+
+
+def test_predictor_variance_clamped_and_jitter_on_duplicates():
+    x = torch.randn(5, 2, dtype=F64)
+    x = torch.cat([x, x])  # duplicated points, zero noise: singular
+    y = torch.cat([torch.randn(5, dtype=F64)] * 2)
+    ls = torch.ones(1, 2, dtype=F64)
+    with pytest.warns(CholeskyJitterWarning):
+        pred = CholeskyPredictor(_rbf(x, x, ls, 1.0), y, 0.0, 0.0)
+    assert pred.jitter > 0
+    _, v = pred.predict(_rbf(x, x, ls, 1.0), torch.ones(10, dtype=F64), return_var=True)
+    assert bool((v >= 0).all())  # the exact value is ~0 and would round negative without the clamp
+    with pytest.raises(ValueError, match="K_star must have shape"):
+        pred.predict(torch.zeros(3, 2, dtype=F64))
+    with pytest.raises(ValueError, match="k_star_star"):
+        pred.predict(torch.zeros(10, 2, dtype=F64), return_var=True)
+    with pytest.raises(ValueError, match="K_train must have shape"):
+        CholeskyPredictor(torch.eye(3, dtype=F64), torch.zeros(4, dtype=F64), 0.1)
+
+
+def test_predictor_overwrite_saves_a_copy():
+    x, y, xt, ls, os_, noise, mean = _data(n=20)
+    K = _rbf(x, x, ls, os_)
+    pred = CholeskyPredictor(K.clone(), y, noise, mean, overwrite=True)
+    ref = CholeskyPredictor(K, y, noise, mean)
+    torch.testing.assert_close(pred.L, ref.L, rtol=0, atol=0)
+    assert math.isfinite(float(pred.log_marginal_likelihood()))
