@@ -49,7 +49,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
 from tqdm.auto import tqdm
 
-from gpfast.models.cholesky import CholeskyPredictor, exact_mll
+from linear_operator.utils.errors import NotPSDError
+
+from gpfast.models.cholesky import CholeskyPredictor
 from gpfast.models.exact_gp import ExactGPModel
 
 from gpfast.ops import rbf_covariance
@@ -526,7 +528,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         y_std = float(yt.std(unbiased=False))
         if not y_std > 1e-12 * max(abs(y_mean), 1.0):
             y_std = 1.0
-        inits = self._check_init_values(d, x_std, y_std)
+        inits = self._check_init_values(d, x_std.cpu(), y_std)
 
         device, dtype = p["device"], p["dtype"]
         free = free_memory_bytes(device)
@@ -689,11 +691,19 @@ class ExactGP(RegressorMixin, BaseEstimator):
         bar = tqdm(range(n_steps), desc=desc, disable=not self.verbose, leave=False, file=sys.stderr)
         with self._solver_context(solver, p):
             for i in bar:
-                if p["optimizer"] == "adam":
-                    loss = closure()
-                    opt.step()
-                else:
-                    loss = opt.step(closure)
+                try:
+                    if p["optimizer"] == "adam":
+                        loss = closure()
+                        opt.step()
+                    else:
+                        loss = opt.step(closure)
+                except NotPSDError as exc:
+                    bar.close()
+                    raise NotPSDError(
+                        f"ExactGP: the training covariance stopped being numerically positive definite at step {i} "
+                        f"({desc}, dtype={p['dtype']}): {exc}. Try dtype='float64', a smaller lr, or a larger "
+                        f"noise_init. The estimator was not modified."
+                    ) from exc
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     bar.close()
@@ -953,9 +963,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         y_train = state["y_train_"].to(device_)
         likelihood = gpytorch.likelihoods.GaussianLikelihood()
         model = ExactGPModel(X_train.to(dtype), y_train.to(dtype), likelihood, ard=bool(params["ard"]))
+        model = model.to(device=device_, dtype=dtype)  # before loading, so float64 values are not rounded
         model.load_state_dict(state["model_state_dict"])
         likelihood.load_state_dict(state["likelihood_state_dict"])
-        model = model.to(device=device_, dtype=dtype)
         model.eval()
         likelihood.eval()
 

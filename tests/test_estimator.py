@@ -539,11 +539,11 @@ def test_pickle_round_trip(fitted):
 # ----------------------------------------------------------------------------------------------------------
 # save / load
 # ----------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
-def test_save_load_round_trip(tmp_path, solver):
+@pytest.mark.parametrize("solver, dtype", [("cholesky", "float32"), ("cg", "float32"), ("cholesky", torch.float64)])
+def test_save_load_round_trip(tmp_path, solver, dtype):
     rng, _ = _rng()
     X, y, Xt, _ = _toy(rng, n=40)
-    gp = _gp(solver=solver, max_iter=5, random_state=0, lengthscale_init=X.std(0)).fit(X, y)
+    gp = _gp(solver=solver, dtype=dtype, max_iter=5, random_state=0, lengthscale_init=X.std(0)).fit(X, y)
     m, s = gp.predict(Xt, return_std=True)
     path = tmp_path / "gp.pt"
     gp.save(path)
