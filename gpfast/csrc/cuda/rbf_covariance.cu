@@ -50,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_d
   const at::Tensor A = roww * z1 - Wz2;
   const at::Tensor Bc = at::bmm(W.transpose(1, 2), z1) - colw * z2;
   const at::Tensor L = (z1 * z1 * roww).sum(1) - 2 * (z1 * Wz2).sum(1) + (z2 * z2 * colw).sum(1);
-  return {-A / l, Bc / l, L / lengthscale, GE.sum({1, 2})};
+  return {-A / l, Bc / l, L / lengthscale, GE.sum(at::IntArrayRef{1, 2})};
 }
 
 }  // namespace
@@ -109,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_c
   });
   const at::Tensor l = lengthscale.unsqueeze(1);
   const at::Tensor A = part_a.sum(0).narrow(2, 0, d), Bc = part_b.sum(0).narrow(2, 0, d);
-  const at::Tensor L = part_l.sum({0, 1}).narrow(1, 0, d), S = part_s.sum({0, 1});
+  const at::Tensor L = part_l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d), S = part_s.sum(at::IntArrayRef{0, 1});
   return {-A / l, Bc / l, L / lengthscale, S};
 }
 

@@ -124,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_dense
     A.narrow(1, i, r).copy_(roww * zb - Wz2);
     Bc += at::bmm(W.transpose(1, 2), zb) - colw * z2;
     L += (zb * zb * roww).sum(1) - 2 * (zb * Wz2).sum(1) + (z2 * z2 * colw).sum(1);
-    S += GE.sum({1, 2});
+    S += GE.sum(at::IntArrayRef{1, 2});
   }
   return {-A / l, Bc / l, L / lengthscale, S};
 }
@@ -155,8 +155,8 @@ void row_pass(const at::Tensor& z1, const at::Tensor& z2, const at::Tensor& s, c
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   A = part_a.sum(0).narrow(2, 0, d);
   if (kWithL) {
-    L = part_l.sum({0, 1}).narrow(1, 0, d);
-    S = part_s.sum({0, 1});
+    L = part_l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d);
+    S = part_s.sum(at::IntArrayRef{0, 1});
   }
 }
 
