@@ -1,0 +1,239 @@
+"""Command line: ``gpfast compare``, ``gpfast datasets``, ``gpfast build``.
+
+Examples::
+
+    gpfast compare --dataset yacht --iters 50 --device cpu
+    python -m gpfast compare --dataset pol --data-dir ~/uci --device cuda --out results/
+    gpfast datasets
+    gpfast build --verbose
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+PROG = "gpfast"
+
+# (column title, key, format)
+TABLE_COLUMNS = (
+    ("row", "row", "{}"),
+    ("solver", "solver", "{}"),
+    ("train s", "train_s", "{:.3f}"),
+    ("s/iter", "s_per_iter", "{:.4f}"),
+    ("predict s", "predict_s", "{:.3f}"),
+    ("RMSE std", "rmse_std", "{:.4f}"),
+    ("RMSE orig", "rmse_orig", "{:.4g}"),
+    ("NLL std", "nll_std", "{:.4f}"),
+    ("NLL orig", "nll_orig", "{:.4f}"),
+    ("peak mem", "peak_mem_bytes", None),
+    ("status", "status", "{}"),
+)
+
+CSV_FIELDS = (
+    "dataset", "split", "row", "status", "solver", "n_train", "n_test", "d", "iters", "lr", "seed", "device",
+    "dtype", "train_s", "s_per_iter", "predict_s", "total_s", "rmse_std", "rmse_orig", "nll_std", "nll_orig",
+    "peak_mem_bytes", "mem_kind", "final_loss", "init_lengthscale", "init_outputscale", "init_noise", "init_mean",
+    "machine", "date",
+)
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """A plain-text table of the comparison rows."""
+    header = [c[0] for c in TABLE_COLUMNS]
+    body = []
+    for r in rows:
+        line = []
+        for _title, key, fmt in TABLE_COLUMNS:
+            v = r.get(key)
+            if key == "peak_mem_bytes":
+                line.append(_fmt_bytes(v))
+            elif v is None or (isinstance(v, float) and math.isnan(v)):
+                line.append("-")
+            else:
+                line.append(fmt.format(v))
+        body.append(line)
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    out += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
+    return "\n".join(out)
+
+
+def write_csv(rows: Sequence[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, (list, tuple)) else v) for k, v in r.items()})
+
+
+def plot_rows(rows: Sequence[dict], path: Path, title: str) -> None:
+    """Bar charts of train + predict time, RMSE and NLL (standardised units) per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["row"] for r in rows]
+    x = list(range(len(rows)))
+
+    def val(r, k):
+        v = r.get(k)
+        return float(v) if isinstance(v, (int, float)) and v is not None and math.isfinite(v) else 0.0
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    train = [val(r, "train_s") for r in rows]
+    pred = [val(r, "predict_s") for r in rows]
+    axes[0].bar(x, train, label="train")
+    axes[0].bar(x, pred, bottom=train, label="predict")
+    axes[0].set_ylabel("seconds")
+    axes[0].set_title("time (train + predict)")
+    axes[0].legend()
+    axes[1].bar(x, [val(r, "rmse_std") for r in rows], color="tab:green")
+    axes[1].set_title("test RMSE (standardised)")
+    axes[2].bar(x, [val(r, "nll_std") for r in rows], color="tab:red")
+    axes[2].set_title("test NLL (standardised)")
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=15)
+    for i, r in enumerate(rows):
+        if r.get("status") != "ok":
+            for ax in axes:
+                ax.text(i, 0, str(r.get("status"))[:12], ha="center", va="bottom", color="black", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# subcommands
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _error(msg: str) -> int:
+    print(f"{PROG}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_compare(args) -> int:
+    from gpfast import datasets
+    from gpfast.compare import compare
+
+    try:
+        data = datasets.load_uci(args.dataset, split=args.split, data_dir=args.data_dir)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return _error(str(exc))
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return _error(f"--device {args.device} but CUDA is not available; use --device cpu")
+    if args.iters < 1:
+        return _error(f"--iters must be >= 1, got {args.iters}")
+    verbose = not args.quiet
+    if verbose:
+        print(f"{PROG} compare: {data!r}, {args.iters} Adam steps (lr {args.lr}), device {args.device}",
+              file=sys.stderr)
+    rows = compare(data, split=args.split, iters=args.iters, lr=args.lr, device=args.device, seed=args.seed,
+                   verbose=verbose)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"compare_{args.dataset}_split{args.split}"
+    meta = {"dataset": args.dataset, "split": args.split, "machine": rows[0]["machine"], "date": rows[0]["date"],
+            "iters": args.iters, "lr": args.lr, "device": args.device, "seed": args.seed}
+    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+    write_csv(rows, stem.with_suffix(".csv"))
+    title = (f"{args.dataset} split {args.split} (n={data.n_train}, d={data.d}), {args.iters} Adam steps\n"
+             f"{meta['machine']}, {meta['date'][:10]}")
+    plot_rows(rows, stem.with_suffix(".png"), title)
+    print(f"{args.dataset} split {args.split}: n_train={data.n_train}, n_test={data.n_test}, d={data.d}; "
+          f"{args.iters} Adam steps, lr {args.lr}, seed {args.seed}")
+    print(f"machine: {meta['machine']}; date: {meta['date']}; memory: {rows[0].get('mem_kind')}")
+    print(format_table(rows))
+    print(f"wrote {stem}.csv, {stem}.json, {stem}.png")
+    return 0 if all(r.get("status") == "ok" for r in rows) else 1
+
+
+def cmd_datasets(args) -> int:
+    from gpfast import datasets
+
+    root = datasets.resolve_data_dir(args.data_dir)
+    avail = datasets.available(args.data_dir)
+    print(f"data folder: {root} (from --data-dir, else ${datasets.ENV_VAR}, else the user cache)")
+    print(f"shipped with the package: {', '.join(datasets.SHIPPED)}")
+    if avail:
+        print("available now:")
+        for name in avail:
+            try:
+                where = datasets.find_dataset(name, args.data_dir)
+            except (ValueError, FileNotFoundError):  # pragma: no cover
+                where = "?"
+            size = datasets.UCI_SIZES.get(name)
+            extra = f" ({size[0]} rows, {size[1]} inputs)" if size else ""
+            print(f"  {name:16s}{extra}  {where}")
+    missing = [n for n in datasets.UCI_NAMES if n not in avail]
+    if missing:
+        print(f"known but not on disk (gpfast.datasets.download(names=[...]) fetches them): {', '.join(missing)}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    from gpfast import _build
+
+    argv = ["--verbose"] if args.verbose else []
+    return int(_build.main(argv) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Exact GP regression on gpfast's fused RBF kernel.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("compare", help="stock GPyTorch vs GPyTorch+gpfast kernel vs gpfast.ExactGP on one split",
+                       description="Train and evaluate stock GPyTorch, GPyTorch with gpfast's kernel, and "
+                                   "gpfast.ExactGP on the same split with the same initial hyperparameters.")
+    p.add_argument("--dataset", required=True, help="UCI set name, e.g. yacht, pol, kin40k")
+    p.add_argument("--split", type=int, default=0, help="fixed train/test split, 0..9 (default 0)")
+    p.add_argument("--iters", type=int, default=50, help="Adam steps for every row (default 50)")
+    p.add_argument("--lr", type=float, default=0.1, help="Adam learning rate (default 0.1)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--data-dir", default=None, help="folder holding <name>/data.csv.gz (default $GPFAST_DATA)")
+    p.add_argument("--out", default="./gpfast-results", help="output folder (default ./gpfast-results)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("datasets", help="list the data sets available and where they are from")
+    p.add_argument("--data-dir", default=None, help="folder holding <name>/data.csv.gz (default $GPFAST_DATA)")
+    p.set_defaults(func=cmd_datasets)
+
+    p = sub.add_parser("build", help="compile (JIT) and load gpfast's ops")
+    p.add_argument("--verbose", action="store_true", help="show the compiler's commands and output")
+    p.set_defaults(func=cmd_build)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
