@@ -1,0 +1,194 @@
+"""UCI table: stock GPyTorch vs GPyTorch + gpfast kernel vs gpfast.ExactGP on the Wang et al. (2019) sets.
+
+    python experiments/uci_table.py --data-dir ~/uci --device cuda --splits 0 1 2 --iters 50
+
+Writes ``experiments/results/uci_table.{md,json,csv,png}`` (machine and date in each). Rows of
+:func:`gpfast.compare.compare`: (a) ``gpytorch``, (b) ``gpytorch+gpfast``, (c) ``gpfast``; speed-ups are
+(a)/(c) end to end (train + predict) and (a)/(b) on training. Metrics are means over the splits run (with the
+standard deviation when there are several).
+
+Published exact-GP results (Wang et al., "Exact Gaussian Processes on a Million Data Points", NeurIPS 2019,
+Table 1) are NOT copied here: they could not be verified when this script was written, so the table says
+"see paper" instead of quoting possibly wrong numbers. Fill ``PUBLISHED`` with (rmse, nll) pairs taken from the
+paper to have them printed beside ours. Note the paper trains differently (Adam with pretraining on a subset,
+then fine-tuning, and its own preprocessing), so compare with care.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _bench import RESULTS, git_rev, md_table, today  # noqa: E402
+
+from gpfast.compare import ROWS, compare, machine_name  # noqa: E402
+
+DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggundirected")
+
+#: name -> (RMSE, NLL) of the exact GP in Wang et al. (2019), Table 1; None = "see paper" (not verified here).
+PUBLISHED: dict[str, tuple[float, float] | None] = {name: None for name in DATASETS}
+PAPER = "Wang et al. 2019, Table 1"
+
+
+def _mean_sd(values):
+    vals = [v for v in values if isinstance(v, (int, float))]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def _fmt(m, sd, digits=3):
+    if m is None:
+        return "-"
+    return f"{m:.{digits}f}" if sd is None else f"{m:.{digits}f} ± {sd:.{digits}f}"
+
+
+def summarise(all_rows: list[dict], datasets) -> list[dict]:
+    """One summary record per (dataset, row) over the splits run, plus speed-ups."""
+    out = []
+    for name in datasets:
+        per = {r: [x for x in all_rows if x["dataset"] == name and x["row"] == r] for r in ROWS}
+        if not any(per.values()):
+            continue
+        stats = {}
+        for r, xs in per.items():
+            ok = [x for x in xs if x.get("status") == "ok"]
+            s = {"row": r, "splits": len(xs), "ok": len(ok),
+                 "status": "ok" if xs and len(ok) == len(xs) else ",".join(sorted({str(x["status"]) for x in xs}))}
+            for k in ("train_s", "predict_s", "total_s", "s_per_iter", "rmse_std", "rmse_orig", "nll_std",
+                      "nll_orig", "peak_mem_bytes"):
+                s[k], s[k + "_sd"] = _mean_sd([x.get(k) for x in ok])
+            s["solver"] = ok[0].get("solver") if ok else None
+            s["mem_kind"] = xs[0].get("mem_kind") if xs else None
+            s["n_train"] = xs[0]["n_train"] if xs else None
+            s["d"] = xs[0]["d"] if xs else None
+            stats[r] = s
+        a, b, c = (stats.get(r, {}) for r in ROWS)
+        e2e = a.get("total_s") / c["total_s"] if a.get("total_s") and c.get("total_s") else None
+        tr = a.get("train_s") / b["train_s"] if a.get("train_s") and b.get("train_s") else None
+        pub = PUBLISHED.get(name)
+        for r, s in stats.items():
+            out.append({"dataset": name, **s, "speedup_a_over_c_end_to_end": e2e, "speedup_a_over_b_train": tr,
+                        "published_rmse": pub[0] if pub else "see paper",
+                        "published_nll": pub[1] if pub else "see paper"})
+    return out
+
+
+def to_markdown(summary: list[dict]) -> str:
+    cols = ["dataset", "n", "d", "row", "solver", "train s", "s/iter", "predict s", "RMSE (std)", "NLL (std)",
+            "RMSE (orig)", "NLL (orig)", "peak mem MiB", "(a)/(c) e2e", "(a)/(b) train",
+            f"RMSE [{PAPER}]", f"NLL [{PAPER}]", "status"]
+    rows = []
+    for s in summary:
+        mem = s.get("peak_mem_bytes")
+        rows.append([
+            s["dataset"], s["n_train"], s["d"], s["row"], s.get("solver") or "-",
+            _fmt(s["train_s"], s["train_s_sd"], 2), _fmt(s["s_per_iter"], None, 4), _fmt(s["predict_s"], None, 3),
+            _fmt(s["rmse_std"], s["rmse_std_sd"]), _fmt(s["nll_std"], s["nll_std_sd"]),
+            _fmt(s["rmse_orig"], s["rmse_orig_sd"], 4), _fmt(s["nll_orig"], s["nll_orig_sd"]),
+            "-" if mem is None else f"{mem / 2**20:.0f}",
+            "-" if s["speedup_a_over_c_end_to_end"] is None else f"{s['speedup_a_over_c_end_to_end']:.2f}x",
+            "-" if s["speedup_a_over_b_train"] is None else f"{s['speedup_a_over_b_train']:.2f}x",
+            s["published_rmse"], s["published_nll"], s["status"],
+        ])
+    return md_table(cols, rows)
+
+
+def plot(summary: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = sorted({s["dataset"] for s in summary}, key=lambda n: [s["dataset"] for s in summary].index(n))
+    x = np.arange(len(names))
+    w = 0.27
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for i, r in enumerate(ROWS):
+        get = {s["dataset"]: s for s in summary if s["row"] == r}
+        for ax, key in zip(axes, ("total_s", "rmse_std", "nll_std")):
+            vals = [get[n][key] if n in get and get[n][key] is not None else np.nan for n in names]
+            ax.bar(x + (i - 1) * w, vals, w, label=r)
+    axes[0].set_yscale("log")
+    for ax, t in zip(axes, ("train + predict time (s, log)", "test RMSE (standardised)", "test NLL (standardised)")):
+        ax.set_title(t)
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, rotation=20)
+    axes[0].legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--splits", type=int, nargs="+", default=[0])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
+    ap.add_argument("--stem", default="uci_table")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    all_rows: list[dict] = []
+    for name in args.datasets:
+        for split in args.splits:
+            print(f"== {name} split {split}", file=sys.stderr, flush=True)
+            try:
+                rows = compare(name, split=split, iters=args.iters, lr=args.lr, device=args.device,
+                               data_dir=args.data_dir, seed=args.seed, verbose=not args.quiet)
+            except (ValueError, FileNotFoundError, TypeError) as exc:
+                print(f"   skipped: {exc}", file=sys.stderr)
+                continue
+            for r in rows:
+                print(f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}",
+                      file=sys.stderr)
+            all_rows += rows
+            # keep partial results if a later set fails or the job is killed
+            (out / f"{args.stem}.json").write_text(json.dumps({"rows": all_rows}, indent=2, default=str))
+
+    mach, date = machine_name(args.device), today()
+    summary = summarise(all_rows, args.datasets)
+    meta = {"machine": mach, "date": date, "commit": git_rev(), "iters": args.iters, "lr": args.lr,
+            "splits": args.splits, "device": args.device, "seed": args.seed,
+            "published": f"{PAPER}: 'see paper' where not verified"}
+    (out / f"{args.stem}.json").write_text(
+        json.dumps({**meta, "summary": summary, "rows": all_rows}, indent=2, default=str))
+    if all_rows:
+        keys = list(dict.fromkeys(k for r in all_rows for k in r))
+        with open(out / f"{args.stem}.csv", "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=keys)
+            wr.writeheader()
+            for r in all_rows:
+                wr.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
+    table = to_markdown(summary)
+    text = (f"# UCI: stock GPyTorch (a) vs GPyTorch + gpfast kernel (b) vs gpfast.ExactGP (c)\n\n"
+            f"Machine: {mach}. Date: {date}. Commit: {meta['commit']}. {args.iters} Adam steps (lr {args.lr}), "
+            f"float32, splits {args.splits}, same initial hyperparameters for every row. Peak memory: "
+            f"{summary[0]['mem_kind'] if summary else '-'}. Speed-ups: (a)/(c) end to end (train + predict), "
+            f"(a)/(b) training only. Published columns: {PAPER} (exact GP), 'see paper' where the numbers could "
+            f"not be verified.\n\n{table}\n")
+    (out / f"{args.stem}.md").write_text(text)
+    if summary:
+        plot(summary, out / f"{args.stem}.png", f"UCI, {args.iters} Adam steps, splits {args.splits}\n{mach}, {date}")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
