@@ -287,3 +287,12 @@ def test_predictor_overwrite_saves_a_copy():
     ref = CholeskyPredictor(K, y, noise, mean)
     torch.testing.assert_close(pred.L, ref.L, rtol=0, atol=0)
     assert math.isfinite(float(pred.log_marginal_likelihood()))
+
+
+def test_model_uses_gpfast_kernel():
+    from gpfast.kernels import RBFKernel, ScaleRBFKernel
+
+    m = ExactGPModel(torch.randn(5, 2), torch.randn(5), gpytorch.likelihoods.GaussianLikelihood())
+    assert isinstance(m.covar_module, ScaleRBFKernel)
+    assert isinstance(m.covar_module, gpytorch.kernels.ScaleKernel)
+    assert isinstance(m.covar_module.base_kernel, RBFKernel)

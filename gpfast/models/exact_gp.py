@@ -5,14 +5,7 @@ from __future__ import annotations
 import gpytorch
 import torch
 
-# --- TEMPORARY LOCAL FALLBACK (remove once gpfast.kernels lands) -----------------------------------------
-try:
-    from gpfast.kernels import ScaleRBFKernel
-except ImportError:  # pragma: no cover
-
-    def ScaleRBFKernel(ard_num_dims=None, **kwargs):  # noqa: N802
-        return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=ard_num_dims))
-# --- END TEMPORARY LOCAL FALLBACK ------------------------------------------------------------------------
+from gpfast.kernels import ScaleRBFKernel
 
 __all__ = ["ExactGPModel"]
 
