@@ -583,6 +583,22 @@ def test_load_refuses_unknown_or_missing_version(tmp_path, fitted):
         ExactGP.load(bad)
 
 
+def test_load_cuda_file_without_cuda_falls_back_to_cpu(tmp_path, fitted):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    gp, X, y, Xt = fitted
+    path = tmp_path / "gp.pt"
+    gp.save(path)
+    state = torch.load(path, weights_only=True)
+    state["device_"] = "cuda:0"
+    state["params"]["device"] = "cuda"
+    torch.save(state, path)
+    with pytest.warns(UserWarning, match="CUDA is unavailable, loading on the CPU"):
+        gp2 = ExactGP.load(path)
+    assert gp2.device_.type == "cpu" and gp2.device == "cpu"
+    np.testing.assert_array_equal(gp2.predict(Xt), gp.predict(Xt))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CUDA
 # ----------------------------------------------------------------------------------------------------------
