@@ -1,0 +1,6 @@
+"""GPyTorch kernels on gpfast's fused op, and the matrix-free operator they return for large inputs."""
+
+from gpfast.kernels.operator import RBFLinearOperator
+from gpfast.kernels.rbf import MATRIX_FREE_THRESHOLD, RBFKernel, ScaleRBFKernel
+
+__all__ = ["RBFKernel", "ScaleRBFKernel", "RBFLinearOperator", "MATRIX_FREE_THRESHOLD"]

@@ -1,0 +1,82 @@
+"""``RBFLinearOperator``: the RBF covariance as a matrix-free :class:`linear_operator.LinearOperator`."""
+
+from __future__ import annotations
+
+import torch
+from linear_operator.operators import LinearOperator
+
+from gpfast import ops
+
+
+class RBFLinearOperator(LinearOperator):
+    r"""``K = outputscale * exp(-0.5 |(x1_i - x2_j) / lengthscale|^2)`` without ever storing K.
+
+    Products (:meth:`_matmul`, :meth:`_t_matmul`) go through :func:`gpfast.ops.rbf_matmul` and the derivative
+    needed by GPyTorch's marginal likelihood (:meth:`_bilinear_derivative`) through its fused matrix-free
+    backward, so CG, stochastic Lanczos quadrature and prediction run in O(n) memory. Single entries and rows
+    (:meth:`_get_indices`, used by the pivoted-Cholesky preconditioner) and the diagonal cost O(d) per entry.
+
+    x1: (..., n, d), x2: (..., m, d), lengthscale: (..., 1, d or 1), outputscale: batch shape (...).
+    """
+
+    def __init__(self, x1: torch.Tensor, x2: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor):
+        super().__init__(x1, x2, lengthscale, outputscale)
+        self.x1, self.x2, self.lengthscale, self.outputscale = x1, x2, lengthscale, outputscale
+
+    def _size(self) -> torch.Size:
+        l_batch = self.lengthscale.shape[:-2] if self.lengthscale.dim() >= 2 else torch.Size()
+        batch = torch.broadcast_shapes(self.x1.shape[:-2], self.x2.shape[:-2], l_batch, self.outputscale.shape)
+        return torch.Size((*batch, self.x1.shape[-2], self.x2.shape[-2]))
+
+    def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
+        return ops.rbf_matmul(self.x1, self.x2, self.lengthscale, self.outputscale, rhs, check_values=False)
+
+    def _t_matmul(self, rhs: torch.Tensor) -> torch.Tensor:
+        return ops.rbf_matmul(self.x2, self.x1, self.lengthscale, self.outputscale, rhs, check_values=False)
+
+    def _transpose_nonbatch(self) -> "RBFLinearOperator":
+        return RBFLinearOperator(self.x2, self.x1, self.lengthscale, self.outputscale)
+
+    def _bilinear_derivative(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor):
+        """Gradients of ``sum(left_vecs * (K @ right_vecs))`` for each representation tensor (None if it needs
+        none), computed by rbf_matmul's fused backward: P = K o (left right^T) reduced on the fly."""
+        args = (self.x1, self.x2, self.lengthscale, self.outputscale)
+        wanted = [a.requires_grad for a in args]
+        if not any(wanted):
+            return (None,) * 4
+        with torch.enable_grad():
+            leaves = [a.detach().requires_grad_(w) for a, w in zip(args, wanted)]
+            out = ops.rbf_matmul(*leaves, right_vecs, check_values=False)
+            grads = torch.autograd.grad(out, [x for x, w in zip(leaves, wanted) if w], left_vecs, allow_unused=True)
+        it = iter(grads)
+        return tuple(next(it) if w else None for w in wanted)
+
+    def _diagonal(self) -> torch.Tensor:
+        if self.x1.shape[-2] == self.x2.shape[-2] and (self.x1 is self.x2 or torch.equal(self.x1, self.x2)):
+            return self.outputscale.unsqueeze(-1).expand(*self.shape[:-1]).clone()  # K(x, x) = outputscale
+        return ops.rbf_covariance(self.x1, self.x2, self.lengthscale, self.outputscale, diag=True,
+                                  check_values=False).expand(*self.shape[:-1])
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> torch.Tensor:
+        batch = self.shape[:-2]
+        x1 = self.x1.expand(*batch, *self.x1.shape[-2:])
+        x2 = self.x2.expand(*batch, *self.x2.shape[-2:])
+        final = torch.broadcast_shapes(*(i.shape for i in batch_indices), row_index.shape, col_index.shape)
+        a = x1[(*batch_indices, row_index)].expand(*final, x1.shape[-1])
+        b = x2[(*batch_indices, col_index)].expand(*final, x2.shape[-1])
+        ls = self.lengthscale.expand(*batch, 1, self.lengthscale.shape[-1])[(*batch_indices,)] if batch else \
+            self.lengthscale.reshape(1, -1)
+        s = self.outputscale.expand(batch)[(*batch_indices,)] if batch else self.outputscale
+        # paired evaluation: one entry per index, O(d) each
+        ls = ls.reshape(*ls.shape[:-2], *([1] * (len(final) - len(ls.shape[:-2]))), ls.shape[-1])
+        z = (a - b) / ls
+        return s.reshape(*s.shape, *([1] * (len(final) - s.dim()))) * torch.exp(-0.5 * z.pow(2).sum(-1))
+
+    def _expand_batch(self, batch_shape) -> "RBFLinearOperator":
+        return RBFLinearOperator(self.x1.expand(*batch_shape, *self.x1.shape[-2:]),
+                                 self.x2.expand(*batch_shape, *self.x2.shape[-2:]),
+                                 self.lengthscale.expand(*batch_shape, *self.lengthscale.shape[-2:]),
+                                 self.outputscale.expand(batch_shape))
+
+    def to_dense(self) -> torch.Tensor:
+        return ops.rbf_covariance(self.x1, self.x2, self.lengthscale, self.outputscale, check_values=False)

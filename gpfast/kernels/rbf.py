@@ -1,0 +1,82 @@
+"""GPyTorch kernels on the fused op: drop-ins for ``gpytorch.kernels.RBFKernel`` and ``ScaleKernel(RBFKernel())``."""
+
+from __future__ import annotations
+
+import torch
+from gpytorch.kernels import Kernel, ScaleKernel
+
+from gpfast import ops
+from gpfast.kernels.operator import RBFLinearOperator
+
+#: Above this many covariance entries (n * m per batch) the kernels return a matrix-free
+#: :class:`RBFLinearOperator` instead of a dense matrix. 2**30 entries is 4 GiB in float32: below it, storing K
+#: and streaming it through CG is faster than recomputing it in every product; above it, memory rules.
+MATRIX_FREE_THRESHOLD = 2**30
+
+
+def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> bool:
+    limit = MATRIX_FREE_THRESHOLD if threshold is None else threshold
+    return x1.shape[-2] * x2.shape[-2] > limit
+
+
+def _last_dim_as_batch(x1, x2, lengthscale):
+    # (..., n, d) -> (..., d, n, 1), lengthscale folded into the points as GPyTorch does for this mode
+    z1 = x1.div(lengthscale).transpose(-1, -2).unsqueeze(-1)
+    z2 = x2.div(lengthscale).transpose(-1, -2).unsqueeze(-1)
+    return z1, z2
+
+
+class RBFKernel(Kernel):
+    r"""RBF (squared-exponential) kernel, ``k(x1, x2) = exp(-0.5 (x1 - x2)^T Theta^{-2} (x1 - x2))``, fused.
+
+    Same constructor arguments and behaviour as :class:`gpytorch.kernels.RBFKernel` (``ard_num_dims``,
+    ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``eps``), and the same
+    state_dict. Covariances come from :func:`gpfast.ops.rbf_covariance`; gradients reach the lengthscale and, when
+    they require grad, the inputs. For ``n * m`` above ``matrix_free_threshold`` (default
+    :data:`MATRIX_FREE_THRESHOLD`) the full covariance is returned as a matrix-free :class:`RBFLinearOperator`.
+
+    x1: (..., n, d), x2: (..., m, d) -> (..., n, m) (or (..., n) with ``diag=True``).
+    """
+
+    has_lengthscale = True
+
+    def __init__(self, *args, matrix_free_threshold: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.matrix_free_threshold = matrix_free_threshold
+
+    def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
+        lengthscale = self.lengthscale
+        if last_dim_is_batch:
+            z1, z2 = _last_dim_as_batch(x1, x2, lengthscale)
+            return ops.rbf_covariance(z1, z2, 1.0, 1.0, diag=diag, check_values=False)
+        if not diag and _use_operator(x1, x2, self.matrix_free_threshold):
+            return RBFLinearOperator(x1, x2, lengthscale, torch.ones((), dtype=x1.dtype, device=x1.device))
+        return ops.rbf_covariance(x1, x2, lengthscale, 1.0, diag=diag, check_values=False)
+
+
+class ScaleRBFKernel(ScaleKernel):
+    r"""``ScaleKernel(RBFKernel(...))`` with the outputscale folded into the fused op (one pass over K, not two).
+
+    It is a :class:`gpytorch.kernels.ScaleKernel` whose ``base_kernel`` is :class:`RBFKernel`, so its state_dict
+    is interchangeable with GPyTorch's ``ScaleKernel(RBFKernel(...))`` of the same configuration. Arguments are
+    those of both: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
+    ``lengthscale_constraint``, ``eps``, ``outputscale_prior``, ``outputscale_constraint``, and
+    ``matrix_free_threshold``.
+    """
+
+    def __init__(self, ard_num_dims=None, batch_shape=None, active_dims=None, lengthscale_prior=None,
+                 lengthscale_constraint=None, eps: float = 1e-6, outputscale_prior=None, outputscale_constraint=None,
+                 matrix_free_threshold: int | None = None, **kwargs):
+        base = RBFKernel(ard_num_dims=ard_num_dims, batch_shape=batch_shape, active_dims=active_dims,
+                         lengthscale_prior=lengthscale_prior, lengthscale_constraint=lengthscale_constraint, eps=eps,
+                         matrix_free_threshold=matrix_free_threshold)
+        super().__init__(base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint,
+                         **kwargs)
+
+    def forward(self, x1, x2, last_dim_is_batch: bool = False, diag: bool = False, **params):
+        if last_dim_is_batch:  # rare mode: the plain composition
+            return super().forward(x1, x2, last_dim_is_batch=True, diag=diag, **params)
+        lengthscale, outputscale = self.base_kernel.lengthscale, self.outputscale
+        if not diag and _use_operator(x1, x2, self.base_kernel.matrix_free_threshold):
+            return RBFLinearOperator(x1, x2, lengthscale, outputscale)
+        return ops.rbf_covariance(x1, x2, lengthscale, outputscale, diag=diag, check_values=False)
