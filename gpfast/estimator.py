@@ -29,7 +29,6 @@ Solvers:
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import logging
 import math
@@ -43,7 +42,7 @@ import gpytorch
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.exceptions import DataConversionWarning, NotFittedError
+from sklearn.exceptions import DataConversionWarning
 from sklearn.metrics import r2_score
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_array, check_is_fitted
@@ -246,7 +245,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the
         fitted hyperparameters. Exact (float64 Cholesky) with the Cholesky solver, and with the CG solver too
         when the ``"auto"`` rule would have allowed a Cholesky (memory and ``AUTO_CHOLESKY_MAX_N``); otherwise
-        GPyTorch's stochastic CG/Lanczos estimate, evaluated once more after the last step. ``log_marginal_likelihood_method_`` says which
+        GPyTorch's stochastic CG/Lanczos estimate, evaluated once more after the last step.
+        ``log_marginal_likelihood_method_`` says which
         (``"cholesky"`` or ``"cg_estimate"``).
     lengthscale_ : numpy.ndarray of shape (n_features,)
         Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).

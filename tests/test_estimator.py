@@ -139,7 +139,8 @@ def test_fixed_hyperparameters_match_sklearn(ard, dtype):
     np.testing.assert_allclose(gp.log_marginal_likelihood_, sk_n.log_marginal_likelihood_value_, rtol=1e-9)
 
 
-@pytest.mark.filterwarnings("ignore:CG terminated")  # variance solves: columns of K_* near 0 stall the relative residual
+# variance solves: columns of K_* near 0 stall CG's relative residual above the tolerance
+@pytest.mark.filterwarnings("ignore:CG terminated")
 def test_fixed_hyperparameters_cg_close_to_cholesky():
     rng, seed = _rng()
     X, y, Xt, _ = _toy(rng, n=60)
@@ -284,7 +285,10 @@ def _with_value(A, idx, value):
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda X, y: (_with_value(X, (3, 1), np.nan), y), r"Input X contains 1 NaN value\(s\) \(first at index \(3, 1\)\)"),
+        (
+            lambda X, y: (_with_value(X, (3, 1), np.nan), y),
+            r"Input X contains 1 NaN value\(s\) \(first at index \(3, 1\)\)",
+        ),
         (lambda X, y: (_with_value(X, (0, 0), np.inf), y), r"Input X contains 1 infinite value"),
         (lambda X, y: (X, _with_value(y, 5, np.nan)), r"Input y contains 1 NaN"),
         (lambda X, y: (X, _with_value(y, 2, -np.inf)), r"Input y contains 1 infinite"),
@@ -294,7 +298,10 @@ def _with_value(A, idx, value):
         (lambda X, y: (X, y[:-1]), r"inconsistent numbers of samples: X has 30 rows but y has 29"),
         (lambda X, y: (X[:1], y[:1]), r"n_samples = 1 .* at least 2 samples"),
         (lambda X, y: (X, None), r"requires y to be passed, but the target y is None"),
-        (lambda X, y: (X, np.stack([y, y], 1)), r"y must have shape \(n_samples,\) or \(n_samples, 1\), got shape \(30, 2\)"),
+        (
+            lambda X, y: (X, np.stack([y, y], 1)),
+            r"y must have shape \(n_samples,\) or \(n_samples, 1\), got shape \(30, 2\)",
+        ),
     ],
 )
 def test_bad_fit_input_raises_and_keeps_state(fitted, make, match):
@@ -319,7 +326,11 @@ def test_bad_fit_input_raises_and_keeps_state(fitted, make, match):
         ("dtype", "float16", r"invalid dtype='float16'"),
         ("device", "tpu", r"invalid device='tpu'"),
         ("noise_init", 0.0, r"invalid noise_init=0.0"),
-        ("lengthscale_init", [1.0, 2.0], r"invalid lengthscale_init=\[1.0, 2.0\]; expected a positive float or an array of 3"),
+        (
+            "lengthscale_init",
+            [1.0, 2.0],
+            r"invalid lengthscale_init=\[1.0, 2.0\]; expected a positive float or an array of 3",
+        ),
         ("pretrain_subset", 1, r"invalid pretrain_subset=1"),
         ("random_state", "seed", r"invalid random_state='seed'"),
     ],
