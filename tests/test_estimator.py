@@ -652,3 +652,20 @@ def test_cuda_default_device_and_save_load(tmp_path):
     gp3 = ExactGP.load(tmp_path / "gp.pt", device="cpu")
     assert gp3.device_.type == "cpu"
     np.testing.assert_allclose(gp3.predict(Xt), gp.predict(Xt), rtol=1e-6)
+
+
+def test_auto_trains_with_cg_above_the_training_cap_but_predicts_exactly(monkeypatch):
+    rng, _ = _rng()
+    X, y, Xt, _ = _toy(rng, n=40)
+    monkeypatch.setitem(est_mod.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 20)
+    gp = _gp(max_iter=2).fit(X, y)
+    assert (gp.solver_, gp.train_solver_, gp.log_marginal_likelihood_method_) == ("cholesky", "cg", "cholesky")
+    exact = _gp(max_iter=0, solver="cholesky").fit(X, y)
+    assert exact.train_solver_ == "cholesky"
+    # the prediction is the exact posterior at gp's hyperparameters: the Cholesky fit, given gp's model, agrees
+    exact.model_.load_state_dict(gp.model_.state_dict())
+    exact._predictor = None
+    m1, s1 = gp.predict(Xt, return_std=True)
+    m2, s2 = exact.predict(Xt, return_std=True)
+    np.testing.assert_allclose(m1, m2, rtol=1e-10)
+    np.testing.assert_allclose(s1, s2, rtol=1e-10)
