@@ -8,6 +8,7 @@ bandwidth measured on the H200. Writes experiments/results/bench_ops.{md,json}.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -59,6 +60,10 @@ def bench_shape(B, n, m, d, reps):
         return ops.rbf_covariance(a, b, c, e, check_values=False)
 
     row["gpfast_fwd"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
+    for variant in ("tile", "rows"):  # the two forward kernels, forced (the default picks one by shape)
+        os.environ["GPFAST_COV_FWD"] = variant
+        row[f"gpfast_fwd_{variant}"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
+    del os.environ["GPFAST_COV_FWD"]
     row["gpfast_fwd_bwd"] = cuda_time_ms(fwd_bwd(gpfast_op), reps=reps)
     if n * m * B <= 2**20:
         row["gpfast_fwd_graph"] = graph_time_ms(fwd(gpfast_op))
@@ -97,9 +102,10 @@ def main(argv=None):
     for shape in SHAPES:
         rows.append(bench_shape(*shape, reps=args.reps))
         print(rows[-1], flush=True)
-    cols = ["shape", "floor_ms", "gpfast_fwd", "gpfast_fwd_graph", "gpfast_fwd_bwd", "eager_fwd", "eager_fwd_bwd",
+    cols = ["shape", "floor_ms", "gpfast_fwd", "gpfast_fwd_tile", "gpfast_fwd_rows", "gpfast_fwd_graph", "gpfast_fwd_bwd", "eager_fwd", "eager_fwd_bwd",
             "compile_fwd", "compile_fwd_bwd", "gpytorch_fwd", "gpytorch_fwd_bwd"]
-    table = md_table(["shape", "floor", "gpfast fwd", "gpfast fwd (graph replay)", "gpfast fwd+bwd", "eager fwd",
+    table = md_table(["shape", "floor", "gpfast fwd", "fwd, tiled kernel", "fwd, row-streaming kernel",
+                      "gpfast fwd (graph replay)", "gpfast fwd+bwd", "eager fwd",
                       "eager fwd+bwd", "compile fwd", "compile fwd+bwd", "GPyTorch fwd", "GPyTorch fwd+bwd"],
                      [[r.get(c, "–") for c in cols] for r in rows])
     extra = ["", "All times in ms (median of CUDA-event timings). fwd/floor and GPyTorch-fwd+bwd / gpfast-fwd+bwd:", ""]

@@ -239,3 +239,22 @@ def test_64bit_indexing_cuda():
     assert torch.isfinite(K[-3:]).all() and torch.isfinite(K[:, -3:]).all()
     assert (K.diagonal() == 1.5).all()
     del K
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+@pytest.mark.parametrize("variant", ["tile", "rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [((), 300, 1100, 8), ((2,), 70, 1030, 16), ((), 50, 2001, 29), ((), 33, 1500, 3),
+                                   ((), 65, 130, 5)])
+def test_both_forward_kernels(monkeypatch, variant, dtype, shape):
+    monkeypatch.setenv("GPFAST_COV_FWD", variant)
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
+    poison_allocator("cuda", x1.element_size() * n * m * 2)
+    K = ops.rbf_covariance(x1, x2, l, s)
+    K64 = reference64(x1, x2, l, s)
+    if dtype == torch.float64:
+        assert rel_err(K, K64) < 1e-13
+    else:
+        assert rel_err(K, K64) <= 2 * rel_err(ref.rbf_covariance(x1, x2, l, s), K64) + 1e-7

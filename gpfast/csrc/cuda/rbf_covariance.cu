@@ -1,9 +1,46 @@
 // CUDA launchers for rbf_covariance and its fused backward. The device code is in rbf_kernels.cuh.
+#include <cstdlib>
+#include <string>
+
 #include "dispatch.h"
 #include "rbf_kernels.cuh"
 
 namespace gpfast {
 namespace cuda {
+
+namespace {
+
+at::Tensor covariance_rows_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                                const at::Tensor& outputscale, int D, at::Tensor& out) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
+  TORCH_CHECK(B <= 65535, "rbf_covariance: at most 65535 batch entries on CUDA, got ", B);
+  const at::Tensor z1 = prescale(x1, lengthscale, D), z2 = prescale(x2, lengthscale, D);
+  const at::Tensor s = outputscale.contiguous();
+  const int cpl = D <= 8 ? 4 : (D == 16 ? 2 : 1);
+  const int64_t strips = ceil_div(m, int64_t(kRowsThreads) * cpl);
+  int64_t rowblocks = std::clamp<int64_t>(ceil_div(8 * sm_count(), strips * B), 1, ceil_div(n, kRowsStage));
+  const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kRowsStage) * kRowsStage;
+  rowblocks = ceil_div(n, rows_per_block);
+  TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535, "rbf_covariance: shape too large");
+  const bool vec = cpl == 4 && (m % 4 == 0) && aligned16(out.data_ptr());
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_rows_cuda", [&] {
+    CovRowsArgs<scalar_t> a{z1.data_ptr<scalar_t>(), z2.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+                            out.data_ptr<scalar_t>(), n, m, rows_per_block};
+    with_feature_bucket(D, [&](auto dc) {
+      constexpr int kD = decltype(dc)::value;
+      constexpr int kCpl = kD <= 8 ? 4 : (kD == 16 ? 2 : 1);
+      if (vec)
+        cov_fwd_rows_kernel<scalar_t, kD, kCpl, true><<<grid, kRowsThreads, 0, current_stream()>>>(a);
+      else
+        cov_fwd_rows_kernel<scalar_t, kD, kCpl, false><<<grid, kRowsThreads, 0, current_stream()>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return out;
+}
+
+}  // namespace
 
 at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                            const at::Tensor& outputscale) {
@@ -12,6 +49,13 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   at::Tensor out = at::empty({B, n, m}, x1.options());
   if (out.numel() == 0) return out;
+  // Two forward kernels: the row-streaming one (d <= 32, registers hold the columns' points) for wide outputs, the
+  // tiled one otherwise. GPFAST_COV_FWD=tile|rows forces one (for benchmarks and tests).
+  const char* choice = std::getenv("GPFAST_COV_FWD");
+  const int D = feature_bucket(d);
+  const bool force_tile = choice && std::string(choice) == "tile";
+  const bool force_rows = choice && std::string(choice) == "rows";
+  if (D != 0 && !force_tile && (force_rows || m >= 1024)) return covariance_rows_cuda(x1, x2, lengthscale, outputscale, D, out);
   const int64_t dp = ceil_div(std::max<int64_t>(d, 1), 4) * 4;
   TORCH_CHECK(dp <= (1 << 30), "rbf_covariance: d=", d, " is too large");
   const at::Tensor z1 = prescale(x1, lengthscale, dp), z2 = prescale(x2, lengthscale, dp);

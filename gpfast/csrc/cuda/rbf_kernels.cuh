@@ -188,6 +188,74 @@ __device__ __forceinline__ T warp_sum(T v) {
 }
 
 // ------------------------------------------------------------------------------------------------------------
+// Covariance, forward, row-streaming form for d <= 32: each lane owns CPL consecutive columns whose z2 rows stay
+// in registers; the block walks down a range of rows (z1 rows staged 32 at a time in shared memory, read as
+// broadcasts) and every lane stores its CPL outputs of each row (16 bytes for CPL = 4), so a warp writes
+// 512 contiguous bytes per row and keeps many independent stores in flight, with no barrier inside a chunk.
+constexpr int kRowsStage = 32, kRowsThreads = 256;
+
+template <typename T>
+struct CovRowsArgs {
+  const T* z1;     // (B, n, D)
+  const T* z2;     // (B, m, D)
+  const T* scale;  // (B)
+  T* out;          // (B, n, m)
+  int64_t n, m;
+  int64_t rows_per_block;
+};
+
+template <typename T, int D, int CPL, bool kVecStore>
+__global__ void __launch_bounds__(kRowsThreads) cov_fwd_rows_kernel(const CovRowsArgs<T> a) {
+  __shared__ __align__(16) T s_z1[kRowsStage][D];
+  const int64_t b = blockIdx.z;
+  const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x) * CPL;
+  const int64_t i_begin = static_cast<int64_t>(blockIdx.y) * a.rows_per_block;
+  const int64_t i_end = min(a.n, i_begin + a.rows_per_block);
+  const T* z1 = a.z1 + b * a.n * D;
+  T* out = a.out + b * a.n * a.m;
+  const T s = a.scale[b];
+  T z2[CPL][D];
+#pragma unroll
+  for (int c = 0; c < CPL; ++c)
+#pragma unroll
+    for (int k = 0; k < D; ++k) z2[c][k] = (j0 + c < a.m) ? a.z2[(b * a.m + j0 + c) * D + k] : T(0);
+
+  for (int64_t ic = i_begin; ic < i_end; ic += kRowsStage) {
+    const int rows = static_cast<int>(min(static_cast<int64_t>(kRowsStage), i_end - ic));
+    __syncthreads();  // the previous chunk's reads of s_z1 are done
+    for (int e = threadIdx.x; e < rows * D; e += kRowsThreads) s_z1[e / D][e % D] = z1[ic * D + e];
+    __syncthreads();
+    if (j0 >= a.m) continue;
+    for (int r = 0; r < rows; ++r) {
+      T zr[D];
+#pragma unroll
+      for (int k = 0; k < D; k += 4) {
+        T q[4];
+        load4(&s_z1[r][k], q);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) zr[k + u] = q[u];
+      }
+      T v[CPL];
+#pragma unroll
+      for (int c = 0; c < CPL; ++c) {
+        T diff[D];
+        v[c] = s * exp_neg_half(sq_dist4<T, D>(zr, z2[c], diff));
+      }
+      T* row = out + (ic + r) * a.m + j0;
+      if constexpr (kVecStore && CPL == 4) {
+        if (j0 + 4 <= a.m) {
+          store4(row, v);
+          continue;
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < CPL; ++c)
+        if (j0 + c < a.m) row[c] = v[c];
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
 // Covariance, backward: one pass over grad_K that recomputes K on the fly.
 // Block = up to 8 warps side by side on a strip of columns (each lane owns CPL consecutive columns, whose z2
 // rows and column sums B live in registers for the whole block); the block walks down a range of rows.
