@@ -14,7 +14,7 @@ at::Tensor covariance_rows_cuda(const at::Tensor& x1, const at::Tensor& x2, cons
                                 const at::Tensor& outputscale, int D, at::Tensor& out) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   TORCH_CHECK(B <= 65535, "rbf_covariance: at most 65535 batch entries on CUDA, got ", B);
-  const at::Tensor z1 = prescale(x1, lengthscale, D), z2 = prescale(x2, lengthscale, D);
+  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous();
   const int cpl = D <= 8 ? 4 : (D == 16 ? 2 : 1);
   const int64_t strips = ceil_div(m, int64_t(kRowsThreads) * cpl);
@@ -25,8 +25,9 @@ at::Tensor covariance_rows_cuda(const at::Tensor& x1, const at::Tensor& x2, cons
   const bool vec = cpl == 4 && (m % 4 == 0) && aligned16(out.data_ptr());
   const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_rows_cuda", [&] {
-    CovRowsArgs<scalar_t> a{z1.data_ptr<scalar_t>(), z2.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                            out.data_ptr<scalar_t>(), n, m, rows_per_block};
+    CovRowsArgs<scalar_t> a{p1.data_ptr<scalar_t>(), p2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
+                            s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n, m, static_cast<int>(x1.size(2)),
+                            rows_per_block};
     with_feature_bucket(D, [&](auto dc) {
       constexpr int kD = decltype(dc)::value;
       constexpr int kCpl = kD <= 8 ? 4 : (kD == 16 ? 2 : 1);
@@ -58,7 +59,7 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   if (D != 0 && !force_tile && (force_rows || m >= 1024)) return covariance_rows_cuda(x1, x2, lengthscale, outputscale, D, out);
   const int64_t dp = ceil_div(std::max<int64_t>(d, 1), 4) * 4;
   TORCH_CHECK(dp <= (1 << 30), "rbf_covariance: d=", d, " is too large");
-  const at::Tensor z1 = prescale(x1, lengthscale, dp), z2 = prescale(x2, lengthscale, dp);
+  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous();
   const int64_t tiles_m = ceil_div(m, kCovTile), tiles_per_batch = ceil_div(n, kCovTile) * tiles_m;
   const int64_t blocks = B * tiles_per_batch;
@@ -67,8 +68,9 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   const bool vec = (m % 4 == 0) && aligned16(out.data_ptr());
   auto stream = current_stream();
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_cuda", [&] {
-    CovFwdArgs<scalar_t> a{z1.data_ptr<scalar_t>(), z2.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
-                           out.data_ptr<scalar_t>(), n, m, static_cast<int>(dp), tiles_m, tiles_per_batch};
+    CovFwdArgs<scalar_t> a{p1.data_ptr<scalar_t>(), p2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
+                           s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n,
+                           m, static_cast<int>(d), static_cast<int>(dp), tiles_m, tiles_per_batch};
     if (vec)
       cov_fwd_kernel<scalar_t, true><<<blocks, kCovThreads, 0, stream>>>(a);
     else

@@ -63,14 +63,20 @@ __device__ __forceinline__ void store4<double>(double* p, const double (&v)[4]) 
 // The feature axis is staged through shared memory in chunks of 32, so any d works.
 constexpr int kCovTile = 64, kCovChunk = 32, kCovThreads = 256;
 
+// The forward kernels read the raw points and divide by the lengthscale while staging them (IEEE division, so
+// z matches x / l computed by PyTorch bit for bit): no separate pre-scaling launches, which matter at small sizes.
+__device__ __forceinline__ float scaled(float x, float l) { return __fdiv_rn(x, l); }
+__device__ __forceinline__ double scaled(double x, double l) { return __ddiv_rn(x, l); }
+
 template <typename T>
 struct CovFwdArgs {
-  const T* z1;     // (B, n, dp)
-  const T* z2;     // (B, m, dp)
+  const T* x1;     // (B, n, d)
+  const T* x2;     // (B, m, d)
+  const T* ls;     // (B, d)
   const T* scale;  // (B)
   T* out;          // (B, n, m)
   int64_t n, m;
-  int dp;  // padded feature count, a multiple of 4
+  int d, dp;  // features, and that rounded up to a multiple of 4
   int64_t tiles_m, tiles_per_batch;
 };
 
@@ -82,8 +88,9 @@ __global__ void __launch_bounds__(kCovThreads) cov_fwd_kernel(const CovFwdArgs<T
   const int64_t b = tile / a.tiles_per_batch;
   const int64_t rem = tile - b * a.tiles_per_batch;
   const int64_t i0 = (rem / a.tiles_m) * kCovTile, j0 = (rem % a.tiles_m) * kCovTile;
-  const T* z1 = a.z1 + b * a.n * a.dp;
-  const T* z2 = a.z2 + b * a.m * a.dp;
+  const T* x1 = a.x1 + b * a.n * a.d;
+  const T* x2 = a.x2 + b * a.m * a.d;
+  const T* ls = a.ls + b * a.d;
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
 
   // four accumulation chains per output (features k mod 4): shorter rounding chains and more ILP
@@ -98,9 +105,9 @@ __global__ void __launch_bounds__(kCovThreads) cov_fwd_kernel(const CovFwdArgs<T
   for (int k0 = 0; k0 < a.dp; k0 += kCovChunk) {
     const int kc = min(kCovChunk, a.dp - k0);
     for (int e = threadIdx.x; e < kCovTile * kc; e += kCovThreads) {
-      const int r = e / kc, k = e - r * kc;
-      s1[k][r] = (i0 + r < a.n) ? z1[(i0 + r) * a.dp + k0 + k] : T(0);
-      s2[k][r] = (j0 + r < a.m) ? z2[(j0 + r) * a.dp + k0 + k] : T(0);
+      const int r = e / kc, k = e - r * kc, f = k0 + k;
+      s1[k][r] = (i0 + r < a.n && f < a.d) ? scaled(x1[(i0 + r) * a.d + f], ls[f]) : T(0);
+      s2[k][r] = (j0 + r < a.m && f < a.d) ? scaled(x2[(j0 + r) * a.d + f], ls[f]) : T(0);
     }
     __syncthreads();
     for (int k = 0; k < kc; k += 4) {  // kc is a multiple of 4
@@ -196,11 +203,13 @@ constexpr int kRowsStage = 32, kRowsThreads = 256;
 
 template <typename T>
 struct CovRowsArgs {
-  const T* z1;     // (B, n, D)
-  const T* z2;     // (B, m, D)
+  const T* x1;     // (B, n, d)
+  const T* x2;     // (B, m, d)
+  const T* ls;     // (B, d)
   const T* scale;  // (B)
   T* out;          // (B, n, m)
   int64_t n, m;
+  int d;
   int64_t rows_per_block;
 };
 
@@ -211,19 +220,24 @@ __global__ void __launch_bounds__(kRowsThreads) cov_fwd_rows_kernel(const CovRow
   const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x) * CPL;
   const int64_t i_begin = static_cast<int64_t>(blockIdx.y) * a.rows_per_block;
   const int64_t i_end = min(a.n, i_begin + a.rows_per_block);
-  const T* z1 = a.z1 + b * a.n * D;
+  const T* x1 = a.x1 + b * a.n * a.d;
+  const T* ls = a.ls + b * a.d;
   T* out = a.out + b * a.n * a.m;
   const T s = a.scale[b];
   T z2[CPL][D];
 #pragma unroll
   for (int c = 0; c < CPL; ++c)
 #pragma unroll
-    for (int k = 0; k < D; ++k) z2[c][k] = (j0 + c < a.m) ? a.z2[(b * a.m + j0 + c) * D + k] : T(0);
+    for (int k = 0; k < D; ++k)
+      z2[c][k] = (j0 + c < a.m && k < a.d) ? scaled(a.x2[(b * a.m + j0 + c) * a.d + k], ls[k]) : T(0);
 
   for (int64_t ic = i_begin; ic < i_end; ic += kRowsStage) {
     const int rows = static_cast<int>(min(static_cast<int64_t>(kRowsStage), i_end - ic));
     __syncthreads();  // the previous chunk's reads of s_z1 are done
-    for (int e = threadIdx.x; e < rows * D; e += kRowsThreads) s_z1[e / D][e % D] = z1[ic * D + e];
+    for (int e = threadIdx.x; e < rows * D; e += kRowsThreads) {
+      const int r = e / D, k = e % D;
+      s_z1[r][k] = k < a.d ? scaled(x1[(ic + r) * a.d + k], ls[k]) : T(0);
+    }
     __syncthreads();
     if (j0 >= a.m) continue;
     for (int r = 0; r < rows; ++r) {
