@@ -19,6 +19,14 @@ def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> 
     return x1.shape[-2] * x2.shape[-2] > limit
 
 
+def _operator(distributed: bool):
+    if distributed:  # rows of every product split over the ranks of torch.distributed's default group
+        from gpfast.distributed import DistributedRBFLinearOperator
+
+        return DistributedRBFLinearOperator
+    return RBFLinearOperator
+
+
 def _last_dim_as_batch(x1, x2, lengthscale):
     # (..., n, d) -> (..., d, n, 1), lengthscale folded into the points as GPyTorch does for this mode
     z1 = x1.div(lengthscale).transpose(-1, -2).unsqueeze(-1)
@@ -40,17 +48,18 @@ class RBFKernel(Kernel):
 
     has_lengthscale = True
 
-    def __init__(self, *args, matrix_free_threshold: int | None = None, **kwargs):
+    def __init__(self, *args, matrix_free_threshold: int | None = None, distributed: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.matrix_free_threshold = matrix_free_threshold
+        self.distributed = distributed
 
     def forward(self, x1, x2, diag: bool = False, last_dim_is_batch: bool = False, **params):
         lengthscale = self.lengthscale
         if last_dim_is_batch:
             z1, z2 = _last_dim_as_batch(x1, x2, lengthscale)
             return ops.rbf_covariance(z1, z2, 1.0, 1.0, diag=diag, check_values=False)
-        if not diag and _use_operator(x1, x2, self.matrix_free_threshold):
-            return RBFLinearOperator(x1, x2, lengthscale, torch.ones((), dtype=x1.dtype, device=x1.device))
+        if not diag and (self.distributed or _use_operator(x1, x2, self.matrix_free_threshold)):
+            return _operator(self.distributed)(x1, x2, lengthscale, torch.ones((), dtype=x1.dtype, device=x1.device))
         return ops.rbf_covariance(x1, x2, lengthscale, 1.0, diag=diag, check_values=False)
 
 
@@ -60,16 +69,17 @@ class ScaleRBFKernel(ScaleKernel):
     It is a :class:`gpytorch.kernels.ScaleKernel` whose ``base_kernel`` is :class:`RBFKernel`, so its state_dict
     is interchangeable with GPyTorch's ``ScaleKernel(RBFKernel(...))`` of the same configuration. Arguments are
     those of both: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
-    ``lengthscale_constraint``, ``eps``, ``outputscale_prior``, ``outputscale_constraint``, and
-    ``matrix_free_threshold``.
+    ``lengthscale_constraint``, ``eps``, ``outputscale_prior``, ``outputscale_constraint``,
+    ``matrix_free_threshold``, and ``distributed`` (always matrix-free, rows split over the ranks of
+    ``torch.distributed``; see :mod:`gpfast.distributed`).
     """
 
     def __init__(self, ard_num_dims=None, batch_shape=None, active_dims=None, lengthscale_prior=None,
                  lengthscale_constraint=None, eps: float = 1e-6, outputscale_prior=None, outputscale_constraint=None,
-                 matrix_free_threshold: int | None = None, **kwargs):
+                 matrix_free_threshold: int | None = None, distributed: bool = False, **kwargs):
         base = RBFKernel(ard_num_dims=ard_num_dims, batch_shape=batch_shape, active_dims=active_dims,
                          lengthscale_prior=lengthscale_prior, lengthscale_constraint=lengthscale_constraint, eps=eps,
-                         matrix_free_threshold=matrix_free_threshold)
+                         matrix_free_threshold=matrix_free_threshold, distributed=distributed)
         super().__init__(base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint,
                          **kwargs)
 
@@ -77,6 +87,7 @@ class ScaleRBFKernel(ScaleKernel):
         if last_dim_is_batch:  # rare mode: the plain composition
             return super().forward(x1, x2, last_dim_is_batch=True, diag=diag, **params)
         lengthscale, outputscale = self.base_kernel.lengthscale, self.outputscale
-        if not diag and _use_operator(x1, x2, self.base_kernel.matrix_free_threshold):
-            return RBFLinearOperator(x1, x2, lengthscale, outputscale)
+        base = self.base_kernel
+        if not diag and (base.distributed or _use_operator(x1, x2, base.matrix_free_threshold)):
+            return _operator(base.distributed)(x1, x2, lengthscale, outputscale)
         return ops.rbf_covariance(x1, x2, lengthscale, outputscale, diag=diag, check_values=False)

@@ -29,14 +29,17 @@ class ExactGPModel(gpytorch.models.ExactGP):
         train_y: training targets (n,).
         likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (or compatible).
         ard: one lengthscale per input dimension (True) or a single shared lengthscale (False).
+        distributed: split every covariance product by rows over the ranks of ``torch.distributed``
+            (see :mod:`gpfast.distributed`); the covariance is then always matrix-free.
     """
 
-    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, likelihood, ard: bool = True):
+    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, likelihood, ard: bool = True,
+                 distributed: bool = False):
         super().__init__(train_x, train_y, likelihood)
         d = 1 if train_x.dim() == 1 else train_x.shape[-1]
         self.ard = bool(ard)
         self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = ScaleRBFKernel(ard_num_dims=d if ard else None)
+        self.covar_module = ScaleRBFKernel(ard_num_dims=d if ard else None, distributed=distributed)
 
     def forward(self, x: torch.Tensor) -> gpytorch.distributions.MultivariateNormal:
         mean_x = self.mean_module(x)
