@@ -228,6 +228,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Maximum CG iterations.
     preconditioner_size : int, default=100
         Rank of the pivoted-Cholesky preconditioner used by CG (0 disables it).
+    distributed : bool, default=False
+        Split every covariance product by rows over the ranks of an initialised ``torch.distributed`` process
+        group (launch with ``torchrun``, call :func:`gpfast.distributed.init`; see :mod:`gpfast.distributed`).
+        Training and prediction then use the matrix-free CG solver; every rank ends with the same model.
+        ``device=None`` means this rank's GPU (or the CPU with the gloo backend).
 
     Attributes
     ----------
@@ -290,6 +295,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         eval_cg_tolerance: float = 0.01,
         max_cg_iterations: int = 1000,
         preconditioner_size: int = 100,
+        distributed: bool = False,
     ):
         self.solver = solver
         self.optimizer = optimizer
@@ -308,6 +314,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.verbose = verbose
         self.cg_tolerance = cg_tolerance
         self.eval_cg_tolerance = eval_cg_tolerance
+        self.distributed = distributed
         self.max_cg_iterations = max_cg_iterations
         self.preconditioner_size = preconditioner_size
 
@@ -367,7 +374,28 @@ class ExactGP(RegressorMixin, BaseEstimator):
         else:
             raise bad("dtype", "'float32', 'float64', torch.float32 or torch.float64")
         # device
-        if self.device is None:
+        if not isinstance(self.distributed, (bool, np.bool_)):
+            raise bad("distributed", "True or False")
+        if self.distributed:
+            import torch.distributed as tdist
+
+            if not (tdist.is_available() and tdist.is_initialized()):
+                raise ValueError(
+                    "ExactGP: distributed=True needs an initialised torch.distributed process group: launch with "
+                    "`torchrun --nproc-per-node=K ...` and call gpfast.distributed.init() first."
+                )
+            if self.solver == "cholesky":
+                raise ValueError(
+                    "ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use 'auto' "
+                    "or 'cg')."
+                )
+        p["distributed"] = bool(self.distributed)
+        if self.device is None and self.distributed:
+            import torch.distributed as tdist
+
+            nccl = tdist.get_backend() == "nccl"
+            device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        elif self.device is None:
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
             try:
@@ -554,9 +582,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 )
             solver = train_solver = "cholesky"
             why = f"requested; {_gb(_CHOLESKY_WORKSPACE_FACTOR * need)} needed, {_gb(free)} free"
-        elif self.solver == "cg":
+        elif self.solver == "cg" or p["distributed"]:
             solver = train_solver = "cg"
-            why = "requested"
+            why = "requested" if self.solver == "cg" else "distributed over the ranks of torch.distributed"
         else:
             solver = "cholesky" if (cholesky_fits and n <= cap) else "cg"
             train_cap = AUTO_TRAIN_CHOLESKY_MAX_N.get(device.type, _DEFAULT_AUTO_CHOLESKY_MAX_N)
@@ -599,9 +627,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
             if subset is not None:
                 gen = torch.Generator().manual_seed(seed) if seed is not None else None
                 idx = torch.randperm(n, generator=gen)[:subset].to(device)
-                model = ExactGPModel(Xd[idx], yd[idx], likelihood, ard=bool(self.ard)).to(device=device, dtype=dtype)
+                model = ExactGPModel(Xd[idx], yd[idx], likelihood, ard=bool(self.ard), distributed=p["distributed"])
+                model = model.to(device=device, dtype=dtype)
             else:
-                model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard)).to(device=device, dtype=dtype)
+                model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=p["distributed"])
+                model = model.to(device=device, dtype=dtype)
             self._initialise(model, inits, device, dtype)
             if subset is not None:
                 sub_solver = solver
@@ -967,6 +997,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 f"cannot read; readable versions: {sorted(known)}."
             )
         params = dict(state["params"])
+        if params.get("distributed"):
+            import torch.distributed as tdist
+
+            if not tdist.is_initialized():  # a model fitted under torchrun, loaded in a single process
+                params["distributed"] = False
         saved_device = torch.device(state["device_"])
         if device is not None:
             params["device"] = str(device)
@@ -979,7 +1014,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         X_train = state["X_train_"].to(device_)
         y_train = state["y_train_"].to(device_)
         likelihood = gpytorch.likelihoods.GaussianLikelihood()
-        model = ExactGPModel(X_train.to(dtype), y_train.to(dtype), likelihood, ard=bool(params["ard"]))
+        model = ExactGPModel(X_train.to(dtype), y_train.to(dtype), likelihood, ard=bool(params["ard"]),
+                             distributed=bool(params.get("distributed", False)))
         model = model.to(device=device_, dtype=dtype)  # before loading, so float64 values are not rounded
         model.load_state_dict(state["model_state_dict"])
         likelihood.load_state_dict(state["likelihood_state_dict"])
