@@ -1,0 +1,62 @@
+"""K @ V split over GPUs with torch.distributed: ``torchrun --nproc-per-node=K experiments/bench_distributed.py``.
+
+Each rank computes its block of rows of K(x, x) @ V (d=8, t=16) and the blocks are all-gathered, as
+:class:`gpfast.distributed.DistributedRBFLinearOperator` does inside CG. Median wall time (CUDA-synchronised,
+after one warm-up) on rank 0; results appended to experiments/results/bench_distributed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import RESULTS, machine, today  # noqa: E402
+
+from gpfast import distributed  # noqa: E402
+from gpfast.distributed import DistributedRBFLinearOperator  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000000, 2000000])
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args(argv)
+    device = distributed.init()
+    k = distributed.world_size()
+    rows = []
+    for n in args.sizes:
+        g = torch.Generator(device="cpu").manual_seed(0)  # the same data on every rank
+        x = torch.randn(n, 8, generator=g).to(device)
+        v = torch.randn(n, 16, generator=g).to(device)
+        l, s = torch.full((1, 8), 1.0, device=device), torch.tensor(1.0, device=device)
+        op = DistributedRBFLinearOperator(x, x, l, s)
+        times = []
+        for i in range(args.reps + 1):
+            torch.cuda.synchronize()
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            out = op._matmul(v)
+            torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - t0)
+        row = {"n": n, "gpus": k, "kv_s": statistics.median(times), "machine": machine(), "date": today(),
+               "checksum": float(out[:1000].double().sum())}
+        rows.append(row)
+        if distributed.rank() == 0:
+            print(row, flush=True)
+    if distributed.rank() == 0:
+        path = RESULTS / "bench_distributed.json"
+        old = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(old + rows, indent=2))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

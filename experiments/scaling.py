@@ -1,0 +1,110 @@
+"""Time per training iteration and peak GPU memory against n, gpfast (matrix-free) vs stock GPyTorch.
+
+Synthetic data (gpfast.datasets.synthetic, d=8). One iteration = one Adam step of an exact GP on
+ExactMarginalLogLikelihood with GPyTorch's default settings (CG + stochastic Lanczos quadrature above 800
+points, pivoted-Cholesky preconditioner of rank 15), float32. The only difference between the two rows is the
+kernel: ``gpfast.kernels.ScaleRBFKernel`` (matrix-free above 2**30 entries) vs ``ScaleKernel(RBFKernel())``.
+Median of ``--reps`` iterations after one warm-up iteration. Writes experiments/results/scaling.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import gpytorch
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import RESULTS, machine, md_table, today, write_results  # noqa: E402
+
+from gpfast.datasets import synthetic  # noqa: E402
+from gpfast.kernels import ScaleRBFKernel  # noqa: E402
+
+
+class GP(gpytorch.models.ExactGP):
+    def __init__(self, x, y, lik, kernel):
+        super().__init__(x, y, lik)
+        self.mean_module = gpytorch.means.ConstantMean()
+        self.covar_module = kernel
+
+    def forward(self, x):
+        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+
+
+def iteration_time(which: str, n: int, d: int, reps: int):
+    X, y = synthetic(n, d, seed=0)
+    x, yt = torch.as_tensor(X, device="cuda"), torch.as_tensor(y, device="cuda")
+    kernel = ScaleRBFKernel(ard_num_dims=d) if which == "gpfast" else \
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = GP(x, yt, lik, kernel).cuda()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(reps + 1):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = -mll(model(x), yt)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        if i:  # the first one is warm-up
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times), torch.cuda.max_memory_allocated() / 1e9
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 20000, 40000, 100000, 200000])
+    parser.add_argument("--gpytorch-max", type=int, default=60000, help="largest n tried with stock GPyTorch")
+    parser.add_argument("--d", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args(argv)
+    rows = []
+    for n in args.sizes:
+        for which in ("gpfast", "gpytorch"):
+            row = {"n": n, "kernel": which}
+            if which == "gpytorch" and n > args.gpytorch_max:
+                row.update(s_per_iter="not run", peak_gb="not run")
+            else:
+                try:
+                    row["s_per_iter"], row["peak_gb"] = iteration_time(which, n, args.d, args.reps)
+                except torch.OutOfMemoryError:
+                    row.update(s_per_iter="OOM", peak_gb="OOM")
+            torch.cuda.empty_cache()
+            rows.append(row)
+            print(row, flush=True)
+    table = md_table(["n", "kernel", "s / iteration", "peak GPU GB"],
+                     [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"]] for r in rows])
+    write_results("scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
+    for which, style in (("gpfast", "o-"), ("gpytorch", "s--")):
+        pts = [(r["n"], r["s_per_iter"], r["peak_gb"]) for r in rows
+               if r["kernel"] == which and isinstance(r["s_per_iter"], float)]
+        if pts:
+            ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], style, label=which)
+            ax[1].loglog([p[0] for p in pts], [p[2] for p in pts], style, label=which)
+    ax[0].set_xlabel("n")
+    ax[0].set_ylabel("seconds per training iteration")
+    ax[1].set_xlabel("n")
+    ax[1].set_ylabel("peak GPU memory (GB)")
+    for a in ax:
+        a.legend()
+    fig.suptitle(f"{machine()}, {today()}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "scaling.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
