@@ -61,7 +61,8 @@ def today() -> str:
 
 def git_rev() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        return rev or "unknown (no git checkout)"
     except OSError:
         return "unknown"
 
