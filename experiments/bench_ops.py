@@ -88,7 +88,6 @@ def bench_shape(B, n, m, d, reps):
         torch.autograd.grad(K, [a, *k.parameters()], G)
 
     row["gpytorch_fwd_bwd"] = run_or_oom(lambda: cuda_time_ms(gpy_bwd, reps=reps))
-    del G
     torch.cuda.empty_cache()
     return row
 

@@ -27,7 +27,7 @@ import resource
 import sys
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch

@@ -4,7 +4,6 @@ import json
 import os
 
 import gpytorch
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

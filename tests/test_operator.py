@@ -3,7 +3,6 @@
 import gpytorch
 import pytest
 import torch
-from linear_operator import to_linear_operator
 
 from conftest import DEVICES, rel_err
 from gpfast import _reference as ref
