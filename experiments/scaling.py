@@ -22,26 +22,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import RESULTS, machine, md_table, today, write_results  # noqa: E402
 
 from gpfast.datasets import synthetic  # noqa: E402
-from gpfast.kernels import ScaleRBFKernel  # noqa: E402
-
-
-class GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, lik, kernel):
-        super().__init__(x, y, lik)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
+from gpfast.compare import make_gpytorch_model  # noqa: E402
 
 
 def iteration_time(which: str, n: int, d: int, reps: int):
     X, y = synthetic(n, d, seed=0)
     x, yt = torch.as_tensor(X, device="cuda"), torch.as_tensor(y, device="cuda")
-    kernel = ScaleRBFKernel(ard_num_dims=d) if which == "gpfast" else \
-        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
-    lik = gpytorch.likelihoods.GaussianLikelihood()
-    model = GP(x, yt, lik, kernel).cuda()
+    # the same model as rows (a) and (b) of `gpfast compare`; only the kernel differs
+    model, lik = make_gpytorch_model(x, yt, d, "gpytorch" if which == "gpytorch" else "gpfast")
+    model, lik = model.cuda(), lik.cuda()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     torch.cuda.reset_peak_memory_stats()

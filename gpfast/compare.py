@@ -129,7 +129,9 @@ def _sync(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _make_gpytorch_model(X, y, d: int, kernel: str):
+def make_gpytorch_model(X, y, d: int, kernel: str):
+    """The model of rows (a) and (b): ConstantMean + ScaleKernel(RBFKernel(ard)), with GPyTorch's kernel
+    (``kernel="gpytorch"``) or gpfast's ``ScaleRBFKernel`` (any other value). Returns (model, likelihood)."""
     import gpytorch
 
     class _Model(gpytorch.models.ExactGP):
@@ -167,7 +169,7 @@ def _run_gpytorch_row(name, X, y, Xt, d, iters, lr, seed, device, verbose, init_
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-    model, likelihood = _make_gpytorch_model(X, y, d, name)
+    model, likelihood = make_gpytorch_model(X, y, d, name)
     model = model.to(device=device, dtype=torch.float32)
     likelihood = likelihood.to(device=device, dtype=torch.float32)
     if init_state is not None:
@@ -344,7 +346,7 @@ def compare(
 
     # The shared initial state: GPyTorch's defaults, from the stock model (built even when its row is skipped).
     torch.manual_seed(seed)
-    m0, l0 = _make_gpytorch_model(X, y, d, "gpytorch")
+    m0, l0 = make_gpytorch_model(X, y, d, "gpytorch")
     m0 = m0.to(device=dev, dtype=torch.float32)
     init_state = {k: v.detach().clone() for k, v in m0.state_dict().items()}
     init = _hyp_of(m0, l0.to(device=dev, dtype=torch.float32))
