@@ -60,6 +60,11 @@ def today() -> str:
 
 
 def git_rev() -> str:
+    """The commit measured: ``GPFAST_COMMIT`` when set (the GPU machine gets a copy of the tree without .git)."""
+    import os
+
+    if os.environ.get("GPFAST_COMMIT"):
+        return os.environ["GPFAST_COMMIT"]
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         return rev or "unknown (no git checkout)"

@@ -3,6 +3,11 @@
 Each rank computes its block of rows of K(x, x) @ V (d=8, t=16) and the blocks are all-gathered, as
 :class:`gpfast.distributed.DistributedRBFLinearOperator` does inside CG. Median wall time (CUDA-synchronised,
 after one warm-up) on rank 0; results appended to experiments/results/bench_distributed.json.
+
+With ``--train-iter`` it also times one training iteration (one Adam step on ExactMarginalLogLikelihood with
+GPyTorch's default CG/SLQ settings, float32) of :class:`gpfast.models.ExactGPModel` with ``distributed=True`` on
+synthetic data (``gpfast.datasets.synthetic``, d=8). At these sizes one iteration takes tens of seconds, so it is
+timed once, with no warm-up iteration; the K @ V runs before it have already loaded every kernel.
 """
 
 from __future__ import annotations
@@ -23,10 +28,38 @@ from gpfast import distributed  # noqa: E402
 from gpfast.distributed import DistributedRBFLinearOperator  # noqa: E402
 
 
+def train_iteration(n: int, device) -> dict:
+    import gpytorch
+
+    from gpfast.datasets import synthetic
+    from gpfast.models import ExactGPModel
+
+    X, y = synthetic(n, 8, seed=0)  # the same data on every rank
+    x, yt = torch.as_tensor(X, device=device), torch.as_tensor(y, device=device)
+    torch.manual_seed(0)  # the same probe vectors on every rank
+    lik = gpytorch.likelihoods.GaussianLikelihood().to(device)
+    model = ExactGPModel(x, yt, lik, distributed=True).to(device)
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = -mll(model(x), yt)
+    loss.backward()
+    opt.step()
+    torch.cuda.synchronize()
+    return {"train_iter_s": time.perf_counter() - t0, "train_loss": loss.item(),
+            "train_peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000000, 2000000])
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--train-iter", action="store_true", help="also time one exact-GP training iteration")
     args = parser.parse_args(argv)
     device = distributed.init()
     k = distributed.world_size()
@@ -48,6 +81,9 @@ def main(argv=None):
                 times.append(time.perf_counter() - t0)
         row = {"n": n, "gpus": k, "kv_s": statistics.median(times), "machine": machine(), "date": today(),
                "checksum": float(out[:1000].double().sum())}
+        del op, out, v
+        if args.train_iter:
+            row.update(train_iteration(n, device))
         rows.append(row)
         if distributed.rank() == 0:
             print(row, flush=True)

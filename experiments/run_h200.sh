@@ -1,24 +1,49 @@
 #!/usr/bin/env bash
-# Everything the GPU machine runs in one lease: build, CUDA tests, benchmarks, UCI rows, scaling, 2-GPU K@V.
-# Usage (from the repo root, data copied to .data/uci): bash experiments/run_h200.sh OUTDIR
+# The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
+# Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
+# Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, scaling1m, dist, distfit,
+#         uci:SET[,SET...][:ROW[,ROW]]  (run on $GPU, default 0; stem uci_<sets>_<rows>)
 # Each stage has its own time limit so that one slow stage cannot take the others' results with it.
 set -u
-OUT=${1:-/tmp/gpfast-out}
+OUT=${1:-/tmp/gpfast-out}; shift
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GPFAST_BUILD_DIR=/tmp/gpb MAX_JOBS=16 NCCL_NVLS_ENABLE=0
+G=${GPU:-0}
 log() { echo "== $* ($(date +%T))"; }
-log build; timeout 90 python -m gpfast.build > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-log tests; timeout 80 python -m pytest tests -q -m cuda -p no:cacheprovider > "$OUT/tests.log" 2>&1; tail -3 "$OUT/tests.log"
-log bench_ops; timeout 90 python experiments/bench_ops.py --reps 5 > "$OUT/bench_ops.log" 2>&1; tail -12 "$OUT/bench_ops.log"
-if [ "$(python -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
-  log distributed
-  rm -f experiments/results/bench_distributed.json
-  timeout 40 torchrun --nproc-per-node=1 --master-port=29601 experiments/bench_distributed.py --sizes 2000000 --reps 1 > "$OUT/dist1.log" 2>&1; tail -2 "$OUT/dist1.log"
-  timeout 30 torchrun --nproc-per-node=2 --master-port=29602 experiments/bench_distributed.py --sizes 2000000 --reps 1 > "$OUT/dist2.log" 2>&1; tail -2 "$OUT/dist2.log"
-  timeout 30 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 --solver cg --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -4 "$OUT/distfit.log"
-fi
-log bench_matmul; timeout 40 python experiments/bench_matmul.py --sizes 40000 200000 1000000 --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -6 "$OUT/bench_matmul.log"
-log uci; timeout 150 python experiments/uci_table.py --data-dir .data/uci --device cuda --splits 0 --iters 50 --quiet --datasets pol kin40k > "$OUT/uci.log" 2>&1; tail -12 "$OUT/uci.log"
-log scaling; timeout 40 python experiments/scaling.py --sizes 10000 40000 100000 --gpytorch-max 40000 > "$OUT/scaling.log" 2>&1; tail -8 "$OUT/scaling.log"
+for st in "$@"; do
+  log "$st"
+  case "$st" in
+    build) timeout 120 python -m gpfast.build > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; } ;;
+    tests) CUDA_VISIBLE_DEVICES=$G timeout 200 python -m pytest tests -q -m cuda -p no:cacheprovider -x -q \
+             > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
+    tests_dist) timeout 150 python -m pytest tests/test_distributed.py -q -m cuda -p no:cacheprovider \
+             > "$OUT/tests_dist.log" 2>&1; tail -15 "$OUT/tests_dist.log" ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        CUDA_VISIBLE_DEVICES=$G timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 python experiments/sanitize_ops.py \
+          > "$OUT/sanitize_$tool.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
+      done ;;
+    bench_ops) CUDA_VISIBLE_DEVICES=$G timeout 150 python experiments/bench_ops.py --reps 5 > "$OUT/bench_ops.log" 2>&1
+               tail -14 "$OUT/bench_ops.log" ;;
+    bench_matmul) CUDA_VISIBLE_DEVICES=$G timeout 120 python experiments/bench_matmul.py --sizes 40000 200000 1000000 \
+                  --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -8 "$OUT/bench_matmul.log" ;;
+    scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python experiments/scaling.py --sizes 1000000 --gpytorch-max 40000 \
+               --reps 1 --keep > "$OUT/scaling.log" 2>&1; tail -12 "$OUT/scaling.log" ;;
+    dist) rm -f experiments/results/bench_distributed.json
+      for k in 1 2; do
+        timeout 400 torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
+          --sizes 1000000 2000000 --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log"
+      done ;;
+    distfit) timeout 60 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 \
+             --solver cg --device cuda --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -6 "$OUT/distfit.log" ;;
+    uci:*)
+      IFS=: read -r _ sets rows <<< "$st"
+      rows=${rows:-gpytorch,gpytorch+gpfast,gpfast}
+      stem="uci_${sets//,/_}_${rows//[,+]/_}"
+      CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python experiments/uci_table.py --data-dir .data/uci \
+        --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
+        > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;
+    *) echo "unknown stage $st"; exit 2 ;;
+  esac
+done
 log done
-tar czf "$OUT/results.tgz" experiments/results

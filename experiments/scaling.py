@@ -10,6 +10,7 @@ Median of ``--reps`` iterations after one warm-up iteration. Writes experiments/
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -19,7 +20,7 @@ import gpytorch
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import RESULTS, machine, md_table, today, write_results  # noqa: E402
+from _bench import RESULTS, git_rev, machine, md_table, today, write_results  # noqa: E402
 
 from gpfast.datasets import synthetic  # noqa: E402
 from gpfast.compare import make_gpytorch_model  # noqa: E402
@@ -54,11 +55,18 @@ def main(argv=None):
     parser.add_argument("--gpytorch-max", type=int, default=60000, help="largest n tried with stock GPyTorch")
     parser.add_argument("--d", type=int, default=8)
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the rows of experiments/results/scaling.json for sizes not run now (each row "
+                             "names its machine, date and commit)")
     args = parser.parse_args(argv)
     rows = []
+    if args.keep and (RESULTS / "scaling.json").exists():
+        old = json.loads((RESULTS / "scaling.json").read_text())
+        meta = {k: old.get(k) for k in ("machine", "date", "commit")}
+        rows = [{**meta, **r} for r in old["rows"] if r["n"] not in args.sizes]
     for n in args.sizes:
         for which in ("gpfast", "gpytorch"):
-            row = {"n": n, "kernel": which}
+            row = {"n": n, "kernel": which, "machine": machine(), "date": today(), "commit": git_rev()}
             if which == "gpytorch" and n > args.gpytorch_max:
                 row.update(s_per_iter="not run", peak_gb="not run")
             else:
@@ -69,8 +77,10 @@ def main(argv=None):
             torch.cuda.empty_cache()
             rows.append(row)
             print(row, flush=True)
-    table = md_table(["n", "kernel", "s / iteration", "peak GPU GB"],
-                     [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"]] for r in rows])
+    rows.sort(key=lambda r: (r["n"], r["kernel"]))
+    table = md_table(["n", "kernel", "s / iteration", "peak GPU GB", "date", "commit"],
+                     [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"], r.get("date"), r.get("commit")]
+                      for r in rows])
     write_results("scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows)
     import matplotlib
 

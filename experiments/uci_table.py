@@ -59,6 +59,8 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
             continue
         stats = {}
         for r, xs in per.items():
+            if not xs:  # a row not run (--rows), or not in the merged files
+                continue
             ok = [x for x in xs if x.get("status") == "ok"]
             s = {"row": r, "splits": len(xs), "ok": len(ok),
                  "status": "ok" if xs and len(ok) == len(xs) else ",".join(sorted({str(x["status"]) for x in xs}))}
@@ -140,18 +142,38 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
     ap.add_argument("--stem", default="uci_table")
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
+                    help="a subset of the rows (for example to run the rows of one set on two GPUs; --merge joins them)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: build the table from the rows of earlier runs' JSON files (for example "
+                         "sets run in separate GPU sessions); rows of the same dataset, split and row are kept once, "
+                         "the latest file winning")
     args = ap.parse_args(argv)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict] = []
-    for name in args.datasets:
+    if args.merge:
+        keyed: dict = {}
+        for f in args.merge:
+            for r in json.loads(Path(f).read_text())["rows"]:
+                keyed[(r["dataset"], r["split"], r["row"])] = r
+        all_rows = list(keyed.values())
+        present = {r["dataset"] for r in all_rows}
+        args.datasets = [d for d in DATASETS if d in present] + sorted(present - set(DATASETS))
+        args.splits = sorted({r["split"] for r in all_rows})
+        iters = {r["iters"] for r in all_rows}
+        if len(iters) != 1:
+            raise SystemExit(f"--merge: the files mix runs of different --iters {sorted(iters)}; expected one")
+        args.iters = iters.pop()
+        args.device = all_rows[0]["device"] if all_rows else args.device
+    for name in ([] if args.merge else args.datasets):
         for split in args.splits:
             print(f"== {name} split {split}", file=sys.stderr, flush=True)
             try:
                 rows = compare(name, split=split, iters=args.iters, lr=args.lr, device=args.device,
-                               data_dir=args.data_dir, seed=args.seed, verbose=not args.quiet)
+                               data_dir=args.data_dir, seed=args.seed, rows=args.rows, verbose=not args.quiet)
             except (ValueError, FileNotFoundError, TypeError) as exc:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 continue
@@ -163,6 +185,9 @@ def main(argv=None) -> int:
             (out / f"{args.stem}.json").write_text(json.dumps({"rows": all_rows}, indent=2, default=str))
 
     mach, date = machine_name(args.device), today()
+    if args.merge:  # the machine and dates the rows were measured on, not this one
+        mach = "; ".join(sorted({str(r.get("machine")) for r in all_rows}))
+        date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
     summary = summarise(all_rows, args.datasets)
     meta = {"machine": mach, "date": date, "commit": git_rev(), "iters": args.iters, "lr": args.lr,
             "splits": args.splits, "device": args.device, "seed": args.seed,

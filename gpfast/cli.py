@@ -215,7 +215,8 @@ def cmd_fit(args) -> int:
     if args.distributed:
         from gpfast import distributed
 
-        dev = distributed.init()
+        # --device cpu keeps a distributed run on the CPUs (gloo) even where GPUs exist
+        dev = distributed.init("gloo" if str(device).startswith("cpu") else None)
         rank0 = distributed.rank() == 0
         device = str(dev)
     if args.synthetic:

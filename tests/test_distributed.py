@@ -1,29 +1,42 @@
-"""The distributed operator on 2 CPU processes (gloo) against the single-process computation."""
+"""The distributed operator on 2 processes against the single-process computation.
+
+CPU processes over gloo in CI; with two GPUs (marked ``cuda``) one process per GPU over NCCL.
+"""
 
 import json
 import os
 
 import gpytorch
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import rel_err
 
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+BACKENDS = ["gloo", pytest.param("nccl", marks=[pytest.mark.cuda,
+                                                pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])]
 
-def _worker(rank, world, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+def _worker(rank, world, init_file, out_dir, backend="gloo"):
+    if backend == "nccl":
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     from gpfast.distributed import DistributedRBFLinearOperator, row_range
     from gpfast.kernels import RBFLinearOperator
     from gpfast.models import ExactGPModel
 
     res = {"rank": rank}
     torch.manual_seed(0)  # the same data on every rank
-    x1, x2 = torch.randn(301, 5, dtype=torch.float64), torch.randn(190, 5, dtype=torch.float64)
-    l = (torch.rand(1, 5, dtype=torch.float64) + 0.5).requires_grad_()
-    s = torch.tensor(1.3, dtype=torch.float64, requires_grad=True)
-    v, u = torch.randn(190, 7, dtype=torch.float64), torch.randn(301, 7, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=dev)
+    x1, x2 = torch.randn(301, 5, **f64), torch.randn(190, 5, **f64)
+    l = (torch.rand(1, 5, **f64) + 0.5).requires_grad_()
+    s = torch.tensor(1.3, **f64, requires_grad=True)
+    v, u = torch.randn(190, 7, **f64), torch.randn(301, 7, **f64)
     dop, op = DistributedRBFLinearOperator(x1, x2, l, s), RBFLinearOperator(x1, x2, l, s)
     res["rows"] = list(row_range(301))
     res["matmul"] = rel_err(dop._matmul(v).detach(), op._matmul(v).detach())
@@ -34,15 +47,16 @@ def _worker(rank, world, init_file, out_dir):
 
     # a short exact-GP fit: 3 Adam steps under CG, then predictions, distributed and not
     torch.manual_seed(1)
-    x = torch.randn(400, 3, dtype=torch.float64)
-    y = torch.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * torch.randn(400, dtype=torch.float64)
-    xt = torch.randn(30, 3, dtype=torch.float64)
+    x = torch.randn(400, 3, **f64)
+    y = torch.sin(2 * x[:, 0]) + x[:, 1] * x[:, 2] + 0.1 * torch.randn(400, **f64)
+    xt = torch.randn(30, 3, **f64)
     runs = {}
     for name, distributed in (("dist", True), ("single", False)):
         torch.manual_seed(2)
         lik = gpytorch.likelihoods.GaussianLikelihood()
         lik.noise = 0.1  # well conditioned: CG converges, so the runs can be compared tightly
-        model = ExactGPModel(x, y, lik, distributed=distributed).double()
+        model = ExactGPModel(x, y, lik, distributed=distributed).double().to(dev)
+        lik = lik.to(dev)
         model.covar_module.base_kernel.matrix_free_threshold = 0  # the single run matrix-free too, like the other
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
@@ -65,8 +79,9 @@ def _worker(rank, world, init_file, out_dir):
     dist.destroy_process_group()
 
 
-def test_two_process_gloo(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_processes(tmp_path, backend):
+    mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rows"] == [0, 151] and r1["rows"] == [151, 301]
     for r in (r0, r1):
@@ -80,13 +95,15 @@ def test_two_process_gloo(tmp_path):
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
 
 
-def test_torchrun_fit_two_ranks(tmp_path):
-    """`torchrun --nproc-per-node=2 -m gpfast fit --distributed` on the CPU (gloo) matches one process."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])])
+def test_torchrun_fit_two_ranks(tmp_path, device):
+    """`torchrun --nproc-per-node=2 -m gpfast fit --distributed` (gloo on CPUs, NCCL on GPUs) matches one process."""
     import subprocess
     import sys
 
-    common = ["fit", "--dataset", "yacht", "--iters", "3", "--solver", "cg", "--device", "cpu", "--quiet"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    common = ["fit", "--dataset", "yacht", "--iters", "3", "--solver", "cg", "--device", device, "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
     single = subprocess.run([sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
                             capture_output=True, text=True, env=env, timeout=300)
     assert single.returncode == 0, single.stderr
