@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
 # Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
-# Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, scaling1m, dist, distfit,
+# Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, scaling1m, dist1, dist2, distfit,
 #         uci:SET[,SET...][:ROW[,ROW]]  (run on $GPU, default 0; stem uci_<sets>_<rows>)
 # Each stage has its own time limit so that one slow stage cannot take the others' results with it.
 set -u
@@ -14,7 +14,7 @@ for st in "$@"; do
   log "$st"
   case "$st" in
     build) timeout 120 python -m gpfast.build > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; } ;;
-    tests) CUDA_VISIBLE_DEVICES=$G timeout 200 python -m pytest tests -q -m cuda -p no:cacheprovider -x -q \
+    tests) CUDA_VISIBLE_DEVICES=$G timeout 200 python -m pytest tests -q -m cuda -p no:cacheprovider \
              > "$OUT/tests.log" 2>&1; tail -15 "$OUT/tests.log" ;;
     tests_dist) timeout 150 python -m pytest tests/test_distributed.py -q -m cuda -p no:cacheprovider \
              > "$OUT/tests_dist.log" 2>&1; tail -15 "$OUT/tests_dist.log" ;;
@@ -29,11 +29,9 @@ for st in "$@"; do
                   --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -8 "$OUT/bench_matmul.log" ;;
     scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python experiments/scaling.py --sizes 1000000 --gpytorch-max 40000 \
                --reps 1 --keep > "$OUT/scaling.log" 2>&1; tail -12 "$OUT/scaling.log" ;;
-    dist) rm -f experiments/results/bench_distributed.json
-      for k in 1 2; do
-        timeout 400 torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
-          --sizes 1000000 2000000 --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log"
-      done ;;
+    dist1|dist2) k=${st#dist}
+      timeout ${DIST_TIMEOUT:-400} torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
+        --sizes ${DIST_SIZES:-1000000 2000000} --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log" ;;
     distfit) timeout 60 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 \
              --solver cg --device cuda --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -6 "$OUT/distfit.log" ;;
     uci:*)

@@ -84,6 +84,11 @@ def test_two_processes(tmp_path, backend):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rows"] == [0, 151] and r1["rows"] == [151, 301]
+    # Predictions come from CG runs of up to 1000 iterations at eval_cg_tolerance 1e-8, which stall near a 5e-6
+    # residual on this problem. On the CPU each rank's row block is bitwise the single-process product, so the two
+    # runs stay identical; on GPUs the products differ in reduction order (1e-16) and the stalled CG turns that
+    # into ~1e-5 differences in the predictions (the loss and hyperparameters still agree to 1e-8).
+    pred_tol = 1e-8 if backend == "gloo" else 1e-4
     for r in (r0, r1):
         assert r["matmul"] < 1e-14 and r["matvec"] < 1e-14 and r["t_matmul"] < 1e-14
         assert r["bilinear"][0] < 1e-12 and r["bilinear"][1] < 1e-12 and r["bilinear"][2:] == [True, True]
@@ -91,7 +96,8 @@ def test_two_processes(tmp_path, backend):
         # same loss, steps and predictions as one process, up to reduction order
         assert max(abs(a - b) for a, b in zip(ld, ls_)) < 1e-8
         assert rel_err(torch.tensor(lsd), torch.tensor(lss)) < 1e-8
-        assert rel_err(torch.tensor(md), torch.tensor(ms)) < 1e-8 and rel_err(torch.tensor(vd), torch.tensor(vs)) < 1e-7
+        assert rel_err(torch.tensor(md), torch.tensor(ms)) < pred_tol
+        assert rel_err(torch.tensor(vd), torch.tensor(vs)) < 10 * pred_tol
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
 
 
