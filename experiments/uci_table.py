@@ -68,6 +68,8 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
                       "nll_orig", "peak_mem_bytes"):
                 s[k], s[k + "_sd"] = _mean_sd([x.get(k) for x in ok])
             s["solver"] = ok[0].get("solver") if ok else None
+            if ok and ok[0].get("train_solver") not in (None, s["solver"]):
+                s["solver"] = f"train {ok[0]['train_solver']}, predict {s['solver']}"
             s["mem_kind"] = xs[0].get("mem_kind") if xs else None
             s["n_train"] = xs[0]["n_train"] if xs else None
             s["d"] = xs[0]["d"] if xs else None
@@ -143,7 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
     ap.add_argument("--stem", default="uci_table")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
-                    help="a subset of the rows (for example to run the rows of one set on two GPUs; --merge joins them)")
+                    help="a subset of the rows (for example to spread one set's rows over two GPUs; --merge joins "
+                         "the files)")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: build the table from the rows of earlier runs' JSON files (for example "
@@ -156,8 +159,11 @@ def main(argv=None) -> int:
     all_rows: list[dict] = []
     if args.merge:
         keyed: dict = {}
+        commits = []
         for f in args.merge:
-            for r in json.loads(Path(f).read_text())["rows"]:
+            blob = json.loads(Path(f).read_text())
+            commits.append(str(blob.get("commit", "unknown")))
+            for r in blob["rows"]:
                 keyed[(r["dataset"], r["split"], r["row"])] = r
         all_rows = list(keyed.values())
         present = {r["dataset"] for r in all_rows}
@@ -182,14 +188,16 @@ def main(argv=None) -> int:
                       file=sys.stderr)
             all_rows += rows
             # keep partial results if a later set fails or the job is killed
-            (out / f"{args.stem}.json").write_text(json.dumps({"rows": all_rows}, indent=2, default=str))
+            (out / f"{args.stem}.json").write_text(
+                json.dumps({"commit": git_rev(), "partial": True, "rows": all_rows}, indent=2, default=str))
 
     mach, date = machine_name(args.device), today()
     if args.merge:  # the machine and dates the rows were measured on, not this one
         mach = "; ".join(sorted({str(r.get("machine")) for r in all_rows}))
         date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
     summary = summarise(all_rows, args.datasets)
-    meta = {"machine": mach, "date": date, "commit": git_rev(), "iters": args.iters, "lr": args.lr,
+    commit = ", ".join(dict.fromkeys(commits)) if args.merge else git_rev()
+    meta = {"machine": mach, "date": date, "commit": commit, "iters": args.iters, "lr": args.lr,
             "splits": args.splits, "device": args.device, "seed": args.seed,
             "published": f"{PAPER}: 'see paper' where not verified"}
     (out / f"{args.stem}.json").write_text(

@@ -36,8 +36,8 @@ TABLE_COLUMNS = (
 )
 
 CSV_FIELDS = (
-    "dataset", "split", "row", "status", "solver", "n_train", "n_test", "d", "iters", "lr", "seed", "device",
-    "dtype", "train_s", "s_per_iter", "predict_s", "total_s", "rmse_std", "rmse_orig", "nll_std", "nll_orig",
+    "dataset", "split", "row", "status", "solver", "train_solver", "n_train", "n_test", "d", "iters", "lr", "seed",
+    "device", "dtype", "train_s", "s_per_iter", "predict_s", "total_s", "rmse_std", "rmse_orig", "nll_std", "nll_orig",
     "peak_mem_bytes", "mem_kind", "final_loss", "init_lengthscale", "init_outputscale", "init_noise", "init_mean",
     "machine", "date",
 )

@@ -246,7 +246,8 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
     mean = torch.as_tensor(mean).double().cpu().numpy()
     var = torch.as_tensor(std).double().cpu().numpy() ** 2
     info = dict(record)
-    info.update(final_loss=gp.history_[-1] if gp.history_ else float("nan"), solver=str(gp.solver_))
+    info.update(final_loss=gp.history_[-1] if gp.history_ else float("nan"), solver=str(gp.solver_),
+                train_solver=str(getattr(gp, "train_solver_", gp.solver_)))
     return info, train_s, predict_s, mean, var
 
 
