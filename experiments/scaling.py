@@ -58,8 +58,13 @@ def main(argv=None):
     parser.add_argument("--keep", action="store_true",
                         help="keep the rows of experiments/results/scaling.json for sizes not run now (each row "
                              "names its machine, date and commit)")
+    parser.add_argument("--plot-only", action="store_true", help="run nothing: redraw scaling.png from the JSON")
     args = parser.parse_args(argv)
     rows = []
+    if args.plot_only:
+        old = json.loads((RESULTS / "scaling.json").read_text())
+        plot([{"machine": old.get("machine"), "date": old.get("date"), **r} for r in old["rows"]])
+        return
     if args.keep and (RESULTS / "scaling.json").exists():
         old = json.loads((RESULTS / "scaling.json").read_text())
         meta = {k: old.get(k) for k in ("machine", "date", "commit")}
@@ -82,6 +87,12 @@ def main(argv=None):
                      [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"], r.get("date"), r.get("commit")]
                       for r in rows])
     write_results("scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows)
+    plot(rows)
+
+
+def plot(rows: list[dict]) -> None:
+    """scaling.png from the rows, plus the one-GPU training iterations of bench_distributed.json (1M, 2M) as
+    their own series: those are single iterations timed without a warm-up iteration, by another script."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,16 +105,28 @@ def main(argv=None):
         if pts:
             ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], style, label=which)
             ax[1].loglog([p[0] for p in pts], [p[2] for p in pts], style, label=which)
+        oom = [r["n"] for r in rows if r["kernel"] == which and r["s_per_iter"] == "OOM"]
+        for n in oom:
+            ax[0].axvline(n, color="gray", ls=":", label=f"{which} out of memory")
+    dist = RESULTS / "bench_distributed.json"
+    if dist.exists():
+        pts = sorted((r["n"], r["train_iter_s"], r["train_peak_gb"]) for r in json.loads(dist.read_text())
+                     if r.get("gpus") == 1 and "train_iter_s" in r)
+        if pts:
+            label = "gpfast, 1 iteration without warm-up (bench_distributed.py, 1 GPU)"
+            ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], "D", color="C0", mfc="none", label=label)
+            ax[1].loglog([p[0] for p in pts], [p[2] for p in pts], "D", color="C0", mfc="none", label=label)
     ax[0].set_xlabel("n")
     ax[0].set_ylabel("seconds per training iteration")
     ax[1].set_xlabel("n")
     ax[1].set_ylabel("peak GPU memory (GB)")
-    for a in ax:
-        a.legend()
-    fig.suptitle(f"{machine()}, {today()}", fontsize=9)
+    ax[0].legend(fontsize=7, loc="upper left")  # the memory panel uses the same markers
+    machines = sorted({str(r.get("machine")) for r in rows})
+    dates = sorted({str(r.get("date")) for r in rows})
+    fig.suptitle(f"Exact-GP training iteration, synthetic d=8, float32 - {'; '.join(machines)}, {', '.join(dates)}",
+                 fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / "scaling.png", dpi=110)
-
 
 if __name__ == "__main__":
     main()
