@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import RESULTS, machine, today  # noqa: E402
+from _bench import RESULTS, git_rev, machine, today  # noqa: E402
 
 from gpfast import distributed  # noqa: E402
 from gpfast.distributed import DistributedRBFLinearOperator  # noqa: E402
@@ -51,8 +51,10 @@ def train_iteration(n: int, device) -> dict:
     loss.backward()
     opt.step()
     torch.cuda.synchronize()
-    return {"train_iter_s": time.perf_counter() - t0, "train_loss": loss.item(),
-            "train_peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+    elapsed = time.perf_counter() - t0
+    peak = torch.tensor(float(torch.cuda.max_memory_allocated()), device=device)
+    torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)  # the largest over the ranks
+    return {"train_iter_s": elapsed, "train_loss": loss.item(), "train_peak_gb_max_rank": peak.item() / 1e9}
 
 
 def main(argv=None):
@@ -63,7 +65,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device = distributed.init()
     k = distributed.world_size()
-    rows = []
     for n in args.sizes:
         g = torch.Generator(device="cpu").manual_seed(0)  # the same data on every rank
         x = torch.randn(n, 8, generator=g).to(device)
@@ -80,17 +81,15 @@ def main(argv=None):
             if i:
                 times.append(time.perf_counter() - t0)
         row = {"n": n, "gpus": k, "kv_s": statistics.median(times), "machine": machine(), "date": today(),
-               "checksum": float(out[:1000].double().sum())}
+               "commit": git_rev(), "checksum": float(out[:1000].double().sum())}
         del op, out, v
         if args.train_iter:
             row.update(train_iteration(n, device))
-        rows.append(row)
-        if distributed.rank() == 0:
+        if distributed.rank() == 0:  # saved at once: a later, larger size may be stopped by a time limit
             print(row, flush=True)
-    if distributed.rank() == 0:
-        path = RESULTS / "bench_distributed.json"
-        old = json.loads(path.read_text()) if path.exists() else []
-        path.write_text(json.dumps(old + rows, indent=2))
+            path = RESULTS / "bench_distributed.json"
+            old = json.loads(path.read_text()) if path.exists() else []
+            path.write_text(json.dumps(old + [row], indent=2))
     torch.distributed.destroy_process_group()
 
 

@@ -2,10 +2,15 @@
 # The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
 # Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
 # Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, scaling1m, dist1, dist2, distfit,
-#         uci:SET[,SET...][:ROW[,ROW]]  (run on $GPU, default 0; stem uci_<sets>_<rows>)
+#         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>)
+# Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
+# Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
+# `git describe --always --dirty` on the host; results otherwise say "unknown".
 # Each stage has its own time limit so that one slow stage cannot take the others' results with it.
 set -u
-OUT=${1:-/tmp/gpfast-out}; shift
+[ $# -ge 2 ] || { echo "usage: $0 OUTDIR STAGE [STAGE ...]" >&2; exit 2; }
+OUT=$1; shift
+[ -n "${GPFAST_COMMIT:-}" ] || echo "warning: GPFAST_COMMIT is not set; results will name no commit" >&2
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GPFAST_BUILD_DIR=/tmp/gpb MAX_JOBS=16 NCCL_NVLS_ENABLE=0
 G=${GPU:-0}
@@ -29,15 +34,16 @@ for st in "$@"; do
                   --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -8 "$OUT/bench_matmul.log" ;;
     scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python experiments/scaling.py --sizes 1000000 --gpytorch-max 40000 \
                --reps 1 --keep > "$OUT/scaling.log" 2>&1; tail -12 "$OUT/scaling.log" ;;
-    dist1|dist2) k=${st#dist}
-      timeout ${DIST_TIMEOUT:-400} torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
+    dist1|dist2) k=${st#dist}; vis=$G; [ "$k" = 2 ] && vis=${CUDA_VISIBLE_DEVICES:-0,1}
+      CUDA_VISIBLE_DEVICES=$vis timeout ${DIST_TIMEOUT:-400} torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
         --sizes ${DIST_SIZES:-1000000 2000000} --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log" ;;
     distfit) timeout 60 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 \
              --solver cg --device cuda --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -6 "$OUT/distfit.log" ;;
     uci:*)
       IFS=: read -r _ sets rows <<< "$st"
       rows=${rows:-gpytorch,gpytorch+gpfast,gpfast}
-      stem="uci_${sets//,/_}_${rows//[,+]/_}"
+      letters=$(echo ",$rows," | sed -e 's/,gpytorch+gpfast,/,b,/g; s/,gpytorch,/,a,/g; s/,gpfast,/,c,/g' | tr -d ,)
+      stem="uci_${sets//,/_}_${letters}"
       CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python experiments/uci_table.py --data-dir .data/uci \
         --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
         > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;

@@ -106,12 +106,15 @@ def plot(rows: list[dict]) -> None:
             ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], style, label=which)
             ax[1].loglog([p[0] for p in pts], [p[2] for p in pts], style, label=which)
         oom = [r["n"] for r in rows if r["kernel"] == which and r["s_per_iter"] == "OOM"]
-        for n in oom:
-            ax[0].axvline(n, color="gray", ls=":", label=f"{which} out of memory")
+        for i, n in enumerate(oom):
+            ax[0].axvline(n, color="gray", ls=":", label=f"{which} out of memory" if i == 0 else None)
+    dates = {str(r.get("date")) for r in rows}
     dist = RESULTS / "bench_distributed.json"
     if dist.exists():
-        pts = sorted((r["n"], r["train_iter_s"], r["train_peak_gb"]) for r in json.loads(dist.read_text())
-                     if r.get("gpus") == 1 and "train_iter_s" in r)
+        one_gpu = [r for r in json.loads(dist.read_text()) if r.get("gpus") == 1 and "train_iter_s" in r]
+        pts = sorted((r["n"], r["train_iter_s"], r.get("train_peak_gb_max_rank", r.get("train_peak_gb")))
+                     for r in one_gpu)
+        dates |= {str(r.get("date")) for r in one_gpu}
         if pts:
             label = "gpfast, 1 iteration without warm-up (bench_distributed.py, 1 GPU)"
             ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], "D", color="C0", mfc="none", label=label)
@@ -122,8 +125,8 @@ def plot(rows: list[dict]) -> None:
     ax[1].set_ylabel("peak GPU memory (GB)")
     ax[0].legend(fontsize=7, loc="upper left")  # the memory panel uses the same markers
     machines = sorted({str(r.get("machine")) for r in rows})
-    dates = sorted({str(r.get("date")) for r in rows})
-    fig.suptitle(f"Exact-GP training iteration, synthetic d=8, float32 - {'; '.join(machines)}, {', '.join(dates)}",
+    fig.suptitle(f"Exact-GP training iteration, synthetic d=8, float32 - {'; '.join(machines)}, "
+                 f"{', '.join(sorted(dates))}",
                  fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / "scaling.png", dpi=110)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -85,6 +86,33 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
     return out
 
 
+def merge_rows(files) -> tuple[list[dict], list[str], list[str]]:
+    """Rows of several runs' JSON files, each (dataset, split, row) once (the last file wins), with the files'
+    commits and notes on what the merged rows mix. Runs of different iters, lr, seed or device are refused."""
+    keyed: dict = {}
+    commits: list[str] = []
+    for f in files:
+        blob = json.loads(Path(f).read_text())
+        commits.append(str(blob.get("commit", "unknown")))
+        for r in blob["rows"]:
+            keyed[(r["dataset"], r["split"], r["row"])] = {**r, "commit": r.get("commit", commits[-1])}
+    rows = list(keyed.values())
+    if not rows:
+        raise SystemExit(f"--merge: no rows in {list(files)}")
+    for key in ("iters", "lr", "seed", "device"):
+        vals = {str(r.get(key)) for r in rows}
+        if len(vals) != 1:
+            raise SystemExit(f"--merge: the files mix runs with different {key} {sorted(vals)}; expected one")
+    notes = []
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        mine = [r for r in rows if r["dataset"] == name]
+        for key in ("machine", "commit"):
+            vals = sorted({str(r.get(key)) for r in mine})
+            if len(vals) > 1:
+                notes.append(f"{name}: its rows come from runs on different {key}s ({', '.join(vals)})")
+    return rows, list(dict.fromkeys(commits)), notes
+
+
 def to_markdown(summary: list[dict]) -> str:
     cols = ["dataset", "n", "d", "row", "solver", "train s", "s/iter", "predict s", "RMSE (std)", "NLL (std)",
             "RMSE (orig)", "NLL (orig)", "peak mem MiB", "(a)/(c) e2e", "(a)/(b) train",
@@ -148,32 +176,24 @@ def main(argv=None) -> int:
                     help="a subset of the rows (for example to spread one set's rows over two GPUs; --merge joins "
                          "the files)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--note", action="append", default=[], help="a line of text added under the table (repeatable)")
     ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="run nothing: build the table from the rows of earlier runs' JSON files (for example "
-                         "sets run in separate GPU sessions); rows of the same dataset, split and row are kept once, "
-                         "the latest file winning")
+                         "sets run in separate GPU sessions); a row (dataset, split, row) found in several files "
+                         "is taken from the last of them on the command line")
     args = ap.parse_args(argv)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict] = []
+    notes: list[str] = []
     if args.merge:
-        keyed: dict = {}
-        commits = []
-        for f in args.merge:
-            blob = json.loads(Path(f).read_text())
-            commits.append(str(blob.get("commit", "unknown")))
-            for r in blob["rows"]:
-                keyed[(r["dataset"], r["split"], r["row"])] = r
-        all_rows = list(keyed.values())
+        all_rows, commits, notes = merge_rows(args.merge)
         present = {r["dataset"] for r in all_rows}
         args.datasets = [d for d in DATASETS if d in present] + sorted(present - set(DATASETS))
         args.splits = sorted({r["split"] for r in all_rows})
-        iters = {r["iters"] for r in all_rows}
-        if len(iters) != 1:
-            raise SystemExit(f"--merge: the files mix runs of different --iters {sorted(iters)}; expected one")
-        args.iters = iters.pop()
-        args.device = all_rows[0]["device"] if all_rows else args.device
+        args.iters, args.lr, args.seed = (all_rows[0][k] for k in ("iters", "lr", "seed"))
+        args.device = all_rows[0]["device"]
     for name in ([] if args.merge else args.datasets):
         for split in args.splits:
             print(f"== {name} split {split}", file=sys.stderr, flush=True)
@@ -186,6 +206,8 @@ def main(argv=None) -> int:
             for r in rows:
                 print(f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}",
                       file=sys.stderr)
+            for r in rows:  # which GPU(s) the run saw, since runs may share a machine side by side
+                r["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
             all_rows += rows
             # keep partial results if a later set fails or the job is killed
             (out / f"{args.stem}.json").write_text(
@@ -196,7 +218,7 @@ def main(argv=None) -> int:
         mach = "; ".join(sorted({str(r.get("machine")) for r in all_rows}))
         date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
     summary = summarise(all_rows, args.datasets)
-    commit = ", ".join(dict.fromkeys(commits)) if args.merge else git_rev()
+    commit = ", ".join(commits) if args.merge else git_rev()
     meta = {"machine": mach, "date": date, "commit": commit, "iters": args.iters, "lr": args.lr,
             "splits": args.splits, "device": args.device, "seed": args.seed,
             "published": f"{PAPER}: 'see paper' where not verified"}
@@ -216,6 +238,9 @@ def main(argv=None) -> int:
             f"{summary[0]['mem_kind'] if summary else '-'}. Speed-ups: (a)/(c) end to end (train + predict), "
             f"(a)/(b) training only. Published columns: {PAPER} (exact GP), 'see paper' where the numbers could "
             f"not be verified.\n\n{table}\n")
+    extra = notes + args.note
+    if extra:
+        text += "\nNotes:\n\n" + "".join(f"- {line}\n" for line in extra)
     (out / f"{args.stem}.md").write_text(text)
     if summary:
         plot(summary, out / f"{args.stem}.png", f"UCI, {args.iters} Adam steps, splits {args.splits}\n{mach}, {date}")

@@ -1,0 +1,57 @@
+"""experiments/uci_table.py's --merge: rows of separate runs joined into one table, mixtures refused."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import uci_table  # noqa: E402
+
+
+def _row(dataset, row, train_s, predict_s, rmse, **kw):
+    base = {"dataset": dataset, "split": 0, "row": row, "n_train": 100, "d": 3, "iters": 50, "lr": 0.1, "seed": 0,
+            "device": "cuda", "machine": "GPU X", "date": "2026-11-30T00:00:00", "status": "ok", "solver": "s",
+            "train_s": train_s, "predict_s": predict_s, "total_s": train_s + predict_s,
+            "s_per_iter": train_s / 50, "rmse_std": rmse, "rmse_orig": rmse, "nll_std": 0.1, "nll_orig": 0.1,
+            "peak_mem_bytes": 2**20, "mem_kind": "cuda_max_allocated"}
+    return {**base, **kw}
+
+
+def _write(path, rows, commit):
+    path.write_text(json.dumps({"commit": commit, "rows": rows}))
+    return str(path)
+
+
+def test_merge_joins_runs_and_computes_speedups(tmp_path):
+    f1 = _write(tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5), _row("pol", "gpfast", 1.0, 1.0, 0.4)],
+                "c1")
+    # a later file wins for the same (dataset, split, row)
+    f2 = _write(tmp_path / "b.json", [_row("pol", "gpytorch+gpfast", 4.0, 2.0, 0.45),
+                                      _row("pol", "gpfast", 1.5, 0.5, 0.3)], "c2")
+    uci_table.main(["--merge", f1, f2, "--out", str(tmp_path), "--stem", "m", "--note", "hello"])
+    out = json.loads((tmp_path / "m.json").read_text())
+    assert out["commit"] == "c1, c2" and out["machine"] == "GPU X" and out["date"] == "2026-11-30"
+    summ = {s["row"]: s for s in out["summary"]}
+    assert summ["gpfast"]["rmse_std"] == 0.3 and summ["gpfast"]["total_s"] == 2.0
+    assert summ["gpfast"]["speedup_a_over_c_end_to_end"] == pytest.approx(10.0 / 2.0)
+    assert summ["gpfast"]["speedup_a_over_b_train"] == pytest.approx(8.0 / 4.0)
+    md = (tmp_path / "m.md").read_text()
+    assert "5.00x" in md and "2.00x" in md and "- hello" in md
+    # rows of one set from different commits are flagged under the table
+    assert "pol: its rows come from runs on different commits (c1, c2)" in md
+
+
+@pytest.mark.parametrize("key,value", [("lr", 0.01), ("iters", 10), ("seed", 1), ("device", "cpu")])
+def test_merge_refuses_mixed_settings(tmp_path, key, value):
+    f1 = _write(tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5)], "c1")
+    f2 = _write(tmp_path / "b.json", [_row("bike", "gpytorch", 8.0, 2.0, 0.5, **{key: value})], "c1")
+    with pytest.raises(SystemExit, match=f"different {key}"):
+        uci_table.main(["--merge", f1, f2, "--out", str(tmp_path)])
+
+
+def test_merge_of_nothing_is_a_clear_error(tmp_path):
+    f1 = _write(tmp_path / "a.json", [], "c1")
+    with pytest.raises(SystemExit, match="no rows"):
+        uci_table.main(["--merge", f1, "--out", str(tmp_path)])
