@@ -289,6 +289,24 @@ def test_predictor_overwrite_saves_a_copy():
     assert math.isfinite(float(pred.log_marginal_likelihood()))
 
 
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs /proc/self/statm")
+def test_predictor_holds_one_extra_matrix_at_its_peak():
+    """With overwrite=True the factorisation adds only L to K: no copy of L for the solve (torch.cholesky_solve
+    made one, a third of the peak of an exact prediction)."""
+    from gpfast.compare import _PeakMemory
+
+    n = 4000
+    x, y = torch.randn(n, 3, dtype=F64), torch.randn(n, dtype=F64)
+    K = _rbf(x, x, torch.ones(3, dtype=F64), 1.0)
+    with _PeakMemory(torch.device("cpu")) as mem:
+        pred = CholeskyPredictor(K, y, 0.1, 0.0, overwrite=True)
+    matrix = n * n * 8
+    assert mem.peak < 1.5 * matrix, f"peak {mem.peak / matrix:.2f} n x n float64 matrices beyond K"
+    r = y - 0.0
+    K.diagonal().sub_(0.1)  # K was overwritten with K + noise I; the solve must still be exact
+    torch.testing.assert_close((K + 0.1 * torch.eye(n, dtype=F64)) @ pred.alpha, r, rtol=1e-8, atol=1e-8)
+
+
 def test_model_uses_gpfast_kernel():
     from gpfast.kernels import RBFKernel, ScaleRBFKernel
 

@@ -112,6 +112,13 @@ def robust_cholesky(
     )
 
 
+def _cho_solve(L: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """``(L L^T)^{-1} r`` for a vector r, by two triangular solves. ``torch.cholesky_solve`` would first copy L
+    (another n x n float64, a third of the peak memory of an exact prediction)."""
+    z = torch.linalg.solve_triangular(L, r.unsqueeze(-1), upper=False)
+    return torch.linalg.solve_triangular(L.mT, z, upper=True).squeeze(-1)
+
+
 def _residual(y: torch.Tensor, mean: TensorLike) -> torch.Tensor:
     y = y.to(torch.float64).reshape(-1)
     return y - _as_f64(mean, y.device)
@@ -151,7 +158,7 @@ def exact_mll(
     A.diagonal().add_(_as_f64(noise, A.device))
     L, _ = robust_cholesky(A, jitters=jitters, overwrite=True)
     del A
-    alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+    alpha = _cho_solve(L, r)
     total = -0.5 * (r @ alpha) - L.diagonal().log().sum() - 0.5 * n * math.log(2 * math.pi)
     return total / n
 
@@ -208,7 +215,7 @@ class CholeskyPredictor:
         A.diagonal().add_(self.noise)
         self.L, self.jitter = robust_cholesky(A, jitters=jitters, overwrite=True)
         del A
-        self.alpha = torch.cholesky_solve(r.unsqueeze(-1), self.L).squeeze(-1)
+        self.alpha = _cho_solve(self.L, r)
         self._r = r
 
     @property
