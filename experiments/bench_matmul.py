@@ -38,6 +38,18 @@ def bench(n, d, t, reps, with_backward):
     row["rel_err"] = ((out[rows_idx].double() - want).norm() / want.norm()).item()
     plain = _reference.rbf_covariance(x[rows_idx], x, l, s) @ v
     row["plain_fp32_rel_err"] = ((plain.double() - want).norm() / want.norm()).item()
+    # the alternative for many right-hand sides: K formed one block of rows at a time by the fused forward,
+    # multiplied by cuBLAS (float32, TF32 off as in torch's default), memory rows x n
+    block = max(1, (1 << 26) // n)
+
+    def blocked_dense():
+        return torch.cat([ops.rbf_covariance(x[i:i + block], x, l, s, check_values=False) @ v
+                          for i in range(0, n, block)])
+
+    if 2 * pairs * t <= 2e14:  # about 4 s per product on the H200's CUDA cores
+        row["blocked_dense_s"] = cuda_time_ms(blocked_dense, warmup=1, reps=reps) / 1e3
+    else:
+        row["blocked_dense_s"] = "not run (too long)"
     if with_backward:
         xa, la, sa, va = (a.clone().requires_grad_() for a in (x, l, s, v))
         G = torch.randn(n, t, device=dev)
@@ -65,20 +77,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[40000, 200000, 1000000])
     parser.add_argument("--d", type=int, default=8)
-    parser.add_argument("--t", type=int, default=16)
+    parser.add_argument("--t", type=int, nargs="+", default=[16], help="right-hand sides (several: a sweep)")
+    parser.add_argument("--stem", default="bench_matmul", help="results file name (experiments/results/STEM.md)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     args = parser.parse_args(argv)
     rows = []
     for n in args.sizes:
-        rows.append(bench(n, args.d, args.t, args.reps if n < 500000 else 3, args.backward))
-        print(rows[-1], flush=True)
-    cols = ["n", "d", "t", "gpfast_s", "gpfast_fwd_bwd_s", "flop_floor_s", "exp_floor_s", "gpytorch_dense_s", "rel_err",
-            "plain_fp32_rel_err", "peak_gb"]
-    table = md_table(["n", "d", "t", "gpfast K@V (s)", "gpfast fwd+bwd (s)", "fp32 CUDA-core floor (s)",
-                      "exp floor (s)", "GPyTorch dense K, K@V (s)", "rel. err vs fp64", "plain fp32 rel. err",
-                      "peak GB"], [[r.get(c, "–") for c in cols] for r in rows])
-    write_results("bench_matmul", "Matrix-free K @ V (fused, never stores K)", table, rows)
+        for t in args.t:
+            rows.append(bench(n, args.d, t, args.reps if n < 500000 else 3, args.backward))
+            print(rows[-1], flush=True)
+    cols = ["n", "d", "t", "gpfast_s", "gpfast_fwd_bwd_s", "blocked_dense_s", "flop_floor_s", "exp_floor_s",
+            "gpytorch_dense_s", "rel_err", "plain_fp32_rel_err", "peak_gb"]
+    table = md_table(["n", "d", "t", "gpfast K@V (s)", "gpfast fwd+bwd (s)", "row blocks of K @ V, cuBLAS (s)",
+                      "fp32 CUDA-core floor (s)", "exp floor (s)", "GPyTorch dense K, K@V (s)", "rel. err vs fp64",
+                      "plain fp32 rel. err", "peak GB"], [[r.get(c, "–") for c in cols] for r in rows])
+    write_results(args.stem, "Matrix-free K @ V (fused, never stores K)", table, rows)
 
 
 if __name__ == "__main__":
