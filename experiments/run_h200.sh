@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
 # Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
-# Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, scaling1m, dist1, dist2, distfit,
+# Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, bench_matmul_rhs, scaling1m, dist1, dist2, distfit,
 #         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
@@ -32,6 +32,9 @@ for st in "$@"; do
                tail -14 "$OUT/bench_ops.log" ;;
     bench_matmul) CUDA_VISIBLE_DEVICES=$G timeout 120 python experiments/bench_matmul.py --sizes 40000 200000 1000000 \
                   --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -8 "$OUT/bench_matmul.log" ;;
+    bench_matmul_rhs) CUDA_VISIBLE_DEVICES=$G timeout 200 python experiments/bench_matmul.py --sizes 40000 \
+                  --t 16 64 256 1024 4000 --reps 3 --stem bench_matmul_rhs > "$OUT/bench_matmul_rhs.log" 2>&1
+                  tail -10 "$OUT/bench_matmul_rhs.log" ;;
     scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python experiments/scaling.py --sizes 1000000 --gpytorch-max 40000 \
                --reps 1 --keep > "$OUT/scaling.log" 2>&1; tail -12 "$OUT/scaling.log" ;;
     dist1|dist2) k=${st#dist}; vis=$G; [ "$k" = 2 ] && vis=${CUDA_VISIBLE_DEVICES:-0,1}
