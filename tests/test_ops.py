@@ -266,3 +266,20 @@ def test_both_forward_kernels(monkeypatch, variant, dtype, shape):
         assert rel_err(K, K64) < 1e-13
     else:
         assert rel_err(K, K64) <= 2 * rel_err(ref.rbf_covariance(x1, x2, l, s), K64) + 1e-7
+
+
+def test_broadcast_shapes_matches_torch():
+    """The wrapper's fast broadcast agrees with torch.broadcast_shapes, failures included."""
+    import random
+
+    rng = random.Random(torch.seed())
+    for _ in range(500):
+        shapes = [tuple(rng.choice([0, 1, 1, 2, 3]) for _ in range(rng.randint(0, 3)))
+                  for _ in range(rng.randint(1, 4))]
+        try:
+            want = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                ops.broadcast_shapes(*shapes)
+            continue
+        assert ops.broadcast_shapes(*shapes) == want, shapes

@@ -25,7 +25,7 @@ class RBFLinearOperator(LinearOperator):
 
     def _size(self) -> torch.Size:
         l_batch = self.lengthscale.shape[:-2] if self.lengthscale.dim() >= 2 else torch.Size()
-        batch = torch.broadcast_shapes(self.x1.shape[:-2], self.x2.shape[:-2], l_batch, self.outputscale.shape)
+        batch = ops.broadcast_shapes(self.x1.shape[:-2], self.x2.shape[:-2], l_batch, self.outputscale.shape)
         return torch.Size((*batch, self.x1.shape[-2], self.x2.shape[-2]))
 
     def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,7 @@ class RBFLinearOperator(LinearOperator):
         batch = self.shape[:-2]
         x1 = self.x1.expand(*batch, *self.x1.shape[-2:])
         x2 = self.x2.expand(*batch, *self.x2.shape[-2:])
-        final = torch.broadcast_shapes(*(i.shape for i in batch_indices), row_index.shape, col_index.shape)
+        final = ops.broadcast_shapes(*(i.shape for i in batch_indices), row_index.shape, col_index.shape)
         a = x1[(*batch_indices, row_index)].expand(*final, x1.shape[-1])
         b = x2[(*batch_indices, col_index)].expand(*final, x2.shape[-1])
         ls = self.lengthscale.expand(*batch, 1, self.lengthscale.shape[-1])[(*batch_indices,)] if batch else \
