@@ -38,6 +38,20 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     s = torch.tensor(1.3, **f64, requires_grad=True)
     v, u = torch.randn(190, 7, **f64), torch.randn(301, 7, **f64)
     dop, op = DistributedRBFLinearOperator(x1, x2, l, s), RBFLinearOperator(x1, x2, l, s)
+    # the distributed products must compute only this rank's rows (a fallback to the whole matrix would also
+    # match the single-process numbers)
+    from gpfast import ops as gops
+
+    seen, real = [], gops.rbf_matmul
+
+    def spy(a, *args, **kw):
+        seen.append(a.shape[-2])
+        return real(a, *args, **kw)
+
+    gops.rbf_matmul = spy
+    dop._matmul(v), dop._bilinear_derivative(u, v)
+    gops.rbf_matmul = real
+    res["rows_seen"] = seen
     res["rows"] = list(row_range(301))
     res["matmul"] = rel_err(dop._matmul(v).detach(), op._matmul(v).detach())
     res["matvec"] = rel_err(dop._matmul(v[:, 0]).detach(), op._matmul(v[:, 0]).detach())
@@ -84,6 +98,7 @@ def test_two_processes(tmp_path, backend):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rows"] == [0, 151] and r1["rows"] == [151, 301]
+    assert r0["rows_seen"] == [151, 151] and r1["rows_seen"] == [150, 150]
     # Predictions come from CG runs of up to 1000 iterations at eval_cg_tolerance 1e-8, which stall near a 5e-6
     # residual on this problem. On the CPU each rank's row block is bitwise the single-process product, so the two
     # runs stay identical; on GPUs the products differ in reduction order (1e-16) and the stalled CG turns that

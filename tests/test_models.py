@@ -260,6 +260,14 @@ def test_predictor_chunked_kernel_path_matches_unchunked(monkeypatch):
     torch.testing.assert_close(c.diagonal(), v_full, rtol=1e-8, atol=1e-12)
     empty = pred.predict_from_kernel(kern, x, xt[:0], prior_var=os_, return_var=True)
     assert empty[0].shape == (0,) and empty[1].shape == (0,)
+    # predict's own chunk loop over a whole K_*, with prior variances that differ per test point
+    kss = os_ + torch.rand(37, dtype=F64)
+    m_ref, v_ref = pred.predict(kern(x, xt), kss, return_var=True)  # still the 3-point chunks (patched above)
+    monkeypatch.setattr(chol, "_CHUNK_BYTES", 2**40)
+    assert pred.chunk_size() >= 37
+    m_one, v_one = pred.predict(kern(x, xt), kss, return_var=True)
+    torch.testing.assert_close(m_ref, m_one, rtol=1e-12, atol=1e-12, msg=f"seed {seed}")
+    torch.testing.assert_close(v_ref, v_one, rtol=1e-12, atol=1e-12, msg=f"seed {seed}")
 
 
 def test_predictor_variance_clamped_and_jitter_on_duplicates():
@@ -271,7 +279,10 @@ def test_predictor_variance_clamped_and_jitter_on_duplicates():
         pred = CholeskyPredictor(_rbf(x, x, ls, 1.0), y, 0.0, 0.0)
     assert pred.jitter > 0
     _, v = pred.predict(_rbf(x, x, ls, 1.0), torch.ones(10, dtype=F64), return_var=True)
-    assert bool((v >= 0).all())  # the exact value is ~0 and would round negative without the clamp
+    assert bool((v >= 0).all())
+    # prior variances below what the data explain: the raw variance is negative and must be clamped to 0
+    _, v0 = pred.predict(_rbf(x, x, ls, 1.0), torch.full((10,), 0.5, dtype=F64), return_var=True)
+    assert bool((v0 == 0).all())
     with pytest.raises(ValueError, match="K_star must have shape"):
         pred.predict(torch.zeros(3, 2, dtype=F64))
     with pytest.raises(ValueError, match="k_star_star"):

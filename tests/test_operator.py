@@ -32,9 +32,13 @@ def test_products_diagonal_and_rows(device, batch):
     sq = RBFLinearOperator(x1, x1, l, s)
     Ksq = ref.rbf_covariance(x1, x1, l, s).detach()
     assert rel_err(sq._diagonal().detach(), Ksq.diagonal(dim1=-2, dim2=-1)) < 1e-14
+    x3 = torch.randn_like(x1)  # square but x1 != x2: the diagonal is not the outputscale
+    pair = RBFLinearOperator(x1, x3, l, s)
+    want = ref.rbf_covariance(x1, x3, l, s).detach().diagonal(dim1=-2, dim2=-1)
+    assert rel_err(pair._diagonal().detach(), want) < 1e-14 and want.std() > 1e-3
     rows = torch.tensor([3, 0, 69], device=device)
     cols = torch.tensor([1, 49, 7], device=device)
-    bidx = [torch.zeros(3, dtype=torch.long, device=device)] if batch else []
+    bidx = [torch.tensor([1, 0, 1], device=device)] if batch else []  # both batch members, in mixed order
     got = op._get_indices(rows, cols, *bidx).detach()
     assert rel_err(got, K[(*bidx, rows, cols)]) < 1e-14
     assert rel_err(op[..., rows, :].to_dense().detach(), K[..., rows, :]) < 1e-12
@@ -92,7 +96,6 @@ def test_exact_gp_matrix_free_equals_dense():
     l_free, g_free, m_free, v_free, model = run_gp(0, x, y, xt)  # every covariance matrix-free
     l_dense, g_dense, m_dense, v_dense, _ = run_gp(None, x, y, xt)
     assert isinstance(model.covar_module(x).evaluate_kernel(), RBFLinearOperator)
-    print("loss", (l_free - l_dense).item(), [rel_err(a, b) for a, b in zip(g_free, g_dense)], rel_err(m_free, m_dense), rel_err(v_free, v_dense))
     # the log-determinant is a stochastic Lanczos estimate whose tridiagonal coefficients come from CG run to
     # cg_tolerance (1e-4): the two operators agree to that level, not to rounding
     assert abs(l_free - l_dense) < 1e-3 * abs(l_dense)

@@ -90,10 +90,18 @@ def test_empty_sizes(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_diagonal_exact_and_distances_nonnegative(device, dtype):
     x = torch.randn(300, 6, device=device, dtype=dtype) * 50 + 1000  # far from the origin: cancellation-prone
+    # near-duplicate pairs, so that off-diagonal entries are close to s (where a negative distance would show)
+    x[1::2] = x[::2] + 1e-3 * torch.randn(150, 6, device=device, dtype=dtype)
     s = torch.tensor(1.7, device=device, dtype=dtype)
-    K = ops.rbf_covariance(x, x, torch.rand(6, device=device, dtype=dtype) + 0.1, s)
+    l = torch.rand(6, device=device, dtype=dtype) + 0.1
+    K = ops.rbf_covariance(x, x, l, s)
     assert torch.equal(K.diagonal(), torch.full((300,), 1.7, device=device, dtype=dtype))
     assert (K <= s).all()  # exp of a never-negative squared distance
+    pairs = K.diagonal(1)[::2]  # K(x_2i, x_2i+1)
+    assert bool((pairs > 1.0).all())  # the check above was not decided by zeros alone
+    want = reference64(x, x, l, s).diagonal(1)[::2]
+    # float32: z = x / l is rounded at |z| ~ 1e4 (ulp 1e-3) while the pairs differ by ~1e-2, so ~1e-5 is expected
+    assert rel_err(pairs, want) < (1e-12 if dtype == torch.float64 else 1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -113,11 +121,15 @@ def test_covariance_gradcheck_float64(device, d):
     x1, x2, l, s = rand_inputs((2,), 6, 5, d, device, torch.float64)
     inputs = [t.clone().requires_grad_() for t in (x1, x2, l, s)]
     assert gradcheck(lambda a, b, c, e: ops.rbf_covariance(a, b, c, e), inputs, eps=1e-6, atol=1e-7)
-    # broadcast batch and a shared lengthscale: the reductions of the broadcast dims go through autograd
+    # broadcast batch and a shared lengthscale: the reductions of the broadcast dims go through autograd.
+    # The lengthscale grows with sqrt(d) so that K is not ~0 everywhere (a zero gradient would then pass).
     a = torch.randn(1, 4, d, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.randn(3, 5, d, dtype=torch.float64, device=device, requires_grad=True)
-    ls = torch.tensor([0.9], dtype=torch.float64, device=device, requires_grad=True)
+    ls = torch.tensor([0.9 * max(1.0, d ** 0.5)], dtype=torch.float64, device=device, requires_grad=True)
     os_ = torch.tensor(1.4, dtype=torch.float64, device=device, requires_grad=True)
+    with torch.no_grad():
+        assert ops.rbf_covariance(a, b, ls, os_).max() > 1e-3
+        assert ops.rbf_covariance(a, b[:, :4], ls, os_, diag=True).max() > 1e-3
     assert gradcheck(lambda *t: ops.rbf_covariance(*t), (a, b, ls, os_), eps=1e-6, atol=1e-7)
     assert gradcheck(lambda *t: ops.rbf_covariance(*t, diag=True), (a, b[:, :4], ls, os_), eps=1e-6, atol=1e-7)
 
