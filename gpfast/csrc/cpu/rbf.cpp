@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "../common.h"
@@ -49,10 +50,39 @@ at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::
   return out;
 }
 
-// One pass over the rows of a (B, n, m) weight W given by `weight(b, i, j, dot_fn)`; per row i it
-// accumulates A_i = sum_j W_ij (z1_i - z2_j) and, when `with_l`, L_i = sum_j W_ij (z1_i - z2_j)^2 and
-// S_i = sum_j W_ij / s. The gradients of both ops are built from two such passes (rows, then columns
-// as the rows of the transposed problem), so no n x m intermediate is ever stored.
+// Row i of a (B, n, m) weight W given by `weight(j)`: accumulates acc_a = sum_j W_ij (z1_i - z2_j) and, when
+// `with_l`, acc_l = sum_j W_ij (z1_i - z2_j)^2; when `col` is given (m x d), also col_j -= W_ij (z1_i - z2_j),
+// the column side. Returns sum_j W_ij / s.
+template <typename scalar_t, typename WeightFn>
+inline double accumulate_row(const scalar_t* a, const scalar_t* zb, int64_t m, int64_t d, double sb, bool with_l,
+                             WeightFn&& weight, double* acc_a, double* acc_l, double* diff, double* col) {
+  double srow = 0;
+  std::fill(acc_a, acc_a + d, 0.0);
+  std::fill(acc_l, acc_l + d, 0.0);
+  for (int64_t j = 0; j < m; ++j) {
+    const scalar_t* c = zb + j * d;
+    double dist = 0;
+    for (int64_t k = 0; k < d; ++k) {
+      diff[k] = static_cast<double>(a[k] - c[k]);
+      dist += diff[k] * diff[k];
+    }
+    const double ge = static_cast<double>(weight(j)) * std::exp(-0.5 * dist);  // dLoss/ds contribution
+    const double w = sb * ge;                                                  // G_ij * K_ij
+    srow += ge;
+    double* cj = col ? col + j * d : nullptr;
+    for (int64_t k = 0; k < d; ++k) {
+      const double wd = w * diff[k];
+      acc_a[k] += wd;
+      if (with_l) acc_l[k] += wd * diff[k];
+      if (cj) cj[k] -= wd;
+    }
+  }
+  return srow;
+}
+
+// One pass over the rows of W = `grad_of(b, i, j)` * K: per row i, A_i = sum_j W_ij (z1_i - z2_j) and, when
+// `with_l`, L_i = sum_j W_ij (z1_i - z2_j)^2 and S_i = sum_j W_ij / s. The gradients of both ops are built from
+// these sums over rows and over columns; no n x m intermediate is ever stored.
 template <typename scalar_t, typename GradFn>
 void row_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int64_t B, int64_t n, int64_t m,
               int64_t d, bool with_l, GradFn grad_of, scalar_t* A, scalar_t* L, scalar_t* S) {
@@ -60,36 +90,59 @@ void row_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int6
     std::vector<double> diff(d), acc_a(d), acc_l(d);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / n, i = r % n;
-      const scalar_t* a = pz1 + r * d;
-      const scalar_t* zb = pz2 + b * m * d;
-      scalar_t* Ar = A + r * d;
-      scalar_t* Lr = with_l ? L + r * d : nullptr;
-      double srow = 0;
-      std::fill(acc_a.begin(), acc_a.end(), 0.0);
-      std::fill(acc_l.begin(), acc_l.end(), 0.0);
-      for (int64_t j = 0; j < m; ++j) {
-        const scalar_t* c = zb + j * d;
-        double dist = 0;
-        for (int64_t k = 0; k < d; ++k) {
-          diff[k] = static_cast<double>(a[k] - c[k]);
-          dist += diff[k] * diff[k];
-        }
-        const double ge = static_cast<double>(grad_of(b, i, j)) * std::exp(-0.5 * dist);  // dLoss/ds contribution
-        const double w = ps[b] * ge;                                                        // G_ij * K_ij
-        srow += ge;
-        for (int64_t k = 0; k < d; ++k) {
-          const double wd = w * diff[k];
-          acc_a[k] += wd;
-          if (with_l) acc_l[k] += wd * diff[k];
-        }
-      }
+      const double srow = accumulate_row(pz1 + r * d, pz2 + b * m * d, m, d, static_cast<double>(ps[b]), with_l,
+                                         [&](int64_t j) { return grad_of(b, i, j); }, acc_a.data(), acc_l.data(),
+                                         diff.data(), nullptr);
       for (int64_t k = 0; k < d; ++k) {
-        Ar[k] = static_cast<scalar_t>(acc_a[k]);
-        if (with_l) Lr[k] = static_cast<scalar_t>(acc_l[k]);
+        A[r * d + k] = static_cast<scalar_t>(acc_a[k]);
+        if (with_l) L[r * d + k] = static_cast<scalar_t>(acc_l[k]);
       }
       if (with_l) S[r] = static_cast<scalar_t>(srow);
     }
   });
+}
+
+// The row pass with L and S that also gives the column side A2_j = sum_i W_ij (z2_j - z1_i), so the backward
+// evaluates each exp once instead of twice. The rows are cut into a fixed number of chunks (whatever the number
+// of threads, so results do not depend on it); each chunk sums its column side into its own buffer and the
+// buffers are added in chunk order. Returns false, doing nothing, when the buffers would exceed 256 MB (or
+// GPFAST_CPU_COLUMN_BUFFER_MB, which the tests set to 0 to reach the fallback); the caller then runs a second row
+// pass over the columns.
+template <typename scalar_t, typename GradFn>
+bool fused_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int64_t B, int64_t n, int64_t m,
+                int64_t d, GradFn grad_of, scalar_t* A, scalar_t* L, scalar_t* S, scalar_t* A2) {
+  constexpr int64_t kChunks = 16;
+  const char* env = std::getenv("GPFAST_CPU_COLUMN_BUFFER_MB");
+  const int64_t kMaxBytes = (env ? std::atoll(env) : 256) << 20;
+  const int64_t rows = B * n, per_chunk = B * m * d;
+  const int64_t grain = std::max<int64_t>(1, (rows + kChunks - 1) / kChunks);
+  const int64_t chunks = (rows + grain - 1) / grain;
+  if (chunks * per_chunk * static_cast<int64_t>(sizeof(double)) > kMaxBytes) return false;
+  std::vector<double> col(static_cast<size_t>(chunks * per_chunk), 0.0);
+  at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+    std::vector<double> diff(d), acc_a(d), acc_l(d);
+    for (int64_t c = cb; c < ce; ++c) {
+      for (int64_t r = c * grain; r < std::min(rows, (c + 1) * grain); ++r) {
+        const int64_t b = r / n, i = r % n;
+        const double srow = accumulate_row(pz1 + r * d, pz2 + b * m * d, m, d, static_cast<double>(ps[b]), true,
+                                           [&](int64_t j) { return grad_of(b, i, j); }, acc_a.data(), acc_l.data(),
+                                           diff.data(), col.data() + c * per_chunk + b * m * d);
+        for (int64_t k = 0; k < d; ++k) {
+          A[r * d + k] = static_cast<scalar_t>(acc_a[k]);
+          L[r * d + k] = static_cast<scalar_t>(acc_l[k]);
+        }
+        S[r] = static_cast<scalar_t>(srow);
+      }
+    }
+  });
+  at::parallel_for(0, per_chunk, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t q = begin; q < end; ++q) {
+      double acc = 0;
+      for (int64_t c = 0; c < chunks; ++c) acc += col[c * per_chunk + q];
+      A2[q] = static_cast<scalar_t>(acc);
+    }
+  });
+  return true;
 }
 
 // Assemble (gx1, gx2, glengthscale, goutputscale) from the row and column passes. With z = x / l:
@@ -118,9 +171,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_c
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cpu", [&] {
     const scalar_t* pg = G.data_ptr<scalar_t>();
     const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
-    row_pass<scalar_t>(
-        pz1, pz2, ps, B, n, m, d, true, [&](int64_t b, int64_t i, int64_t j) { return pg[(b * n + i) * m + j]; },
-        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>());
+    auto by_rows = [&](int64_t b, int64_t i, int64_t j) { return pg[(b * n + i) * m + j]; };
+    if (fused_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
+                             S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>()))
+      return;
+    row_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, true, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
+                       S.data_ptr<scalar_t>());
     row_pass<scalar_t>(
         pz2, pz1, ps, B, m, n, d, false, [&](int64_t b, int64_t j, int64_t i) { return pg[(b * n + i) * m + j]; },
         A2.data_ptr<scalar_t>(), nullptr, nullptr);
@@ -182,10 +238,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
       for (int64_t c = 0; c < t; ++c) acc += static_cast<double>(a[c]) * b[c];
       return acc;
     };
-    row_pass<scalar_t>(
-        pz1, pz2, ps, B, n, m, d, true,
-        [&](int64_t b, int64_t i, int64_t j) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
-        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>());
+    auto by_rows = [&](int64_t b, int64_t i, int64_t j) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); };
+    if (fused_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
+                             S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>()))
+      return;
+    row_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, true, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
+                       S.data_ptr<scalar_t>());
     row_pass<scalar_t>(
         pz2, pz1, ps, B, m, n, d, false,
         [&](int64_t b, int64_t j, int64_t i) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
