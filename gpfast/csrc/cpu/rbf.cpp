@@ -1,5 +1,6 @@
 // CPU implementations of the gpfast ops: plain loops over pre-scaled inputs, parallel over rows with
-// at::parallel_for. They favour clarity and exact accumulation order over speed; CI runs on them.
+// at::parallel_for, sums in double. They favour clarity and a fixed accumulation order (independent of the number
+// of threads) over speed; CI runs on them.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
