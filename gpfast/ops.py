@@ -117,8 +117,8 @@ def broadcast_shapes(*shapes) -> torch.Size:
     """``torch.broadcast_shapes`` for plain integer shapes, without its cost: in torch 2.13 it goes through
     ``torch._refs`` and takes about 70 us a call on the CPU, more than the whole op at small sizes. Under
     ``torch.compile`` (symbolic shapes) it defers to torch. Raises RuntimeError when the shapes do not broadcast."""
-    if torch.compiler.is_compiling():
-        return torch.broadcast_shapes(*shapes)
+    if torch.compiler.is_compiling() or not all(type(v) is int for shape in shapes for v in shape):
+        return torch.broadcast_shapes(*shapes)  # symbolic sizes
     ndim = max((len(s) for s in shapes), default=0)
     out = [1] * ndim
     for shape in shapes:
