@@ -146,6 +146,17 @@ bool fused_pass(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, in
   return true;
 }
 
+// Both backward ops' sums for the weight `grad_of(b, i, j)`: the fused pass, or when its buffers would be too
+// large, a row pass and a second row pass over the columns (the rows of the transposed problem).
+template <typename scalar_t, typename GradFn>
+void backward_sums(const scalar_t* pz1, const scalar_t* pz2, const scalar_t* ps, int64_t B, int64_t n, int64_t m,
+                   int64_t d, GradFn grad_of, scalar_t* A1, scalar_t* L, scalar_t* S, scalar_t* A2) {
+  if (fused_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, grad_of, A1, L, S, A2)) return;
+  row_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, true, grad_of, A1, L, S);
+  row_pass<scalar_t>(pz2, pz1, ps, B, m, n, d, false, [&](int64_t b, int64_t j, int64_t i) { return grad_of(b, i, j); },
+                     A2, nullptr, nullptr);
+}
+
 // Assemble (gx1, gx2, glengthscale, goutputscale) from the row and column passes. With z = x / l:
 // dK/dx1 = -K (z1 - z2) / l, dK/dx2 = +K (z1 - z2) / l, dK/dl_k = K (z1_k - z2_k)^2 / l_k, dK/ds = K / s.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> assemble_grads(const at::Tensor& A1, const at::Tensor& A2,
@@ -172,15 +183,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_c
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cpu", [&] {
     const scalar_t* pg = G.data_ptr<scalar_t>();
     const scalar_t *pz1 = z1.data_ptr<scalar_t>(), *pz2 = z2.data_ptr<scalar_t>(), *ps = s.data_ptr<scalar_t>();
-    auto by_rows = [&](int64_t b, int64_t i, int64_t j) { return pg[(b * n + i) * m + j]; };
-    if (fused_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
-                             S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>()))
-      return;
-    row_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, true, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
-                       S.data_ptr<scalar_t>());
-    row_pass<scalar_t>(
-        pz2, pz1, ps, B, m, n, d, false, [&](int64_t b, int64_t j, int64_t i) { return pg[(b * n + i) * m + j]; },
-        A2.data_ptr<scalar_t>(), nullptr, nullptr);
+    backward_sums<scalar_t>(
+        pz1, pz2, ps, B, n, m, d, [&](int64_t b, int64_t i, int64_t j) { return pg[(b * n + i) * m + j]; },
+        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>());
   });
   return assemble_grads(A1, A2, L, S, lengthscale);
 }
@@ -239,16 +244,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
       for (int64_t c = 0; c < t; ++c) acc += static_cast<double>(a[c]) * b[c];
       return acc;
     };
-    auto by_rows = [&](int64_t b, int64_t i, int64_t j) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); };
-    if (fused_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
-                             S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>()))
-      return;
-    row_pass<scalar_t>(pz1, pz2, ps, B, n, m, d, true, by_rows, A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(),
-                       S.data_ptr<scalar_t>());
-    row_pass<scalar_t>(
-        pz2, pz1, ps, B, m, n, d, false,
-        [&](int64_t b, int64_t j, int64_t i) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
-        A2.data_ptr<scalar_t>(), nullptr, nullptr);
+    backward_sums<scalar_t>(
+        pz1, pz2, ps, B, n, m, d,
+        [&](int64_t b, int64_t i, int64_t j) { return dot(pg + (b * n + i) * t, pv + (b * m + j) * t); },
+        A1.data_ptr<scalar_t>(), L.data_ptr<scalar_t>(), S.data_ptr<scalar_t>(), A2.data_ptr<scalar_t>());
   });
   return assemble_grads(A1, A2, L, S, lengthscale);
 }
