@@ -200,6 +200,28 @@ def cmd_fit(args) -> int:
     Under ``torchrun --nproc-per-node=K -m gpfast fit --distributed ...`` every rank computes its share of each
     covariance product; rank 0 prints and writes the result.
     """
+    if not args.distributed:
+        return _fit_and_report(args, args.device, rank0=True)
+    import torch.distributed as dist
+
+    from gpfast import distributed
+
+    owns_group = not dist.is_initialized()
+    # --device cpu keeps a distributed run on the CPUs (gloo) even where GPUs exist
+    dev = distributed.init("gloo" if str(args.device).startswith("cpu") else None)
+    try:
+        code = _fit_and_report(args, str(dev), rank0=distributed.rank() == 0)
+        if owns_group:
+            dist.barrier()  # no rank tears down while another is still in a collective
+        return code
+    finally:
+        # Tear the group down before the interpreter exits: leaving gloo's worker threads to static destructors
+        # aborted both ranks now and then in CI ("terminate called without an active exception").
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _fit_and_report(args, device, rank0: bool) -> int:
     import json
     import math
     import time
@@ -210,15 +232,6 @@ def cmd_fit(args) -> int:
     from gpfast import datasets
     from gpfast.estimator import ExactGP
 
-    rank0 = True
-    device = args.device
-    if args.distributed:
-        from gpfast import distributed
-
-        # --device cpu keeps a distributed run on the CPUs (gloo) even where GPUs exist
-        dev = distributed.init("gloo" if str(device).startswith("cpu") else None)
-        rank0 = distributed.rank() == 0
-        device = str(dev)
     if args.synthetic:
         data = datasets.synthetic_split(args.synthetic, args.test, args.d, noise=0.1, seed=args.seed)
     else:

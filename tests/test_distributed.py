@@ -128,7 +128,7 @@ def test_torchrun_fit_two_ranks(tmp_path, device):
     single = subprocess.run([sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
                             capture_output=True, text=True, env=env, timeout=300)
     assert single.returncode == 0, single.stderr
-    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29533",
+    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
                             "-m", "gpfast", *common, "--distributed", "--out", str(tmp_path / "two.json")],
                            capture_output=True, text=True, env=env, timeout=300)
     assert multi.returncode == 0, multi.stderr[-3000:]
