@@ -74,19 +74,21 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
         model.covar_module.base_kernel.matrix_free_threshold = 0  # the single run matrix-free too, like the other
         mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        losses = []
+        losses, grads0 = [], None
         with gpytorch.settings.max_cholesky_size(0), gpytorch.settings.cg_tolerance(1e-6):
             for _ in range(3):
                 opt.zero_grad()
                 loss = -mll(model(x), y)
                 loss.backward()
+                if grads0 is None:
+                    grads0 = [p.grad.flatten().tolist() for p in model.parameters()]
                 opt.step()
                 losses.append(loss.item())
             model.eval(), lik.eval()
             with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.eval_cg_tolerance(1e-8):
                 pred = lik(model(xt))
                 runs[name] = (losses, pred.mean.tolist(), pred.variance.tolist(),
-                              model.covar_module.base_kernel.lengthscale.tolist())
+                              model.covar_module.base_kernel.lengthscale.tolist(), grads0)
     res["fit"] = runs
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
@@ -99,20 +101,24 @@ def test_two_processes(tmp_path, backend):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["rows"] == [0, 151] and r1["rows"] == [151, 301]
     assert r0["rows_seen"] == [151, 151] and r1["rows_seen"] == [150, 150]
-    # Predictions come from CG runs of up to 1000 iterations at eval_cg_tolerance 1e-8, which stall near a 5e-6
-    # residual on this problem. On the CPU each rank's row block is bitwise the single-process product, so the two
-    # runs stay identical; on GPUs the products differ in reduction order (1e-16) and the stalled CG turns that
-    # into ~1e-5 differences in the predictions (the loss and hyperparameters still agree to 1e-8).
-    pred_tol = 1e-8 if backend == "gloo" else 1e-4
+    # The products, the first loss and the first step's gradients agree to reduction order. The later steps and
+    # the predictions go through CG runs that stop short of convergence on this problem (the training losses are
+    # the same at cg_tolerance 1e-6 and 1e-10; the prediction CG stalls near a 5e-6 residual), and such a CG turns
+    # a last-bit difference in its inputs into differences of its own residual's size. The GPU run has such
+    # differences from the first product on (its reduction order differs between the two runs).
+    tight = 1e-12 if backend == "gloo" else 1e-8
     for r in (r0, r1):
         assert r["matmul"] < 1e-14 and r["matvec"] < 1e-14 and r["t_matmul"] < 1e-14
         assert r["bilinear"][0] < 1e-12 and r["bilinear"][1] < 1e-12 and r["bilinear"][2:] == [True, True]
-        (ld, md, vd, lsd), (ls_, ms, vs, lss) = r["fit"]["dist"], r["fit"]["single"]
-        # same loss, steps and predictions as one process, up to reduction order
-        assert max(abs(a - b) for a, b in zip(ld, ls_)) < 1e-8
-        assert rel_err(torch.tensor(lsd), torch.tensor(lss)) < 1e-8
-        assert rel_err(torch.tensor(md), torch.tensor(ms)) < pred_tol
-        assert rel_err(torch.tensor(vd), torch.tensor(vs)) < 10 * pred_tol
+        (ld, md, vd, lsd, gd), (ls_, ms, vs, lss, gs) = r["fit"]["dist"], r["fit"]["single"]
+        assert abs(ld[0] - ls_[0]) < tight
+        for a, b in zip(gd, gs):
+            assert rel_err(torch.tensor(a), torch.tensor(b)) < tight
+        # same losses, steps and predictions as one process, up to the CG residual
+        assert max(abs(a - b) / abs(b) for a, b in zip(ld, ls_)) < 1e-4
+        assert rel_err(torch.tensor(lsd), torch.tensor(lss)) < 1e-6
+        assert rel_err(torch.tensor(md), torch.tensor(ms)) < 1e-4
+        assert rel_err(torch.tensor(vd), torch.tensor(vs)) < 1e-3
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
 
 
