@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -52,7 +53,17 @@ def machine() -> str:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         return f"{p.name} ({p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
-    return f"{platform.processor() or platform.machine()} CPU, torch {torch.__version__}"
+    return f"{cpu_name()} ({os.cpu_count()} cores visible), torch {torch.__version__}"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} CPU"
 
 
 def today() -> str:

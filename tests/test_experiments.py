@@ -55,3 +55,17 @@ def test_merge_of_nothing_is_a_clear_error(tmp_path):
     f1 = _write(tmp_path / "a.json", [], "c1")
     with pytest.raises(SystemExit, match="no rows"):
         uci_table.main(["--merge", f1, "--out", str(tmp_path)])
+
+
+def test_bench_cpu_writes_its_table(tmp_path):
+    """experiments/bench_cpu.py at tiny sizes: every timing is measured (positive) and the table names the machine."""
+    import bench_cpu
+
+    stem = str(tmp_path / "b")  # an absolute stem lands outside experiments/results
+    bench_cpu.main(["--reps", "1", "--cov-shapes", "2,30,20,3", "--matmul-shapes", "40,3,5", "--stem", stem])
+    out = json.loads((tmp_path / "b.json").read_text())
+    assert out["machine"] and out["date"] and out["commit"]
+    cov, mm = out["rows"]
+    assert cov["shape"] == "(2,30,20,3)" and (mm["n"], mm["d"], mm["t"]) == (40, 3, 5)
+    assert all(v > 0 for k, v in {**cov, **mm}.items() if k.endswith("_ms"))
+    assert "GPyTorch fwd+bwd" in (tmp_path / "b.md").read_text()

@@ -1,0 +1,118 @@
+"""CPU timings of gpfast's ops against plain PyTorch and GPyTorch on the same machine.
+
+Wall time by ``time.perf_counter``, median of ``--reps`` runs after one warm-up run, in float32 with the threads
+torch uses by default. Columns:
+
+- ``gpfast``: ``gpfast.ops.rbf_covariance`` (forward), or forward plus the backward for x1, lengthscale and
+  outputscale given a random grad_K;
+- ``torch``: the float32 formula of ``gpfast._reference`` (the op's pure-PyTorch reference) in eager mode;
+- ``GPyTorch``: ``ScaleKernel(RBFKernel(ard_num_dims=d))(x1, x2).to_dense()`` (and its backward);
+- for K@V: ``rbf_matmul`` (never stores K) against forming K with the op and multiplying, and its backward.
+
+Writes experiments/results/bench_cpu.{md,json} (``--stem`` to change), naming the machine, date and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench import md_table, write_results  # noqa: E402
+
+from gpfast import _reference, ops  # noqa: E402
+
+COV_SHAPES = [(16, 512, 128, 8), (1, 4000, 4000, 8), (1, 4000, 4000, 32)]
+MATMUL_SHAPES = [(8000, 8, 16), (8000, 8, 1)]
+
+
+def wall_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def covariance_row(B, n, m, d, reps):
+    import gpytorch
+
+    g = torch.Generator().manual_seed(0)
+    x1, x2 = torch.randn(B, n, d, generator=g), torch.randn(B, m, d, generator=g)
+    l, s = torch.rand(B, 1, d, generator=g) + 0.5, torch.rand(B, generator=g) + 0.5
+    G = torch.randn(B, n, m, generator=g)
+
+    def fwd_bwd(f):
+        a, ll, ss = x1.clone().requires_grad_(), l.clone().requires_grad_(), s.clone().requires_grad_()
+        torch.autograd.grad(f(a, ll, ss), (a, ll, ss), G)
+
+    kern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d))
+    if B > 1:
+        kern = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=torch.Size([B])),
+                                            batch_shape=torch.Size([B]))
+
+    def gpy_fwd_bwd():
+        a = x1.clone().requires_grad_()
+        torch.autograd.grad(kern(a, x2).to_dense(), [a, *kern.parameters()], G)
+
+    with torch.no_grad():
+        op = wall_ms(lambda: ops.rbf_covariance(x1, x2, l, s), reps)
+        eager = wall_ms(lambda: _reference.rbf_covariance(x1, x2, l, s), reps)
+        gpy = wall_ms(lambda: kern(x1, x2).to_dense(), reps)
+    return {"shape": f"({B},{n},{m},{d})", "fwd_gpfast_ms": op, "fwd_torch_ms": eager, "fwd_gpytorch_ms": gpy,
+            "fwd_bwd_gpfast_ms": wall_ms(lambda: fwd_bwd(lambda a, ll, ss: ops.rbf_covariance(a, x2, ll, ss)), reps),
+            "fwd_bwd_torch_ms": wall_ms(lambda: fwd_bwd(lambda a, ll, ss: _reference.rbf_covariance(a, x2, ll, ss)),
+                                        reps),
+            "fwd_bwd_gpytorch_ms": wall_ms(gpy_fwd_bwd, reps)}
+
+
+def matmul_row(n, d, t, reps):
+    g = torch.Generator().manual_seed(0)
+    x, v = torch.randn(n, d, generator=g), torch.randn(n, t, generator=g)
+    l, s = torch.rand(1, d, generator=g) + 0.5, torch.tensor(1.3)
+    G = torch.randn(n, t, generator=g)
+
+    def fwd_bwd():
+        a, ll, ss, vv = (u.clone().requires_grad_() for u in (x, l, s, v))
+        torch.autograd.grad(ops.rbf_matmul(a, x, ll, ss, vv), (a, ll, ss, vv), G)
+
+    with torch.no_grad():
+        mf = wall_ms(lambda: ops.rbf_matmul(x, x, l, s, v), reps)
+        dense = wall_ms(lambda: ops.rbf_covariance(x, x, l, s) @ v, reps)
+    return {"n": n, "d": d, "t": t, "matmul_gpfast_ms": mf, "dense_K_then_matmul_ms": dense,
+            "matmul_fwd_bwd_gpfast_ms": wall_ms(fwd_bwd, reps)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--cov-shapes", default=None, help="B,n,m,d;B,n,m,d;... (default: the built-in list)")
+    parser.add_argument("--matmul-shapes", default=None, help="n,d,t;n,d,t;... (default: the built-in list)")
+    parser.add_argument("--stem", default="bench_cpu")
+    args = parser.parse_args(argv)
+    cov = [tuple(map(int, s.split(","))) for s in args.cov_shapes.split(";")] if args.cov_shapes else COV_SHAPES
+    mm = [tuple(map(int, s.split(","))) for s in args.matmul_shapes.split(";")] if args.matmul_shapes else MATMUL_SHAPES
+    rows = [covariance_row(*shape, args.reps) for shape in cov]
+    mrows = [matmul_row(*shape, args.reps) for shape in mm]
+    table = md_table(["shape (B,n,m,d)", "gpfast fwd", "torch fwd", "GPyTorch fwd", "gpfast fwd+bwd",
+                      "torch fwd+bwd", "GPyTorch fwd+bwd"],
+                     [[r["shape"], r["fwd_gpfast_ms"], r["fwd_torch_ms"], r["fwd_gpytorch_ms"], r["fwd_bwd_gpfast_ms"],
+                       r["fwd_bwd_torch_ms"], r["fwd_bwd_gpytorch_ms"]] for r in rows])
+    table += "\n\n" + md_table(["n", "d", "t", "rbf_matmul", "K then K@V", "rbf_matmul fwd+bwd"],
+                               [[r["n"], r["d"], r["t"], r["matmul_gpfast_ms"], r["dense_K_then_matmul_ms"],
+                                 r["matmul_fwd_bwd_gpfast_ms"]] for r in mrows])
+    header = (f"CPU op timings, float32, {torch.get_num_threads()} threads: median ms of {args.reps} runs after a "
+              "warm-up (time.perf_counter)")
+    write_results(args.stem, header, table, [*rows, *mrows])
+
+
+if __name__ == "__main__":
+    main()
