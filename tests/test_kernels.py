@@ -68,7 +68,7 @@ def test_parity_with_gpytorch_float64(device, scaled, ard, batch_shape):
     diag2 = ours(x1, x1b, diag=True)
     assert rel_err(diag2, theirs(x1, x1b, diag=True)) < 1e-12
     assert rel_err(diag2, ours(x1, x1b).to_dense().diagonal(dim1=-2, dim2=-1)) < 1e-12
-    assert diag2.std() > 1e-3  # not a constant
+    assert diag2.max() - diag2.min() > 1e-3 * diag2.abs().max() > 0  # not a constant (random lengthscales can make it tiny)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,7 +3,7 @@
 // Each thread takes whole rows of K (at::parallel_for over rows). Along a row the columns go in blocks of kBlock,
 // with the other point set transposed (d x m), so that the distance, exp and weight loops run over contiguous
 // columns and vectorise; the hot loops are compiled twice, portably and for AVX2+FMA, and the second is used when
-// the CPU has both. Distances and sums are accumulated in double whatever the input dtype: it keeps a float32
+// the CPU has both. The scaled points x / l, distances and sums are all double whatever the input dtype: it keeps a float32
 // result as close to the float64 reference as its own rounding allows. Every sum runs in an order fixed by the
 // code (explicit lanes, fixed row chunks), never by the number of threads, so results repeat run to run; the AVX2
 // build may differ from the portable one in the last bits (it contracts multiply-adds into FMAs).
@@ -67,14 +67,13 @@ GPFAST_INLINE double exp_nonpositive(double x) {
 }
 
 // dist[j] = |a - z_j|^2 for the C columns whose transposed features start at zt (row stride m).
-template <typename T>
-GPFAST_INLINE void block_dist(const T* a, const T* zt, int64_t m, int64_t d, int64_t C, double* dist) {
+GPFAST_INLINE void block_dist(const double* a, const double* zt, int64_t m, int64_t d, int64_t C, double* dist) {
   for (int64_t j = 0; j < C; ++j) dist[j] = 0;
   for (int64_t k = 0; k < d; ++k) {
-    const T ak = a[k];
-    const T* z = zt + k * m;
+    const double ak = a[k];
+    const double* z = zt + k * m;
     for (int64_t j = 0; j < C; ++j) {
-      const double diff = static_cast<double>(ak - z[j]);
+      const double diff = ak - z[j];
       dist[j] += diff * diff;
     }
   }
@@ -91,29 +90,39 @@ template <class Kernel>
 __attribute__((target("avx2,fma"))) void run_avx2(const Kernel& kernel, int64_t begin, int64_t end) {
   kernel(begin, end);
 }
-bool has_avx2_fma() {
+// GPFAST_CPU_PORTABLE=1 forces the portable build (the tests compare the two).
+bool use_avx2_fma() {
   static const bool ok = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
-  return ok;
+  const char* env = std::getenv("GPFAST_CPU_PORTABLE");
+  return ok && !(env && env[0] == '1');
 }
 #endif
 template <class Kernel>
 void run(const Kernel& kernel, int64_t begin, int64_t end) {
 #ifdef GPFAST_X86_DISPATCH
-  if (has_avx2_fma()) return run_avx2(kernel, begin, end);
+  if (use_avx2_fma()) return run_avx2(kernel, begin, end);
 #endif
   run_portable(kernel, begin, end);
 }
 
-// z = x / lengthscale, transposed to (B, d, n), contiguous.
+// z = x / lengthscale in double whatever the input dtype. Rounding z to float32 would put one error on a whole row
+// of K; those errors do not average out in sums over K (the outputscale gradient of a loss with signed weights
+// is the usual victim), where the plain float32 formula's per-pair errors do.
+at::Tensor prescale64(const at::Tensor& x, const at::Tensor& lengthscale, int64_t d) {
+  return prescale(x.to(at::kDouble), lengthscale.to(at::kDouble), d);
+}
+
+// (B, n, d) -> (B, d, n), contiguous.
 at::Tensor transposed(const at::Tensor& z) { return z.transpose(1, 2).contiguous(); }
 
 // Rows [begin, end) of K = s exp(-|z1_i - z2_j|^2 / 2).
 template <typename T>
 struct CovarianceRows {
-  const T *z1, *z2t, *s;
+  const double *z1, *z2t;
+  const T* s;
   T* out;
   int64_t n, m, d;
   GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
@@ -134,7 +143,8 @@ struct CovarianceRows {
 // Rows [begin, end) of K V, v: (B, m, t).
 template <typename T>
 struct MatmulRows {
-  const T *z1, *z2t, *s, *v;
+  const double *z1, *z2t;
+  const T *s, *v;
   T* out;
   int64_t n, m, d, t;
   GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
@@ -149,9 +159,17 @@ struct MatmulRows {
         block_dist(z1 + r * d, z2t + b * d * m + j0, m, d, C, dist);
         for (int64_t j = 0; j < C; ++j) dist[j] = exp_nonpositive(-0.5 * dist[j]);
         const T* vb = v + (b * m + j0) * t;
-        if (t >= kLanes) {  // vectorised over the right-hand sides
+        if (t >= kLanes) {  // vectorised over the right-hand sides, kLanes of them at a time in registers
+          int64_t c0 = 0;
+          for (; c0 + kLanes <= t; c0 += kLanes) {
+            double part[kLanes];
+            for (int64_t l = 0; l < kLanes; ++l) part[l] = a[c0 + l];
+            for (int64_t j = 0; j < C; ++j)
+              for (int64_t l = 0; l < kLanes; ++l) part[l] += dist[j] * static_cast<double>(vb[j * t + c0 + l]);
+            for (int64_t l = 0; l < kLanes; ++l) a[c0 + l] = part[l];
+          }
           for (int64_t j = 0; j < C; ++j)
-            for (int64_t c = 0; c < t; ++c) a[c] += dist[j] * static_cast<double>(vb[j * t + c]);
+            for (int64_t c = c0; c < t; ++c) a[c] += dist[j] * static_cast<double>(vb[j * t + c]);
         } else {  // few right-hand sides: over the columns, in lanes
           for (int64_t c = 0; c < t; ++c) {
             double* lane = a + c * kLanes;
@@ -214,10 +232,11 @@ struct ProductWeights {
 // (a (B, d, m) buffer), also col[b, :, j] -= W_ij (z1_i - z2_j), the column side. No n x m intermediate.
 template <typename T, class Weights>
 struct BackwardRows {
-  const T *z1, *z2t, *s;
+  const double *z1, *z2t;
+  const T* s;
   int64_t n, m, d;
   Weights weights;
-  T *A, *L, *S;  // L and S may be null
+  double *A, *L, *S;  // L and S may be null
   double* col;   // may be null
   GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
     double dist[kBlock], w[kBlock];
@@ -225,7 +244,7 @@ struct BackwardRows {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / n, i = r % n;
       const double sb = static_cast<double>(s[b]);
-      const T* a = z1 + r * d;
+      const double* a = z1 + r * d;
       std::fill(lanes.begin(), lanes.end(), 0.0);
       double* srow = lanes.data() + 2 * d * kLanes;
       for (int64_t j0 = 0; j0 < m; j0 += kBlock) {
@@ -236,16 +255,17 @@ struct BackwardRows {
         for (int64_t j = 0; j < C; ++j) srow[j % kLanes] += dist[j];
         for (int64_t j = 0; j < C; ++j) w[j] = sb * dist[j];  // W_ij
         for (int64_t k = 0; k < d; ++k) {
-          const T ak = a[k];
-          const T* z = z2t + (b * d + k) * m + j0;
-          double* pa = lanes.data() + k * kLanes;
-          double* pl = lanes.data() + (d + k) * kLanes;
+          const double ak = a[k];
+          const double* z = z2t + (b * d + k) * m + j0;
+          double pa[kLanes], pl[kLanes];  // locals, so the compiler sees they alias nothing
+          std::copy_n(lanes.data() + k * kLanes, kLanes, pa);
+          std::copy_n(lanes.data() + (d + k) * kLanes, kLanes, pl);
           double* ck = col ? col + (b * d + k) * m + j0 : nullptr;
           int64_t j = 0;
           if (ck) {
             for (; j + kLanes <= C; j += kLanes)
               for (int64_t l = 0; l < kLanes; ++l) {
-                const double diff = static_cast<double>(ak - z[j + l]), wd = w[j + l] * diff;
+                const double diff = ak - z[j + l], wd = w[j + l] * diff;
                 pa[l] += wd;
                 pl[l] += wd * diff;
                 ck[j + l] -= wd;
@@ -253,17 +273,19 @@ struct BackwardRows {
           } else {
             for (; j + kLanes <= C; j += kLanes)
               for (int64_t l = 0; l < kLanes; ++l) {
-                const double diff = static_cast<double>(ak - z[j + l]), wd = w[j + l] * diff;
+                const double diff = ak - z[j + l], wd = w[j + l] * diff;
                 pa[l] += wd;
                 pl[l] += wd * diff;
               }
           }
           for (; j < C; ++j) {
-            const double diff = static_cast<double>(ak - z[j]), wd = w[j] * diff;
+            const double diff = ak - z[j], wd = w[j] * diff;
             pa[j % kLanes] += wd;
             pl[j % kLanes] += wd * diff;
             if (ck) ck[j] -= wd;
           }
+          std::copy_n(pa, kLanes, lanes.data() + k * kLanes);
+          std::copy_n(pl, kLanes, lanes.data() + (d + k) * kLanes);
         }
       }
       auto total = [](const double* p) {
@@ -272,10 +294,10 @@ struct BackwardRows {
         return sum;
       };
       for (int64_t k = 0; k < d; ++k) {
-        A[r * d + k] = static_cast<T>(total(lanes.data() + k * kLanes));
-        if (L) L[r * d + k] = static_cast<T>(total(lanes.data() + (d + k) * kLanes));
+        A[r * d + k] = total(lanes.data() + k * kLanes);
+        if (L) L[r * d + k] = total(lanes.data() + (d + k) * kLanes);
       }
-      if (S) S[r] = static_cast<T>(total(srow));
+      if (S) S[r] = total(srow);
     }
   }
 };
@@ -297,8 +319,8 @@ void backward_sums(const at::Tensor& z1, const at::Tensor& z2, const T* s, const
   const int64_t rows = B * n, per_chunk = B * m * d;
   const int64_t grain = std::max<int64_t>(1, (rows + kChunks - 1) / kChunks);
   const int64_t chunks = (rows + grain - 1) / grain;
-  BackwardRows<T, Weights> pass{z1.data_ptr<T>(), z2t.data_ptr<T>(), s, n, m, d, by_row,
-                                A1.data_ptr<T>(), L.data_ptr<T>(), S.data_ptr<T>(), nullptr};
+  BackwardRows<T, Weights> pass{z1.data_ptr<double>(), z2t.data_ptr<double>(), s, n, m, d, by_row,
+                                A1.data_ptr<double>(), L.data_ptr<double>(), S.data_ptr<double>(), nullptr};
   if (chunks * per_chunk * static_cast<int64_t>(sizeof(double)) <= max_bytes) {
     std::vector<double> col(static_cast<size_t>(chunks * per_chunk), 0.0);  // (chunks, B, d, m)
     at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
@@ -308,32 +330,35 @@ void backward_sums(const at::Tensor& z1, const at::Tensor& z2, const T* s, const
         run(chunk, c * grain, std::min(rows, (c + 1) * grain));
       }
     });
-    T* out = A2.data_ptr<T>();  // (B, m, d)
+    double* out = A2.data_ptr<double>();  // (B, m, d)
     at::parallel_for(0, per_chunk, 4096, [&](int64_t begin, int64_t end) {
       for (int64_t q = begin; q < end; ++q) {
         const int64_t b = q / (m * d), j = (q / d) % m, k = q % d;
         double acc = 0;
         for (int64_t c = 0; c < chunks; ++c) acc += col[c * per_chunk + (b * d + k) * m + j];
-        out[q] = static_cast<T>(acc);
+        out[q] = acc;
       }
     });
     return;
   }
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { run(pass, begin, end); });
   const at::Tensor z1t = transposed(z1);
-  BackwardRows<T, Weights> cols{z2.data_ptr<T>(), z1t.data_ptr<T>(), s, m, n, d, by_col,
-                                A2.data_ptr<T>(), nullptr, nullptr, nullptr};
+  BackwardRows<T, Weights> cols{z2.data_ptr<double>(), z1t.data_ptr<double>(), s, m, n, d, by_col,
+                                A2.data_ptr<double>(), nullptr, nullptr, nullptr};
   at::parallel_for(0, B * m, 1, [&](int64_t begin, int64_t end) { run(cols, begin, end); });
 }
 
 // Assemble (gx1, gx2, glengthscale, goutputscale) from the row and column sums. With z = x / l:
 // dK/dx1 = -K (z1 - z2) / l, dK/dx2 = +K (z1 - z2) / l, dK/dl_k = K (z1_k - z2_k)^2 / l_k, dK/ds = K / s.
-// A2 = sum_i W_ij (z1_i - z2_j) with the sign flipped, as BackwardRows' column side gives it.
+// A2 = sum_i W_ij (z1_i - z2_j) with the sign flipped, as BackwardRows' column side gives it. All four sums are
+// double; the sums over rows (L, S) are taken in double too, since with signed weights they cancel.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> assemble_grads(const at::Tensor& A1, const at::Tensor& A2,
                                                                           const at::Tensor& L, const at::Tensor& S,
                                                                           const at::Tensor& lengthscale) {
-  const at::Tensor l = lengthscale.unsqueeze(1);
-  return {-A1 / l, -A2 / l, L.sum(1) / lengthscale, S.sum(1)};
+  const auto dtype = lengthscale.scalar_type();
+  const at::Tensor l64 = lengthscale.to(at::kDouble);
+  return {(-A1 / l64.unsqueeze(1)).to(dtype), (-A2 / l64.unsqueeze(1)).to(dtype), (L.sum(1) / l64).to(dtype),
+          S.sum(1).to(dtype)};
 }
 
 at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -342,10 +367,10 @@ at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   at::Tensor out = at::empty({B, n, m}, x1.options());
   if (out.numel() == 0) return out;
-  const at::Tensor z1 = prescale(x1, lengthscale, d), z2t = transposed(prescale(x2, lengthscale, d));
+  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2t = transposed(prescale64(x2, lengthscale, d));
   const at::Tensor s = outputscale.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_cpu", [&] {
-    CovarianceRows<scalar_t> rows{z1.data_ptr<scalar_t>(), z2t.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+    CovarianceRows<scalar_t> rows{z1.data_ptr<double>(), z2t.data_ptr<double>(), s.data_ptr<scalar_t>(),
                                   out.data_ptr<scalar_t>(), n, m, d};
     at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) { run(rows, begin, end); });
   });
@@ -361,11 +386,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_c
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m,
               "rbf_covariance_backward: grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
-  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2 = prescale64(x2, lengthscale, d);
   const at::Tensor s = outputscale.contiguous();
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
-  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);
-  at::Tensor S = at::zeros({B, n}, x1.options());
+  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);  // all double
+  at::Tensor S = at::zeros({B, n}, z1.options());
   if (n == 0 || m == 0) return assemble_grads(A1, A2, L, S, lengthscale);
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cpu", [&] {
     const scalar_t* pg = G.data_ptr<scalar_t>();
@@ -382,11 +407,11 @@ at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
   at::Tensor out = at::zeros({B, n, t}, x1.options());
   if (out.numel() == 0 || m == 0) return out;
-  const at::Tensor z1 = prescale(x1, lengthscale, d), z2t = transposed(prescale(x2, lengthscale, d));
+  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2t = transposed(prescale64(x2, lengthscale, d));
   const at::Tensor s = outputscale.contiguous();
   const at::Tensor V = v.contiguous();
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_cpu", [&] {
-    MatmulRows<scalar_t> rows{z1.data_ptr<scalar_t>(), z2t.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(),
+    MatmulRows<scalar_t> rows{z1.data_ptr<double>(), z2t.data_ptr<double>(), s.data_ptr<scalar_t>(),
                               V.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, m, d, t};
     at::parallel_for(0, B * n, 1, [&](int64_t begin, int64_t end) { run(rows, begin, end); });
   });
@@ -401,11 +426,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
   TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == t,
               "rbf_matmul_backward: grad must be (B, n, t) = (", B, ", ", n, ", ", t, "), got ", grad.sizes());
-  const at::Tensor z1 = prescale(x1, lengthscale, d), z2 = prescale(x2, lengthscale, d);
+  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2 = prescale64(x2, lengthscale, d);
   const at::Tensor s = outputscale.contiguous();
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
-  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);
-  at::Tensor S = at::zeros({B, n}, x1.options());
+  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);  // all double
+  at::Tensor S = at::zeros({B, n}, z1.options());
   if (n == 0 || m == 0) return assemble_grads(A1, A2, L, S, lengthscale);
   // The weight of pair (i, j) is dLoss/dK_ij = G_i . V_j; each side's rows meet the other side transposed.
   const at::Tensor Vt = transposed(V), Gt = transposed(G);
