@@ -471,7 +471,8 @@ def test_numpy_and_torch_in_and_out():
     s = gp_np.score(Xt, yt)
     assert s == pytest.approx(gp_np.score(torch.from_numpy(Xt), torch.from_numpy(yt)))
     assert s == pytest.approx(gp_np.score(torch.from_numpy(Xt), torch.from_numpy(yt).reshape(-1, 1)))
-    assert s > 0.5
+    assert s == pytest.approx(1 - ((yt - m) ** 2).sum() / ((yt - yt.mean()) ** 2).sum())  # R^2 of the predictions
+    assert s > 0  # better than the mean (5 steps on 40 points: over 200 random draws R^2 ran from 0.14 to ~0.95)
 
 
 def test_column_y_is_accepted_with_sklearn_warning():
