@@ -3,10 +3,10 @@
 // Each thread takes whole rows of K (at::parallel_for over rows). Along a row the columns go in blocks of kBlock,
 // with the other point set transposed (d x m), so that the distance, exp and weight loops run over contiguous
 // columns and vectorise; the hot loops are compiled twice, portably and for AVX2+FMA, and the second is used when
-// the CPU has both. The scaled points x / l, distances and sums are all double whatever the input dtype: it keeps a float32
-// result as close to the float64 reference as its own rounding allows. Every sum runs in an order fixed by the
-// code (explicit lanes, fixed row chunks), never by the number of threads, so results repeat run to run; the AVX2
-// build may differ from the portable one in the last bits (it contracts multiply-adds into FMAs).
+// the CPU has both. The scaled points x / l, distances and sums are all double whatever the input dtype: it keeps
+// a float32 result as close to the float64 reference as its own rounding allows. Every sum runs in an order fixed
+// by the code (explicit lanes, fixed row chunks), never by the number of threads, so results repeat run to run; the
+// AVX2 build may differ from the portable one in the last bits (it contracts multiply-adds into FMAs).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -64,6 +64,13 @@ GPFAST_INLINE double exp_nonpositive(double x) {
   double scale;
   std::memcpy(&scale, &scale_bits, sizeof scale);
   return underflow ? 0.0 : p * scale;
+}
+
+// The kLanes partial sums of a reduction, added in lane order.
+GPFAST_INLINE double lane_sum(const double* lanes) {
+  double sum = 0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
+  return sum;
 }
 
 // dist[j] = |a - z_j|^2 for the C columns whose transposed features start at zt (row stride m).
@@ -181,14 +188,8 @@ struct MatmulRows {
         }
       }
       const double sb = static_cast<double>(s[b]);
-      for (int64_t c = 0; c < t; ++c) {
-        double sum = a[c];
-        if (t < kLanes) {
-          sum = 0;
-          for (int64_t l = 0; l < kLanes; ++l) sum += a[c * kLanes + l];
-        }
-        out[r * t + c] = static_cast<T>(sb * sum);
-      }
+      for (int64_t c = 0; c < t; ++c)
+        out[r * t + c] = static_cast<T>(sb * (t >= kLanes ? a[c] : lane_sum(a + c * kLanes)));
     }
   }
 };
@@ -288,16 +289,11 @@ struct BackwardRows {
           std::copy_n(pl, kLanes, lanes.data() + (d + k) * kLanes);
         }
       }
-      auto total = [](const double* p) {
-        double sum = 0;
-        for (int64_t l = 0; l < kLanes; ++l) sum += p[l];
-        return sum;
-      };
       for (int64_t k = 0; k < d; ++k) {
-        A[r * d + k] = total(lanes.data() + k * kLanes);
-        if (L) L[r * d + k] = total(lanes.data() + (d + k) * kLanes);
+        A[r * d + k] = lane_sum(lanes.data() + k * kLanes);
+        if (L) L[r * d + k] = lane_sum(lanes.data() + (d + k) * kLanes);
       }
-      if (S) S[r] = total(srow);
+      if (S) S[r] = lane_sum(srow);
     }
   }
 };
