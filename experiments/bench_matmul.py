@@ -8,15 +8,13 @@ computation of the same rows. Writes experiments/results/bench_matmul.{md,json}.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import EXP_RATE, cuda_time_ms, md_table, write_results  # noqa: E402
-
-from gpfast import _reference, ops  # noqa: E402
+from experiments import RESULTS
+from gpfast import _reference, ops
+from gpfast.bench.report import md_table, write_results
+from gpfast.bench.timing import EXP_RATE, cuda_time_ms
 
 FP32_RATE = 67e12
 
@@ -92,7 +90,7 @@ def main(argv=None):
     table = md_table(["n", "d", "t", "gpfast K@V (s)", "gpfast fwd+bwd (s)", "row blocks of K @ V, cuBLAS (s)",
                       "fp32 CUDA-core floor (s)", "exp floor (s)", "GPyTorch dense K, K@V (s)", "rel. err vs fp64",
                       "plain fp32 rel. err", "peak GB"], [[r.get(c, "–") for c in cols] for r in rows])
-    write_results(args.stem, "Matrix-free K @ V (fused, never stores K)", table, rows)
+    print(write_results(RESULTS, args.stem, "Matrix-free K @ V (fused, never stores K)", table, rows))
 
 
 if __name__ == "__main__":

@@ -2,15 +2,14 @@
 
 import json
 import sys
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from experiments import RESULTS
 
 
 def main() -> None:

@@ -12,26 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import gpytorch
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import RESULTS, git_rev, machine, md_table, today, write_results  # noqa: E402
-
-from gpfast.datasets import synthetic  # noqa: E402
-from gpfast.compare import make_gpytorch_model  # noqa: E402
+from experiments import RESULTS
+from gpfast.bench.report import md_table, write_results
+from gpfast.bench.timing import git_rev, machine, today
+from gpfast.datasets import synthetic
+from gpfast.models import ExactGPModel
 
 
 def iteration_time(which: str, n: int, d: int, reps: int):
     X, y = synthetic(n, d, seed=0)
     x, yt = torch.as_tensor(X, device="cuda"), torch.as_tensor(y, device="cuda")
     # the same model as rows (a) and (b) of `gpfast compare`; only the kernel differs
-    model, lik = make_gpytorch_model(x, yt, d, "gpytorch" if which == "gpytorch" else "gpfast")
-    model, lik = model.cuda(), lik.cuda()
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, yt, lik, kernel="gpytorch" if which == "gpytorch" else "gpfast").cuda()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     torch.cuda.reset_peak_memory_stats()
@@ -86,7 +84,7 @@ def main(argv=None):
     table = md_table(["n", "kernel", "s / iteration", "peak GPU GB", "date", "commit"],
                      [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"], r.get("date"), r.get("commit")]
                       for r in rows])
-    write_results("scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows)
+    print(write_results(RESULTS, "scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows))
     plot(rows)
 
 

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpfast.standardize import column_stats
+
 __all__ = [
     "DEFAULT_BASE_URL",
     "LARGE_UCI_NAMES",
@@ -360,25 +362,6 @@ def _read_csv(path: Path, dtype) -> np.ndarray:
     return np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=2)
 
 
-def _column_stats(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and stds of ``A`` (n, d) in float64, in row blocks (no full float64 copy of ``A``)."""
-    n = A.shape[0]
-    if n == 0:
-        raise ValueError("cannot standardise with an empty training set")
-    total = np.zeros(A.shape[1], dtype=np.float64)
-    for i in range(0, n, _CHUNK_ROWS):
-        total += A[i : i + _CHUNK_ROWS].sum(axis=0, dtype=np.float64)
-    mean = total / n
-    sq = np.zeros_like(mean)
-    for i in range(0, n, _CHUNK_ROWS):
-        block = A[i : i + _CHUNK_ROWS].astype(np.float64) - mean
-        sq += np.einsum("ij,ij->j", block, block)
-    std = np.sqrt(sq / n)
-    # Constant (or numerically constant) columns: leave the scale alone instead of dividing by ~0.
-    std[~(std > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
-    return mean, std
-
-
 def _standardize_inplace(A: np.ndarray, mean: np.ndarray, std: np.ndarray) -> None:
     m = mean.astype(A.dtype)
     s = std.astype(A.dtype)
@@ -397,8 +380,8 @@ def _make_dataset(name: str, split: int, X_train, y_train, X_test, y_test, stand
     Yt = np.ascontiguousarray(np.asarray(y_test).reshape(-1, 1), dtype=dtype)
     d = X_train.shape[1]
     if standardize:
-        x_mean, x_std = _column_stats(X_train)
-        y_mean, y_std = _column_stats(Y)
+        x_mean, x_std = (t.numpy() for t in column_stats(X_train)[:2])
+        y_mean, y_std = (t.numpy() for t in column_stats(Y)[:2])
         for A, (m, s) in (
             (X_train, (x_mean, x_std)),
             (X_test, (x_mean, x_std)),

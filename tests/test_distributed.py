@@ -26,8 +26,8 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    from gpfast.distributed import DistributedRBFLinearOperator, row_range
     from gpfast.kernels import RBFLinearOperator
+    from gpfast.kernels.distributed import row_range
     from gpfast.models import ExactGPModel
 
     res = {"rank": rank}
@@ -37,7 +37,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     l = (torch.rand(1, 5, **f64) + 0.5).requires_grad_()
     s = torch.tensor(1.3, **f64, requires_grad=True)
     v, u = torch.randn(190, 7, **f64), torch.randn(301, 7, **f64)
-    dop, op = DistributedRBFLinearOperator(x1, x2, l, s), RBFLinearOperator(x1, x2, l, s)
+    dop, op = RBFLinearOperator(x1, x2, l, s, distributed=True), RBFLinearOperator(x1, x2, l, s)
     # the distributed products must compute only this rank's rows (a fallback to the whole matrix would also
     # match the single-process numbers)
     from gpfast import ops as gops

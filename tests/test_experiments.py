@@ -1,13 +1,10 @@
 """experiments/uci_table.py's --merge: rows of separate runs joined into one table, mixtures refused."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import uci_table  # noqa: E402
+from experiments import uci_table
 
 
 def _row(dataset, row, train_s, predict_s, rmse, **kw):
@@ -59,7 +56,7 @@ def test_merge_of_nothing_is_a_clear_error(tmp_path):
 
 def test_bench_cpu_writes_its_table(tmp_path):
     """experiments/bench_cpu.py at tiny sizes: every timing is measured (positive) and the table names the machine."""
-    import bench_cpu
+    from experiments import bench_cpu
 
     stem = str(tmp_path / "b")  # an absolute stem lands outside experiments/results
     bench_cpu.main(["--reps", "1", "--cov-shapes", "2,30,20,3", "--matmul-shapes", "40,3,5", "--stem", stem])

@@ -11,6 +11,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from conftest import DEVICES, rel_err
 from gpfast.kernels import RBFKernel, ScaleRBFKernel
+from gpfast.models import ExactGPModel
 
 
 class TestRBFKernelMixin(BaseKernelTestCase, unittest.TestCase):
@@ -123,21 +124,11 @@ def test_active_dims_and_priors():
     assert any("lengthscale_prior" in name for name, *_ in k.named_priors())
 
 
-class _GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, lik, kernel):
-        super().__init__(x, y, lik)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def gp_loss_grads_preds(kernel, x, y, xt, dtype):
     torch.manual_seed(1)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = 0.05  # a well-conditioned system, so CG converges to its tolerance
-    model = _GP(x, y, lik, kernel).to(dtype)
+    model = ExactGPModel(x, y, lik, kernel=kernel).to(dtype)
     model.train(), lik.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     loss = -mll(model(x), y)
