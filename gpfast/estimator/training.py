@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gpytorch
@@ -14,7 +15,12 @@ from tqdm.auto import tqdm
 
 from gpfast.models import ExactGPModel
 
-__all__ = ["TOL_PATIENCE", "CGSettings", "mll_estimate", "solver_settings", "train"]
+__all__ = ["TOL_PATIENCE", "CGSettings", "Objective", "gpytorch_objective", "mll_estimate", "solver_settings", "train"]
+
+#: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
+#: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
+#: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
+Objective = Callable[[], torch.Tensor]
 
 #: Number of consecutive steps over which the relative loss change must stay below ``tol``.
 TOL_PATIENCE = 5
@@ -47,30 +53,39 @@ def solver_settings(solver: str | None, cg: CGSettings | None) -> contextlib.Exi
     return stack
 
 
+def gpytorch_objective(model: ExactGPModel) -> Objective:
+    """The negative of GPyTorch's ``ExactMarginalLogLikelihood`` (per data point), differentiated by autograd; it
+    solves as the surrounding :func:`solver_settings` say."""
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    X, y = model.train_inputs[0], model.train_targets
+
+    def closure() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss = -mll(model(X), y)
+        loss.backward()
+        return loss
+
+    return closure
+
+
 def train(model: ExactGPModel, n_steps: int, solver: str | None, cg: CGSettings | None, optimizer: str,
-          lr: float, tol, dtype: torch.dtype, desc: str, verbose: bool) -> list[float]:
+          lr: float, tol, dtype: torch.dtype, desc: str, verbose: bool,
+          objective: Callable[[ExactGPModel], Objective] | None = None) -> list[float]:
     """Take up to ``n_steps`` optimiser steps on the negative marginal log likelihood per data point; return the
-    loss of each step. Stops early when ``tol`` is set and the relative change stays below it for
+    loss of each step. ``objective(model)`` builds the loss-and-gradient closure (default
+    :func:`gpytorch_objective`). Stops early when ``tol`` is set and the relative change stays below it for
     :data:`TOL_PATIENCE` steps. Raises NotPSDError / FloatingPointError with advice when a step fails."""
     history: list[float] = []
     if n_steps <= 0:
         return history
-    likelihood = model.likelihood
     model.train()
-    likelihood.train()
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    model.likelihood.train()
     params = [q for q in model.parameters() if q.requires_grad]  # includes the likelihood's
     if optimizer == "adam":
         opt = torch.optim.Adam(params, lr=float(lr))
     else:
         opt = torch.optim.LBFGS(params, lr=float(lr), max_iter=1, line_search_fn="strong_wolfe")
-    X, y = model.train_inputs[0], model.train_targets
-
-    def closure():
-        opt.zero_grad(set_to_none=True)
-        loss = -mll(model(X), y)
-        loss.backward()
-        return loss
+    closure = (objective or gpytorch_objective)(model)
 
     bar = tqdm(range(n_steps), desc=desc, disable=not verbose, leave=False, file=sys.stderr)
     try:
