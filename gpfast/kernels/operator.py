@@ -7,14 +7,23 @@ from linear_operator.operators import LinearOperator
 
 from gpfast import ops
 from gpfast.kernels import distributed as _dist
+from gpfast.kernels.backward import rbf_matmul_backward
+
+
+def _all_zero(rhs: torch.Tensor) -> bool:
+    """True for a right-hand side of zeros (one device sync; never under torch.compile or CUDA graph capture)."""
+    if torch.compiler.is_compiling() or (rhs.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return False
+    return rhs.numel() == 0 or not bool(rhs.any())
 
 
 class RBFLinearOperator(LinearOperator):
     r"""``K = outputscale * exp(-0.5 |(x1_i - x2_j) / lengthscale|^2)`` without ever storing K.
 
-    Products (:meth:`_matmul`, :meth:`_t_matmul`) go through :func:`gpfast.ops.rbf_matmul` and the derivative
-    needed by GPyTorch's marginal likelihood (:meth:`_bilinear_derivative`) through its fused matrix-free
-    backward, so CG, stochastic Lanczos quadrature and prediction run in O(n) memory. Single entries and rows
+    Products (:meth:`_matmul`, :meth:`_t_matmul`) go through :func:`gpfast.ops.rbf_matmul` (a right-hand side of
+    zeros, as CG's first product with a zero initial guess, costs nothing) and the derivative needed by GPyTorch's
+    marginal likelihood (:meth:`_bilinear_derivative`) through its fused matrix-free backward alone, so CG,
+    stochastic Lanczos quadrature and prediction run in O(n) memory. Single entries and rows
     (:meth:`_get_indices`, used by the pivoted-Cholesky preconditioner) and the diagonal cost O(d) per entry.
 
     With ``distributed=True``, inside a process group of several ranks, each rank computes only its block of rows
@@ -42,6 +51,11 @@ class RBFLinearOperator(LinearOperator):
         return torch.Size((*batch, self.x1.shape[-2], self.x2.shape[-2]))
 
     def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
+        if _all_zero(rhs):  # CG's first product is often with a zero initial guess
+            if rhs.dim() == 1:
+                return rhs.new_zeros(*self.batch_shape, self.x1.shape[-2])
+            batch = ops.broadcast_shapes(self.batch_shape, rhs.shape[:-2])
+            return rhs.new_zeros(*batch, self.x1.shape[-2], rhs.shape[-1])
         rows = self._rows()
         if rows is None:
             return ops.rbf_matmul(self.x1, self.x2, self.lengthscale, self.outputscale, rhs, check_values=False)
@@ -60,25 +74,26 @@ class RBFLinearOperator(LinearOperator):
 
     def _bilinear_derivative(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor):
         """Gradients of ``sum(left_vecs * (K @ right_vecs))`` for each representation tensor (None if it needs
-        none), computed by rbf_matmul's fused backward: P = K o (left right^T) reduced on the fly. With a row
-        split, each rank reduces its rows and the ranks' shares are summed."""
+        none), from the fused K @ V backward alone (no forward product), with the point gradients computed only
+        when x1 or x2 needs them. With a row split, each rank reduces its rows and the ranks' shares are summed."""
         args = (self.x1, self.x2, self.lengthscale, self.outputscale)
         wanted = [a.requires_grad for a in args]
         if not any(wanted):
             return (None,) * 4
         rows = self._rows()
-        left = left_vecs if rows is None else left_vecs[..., rows[0] : rows[1], :]
-        with torch.enable_grad():
-            leaves = [a.detach().requires_grad_(w) for a, w in zip(args, wanted)]
-            x1 = leaves[0] if rows is None else leaves[0][..., rows[0] : rows[1], :]
-            out = ops.rbf_matmul(x1, *leaves[1:], right_vecs, check_values=False)
-            targets = [x for x, w in zip(leaves, wanted) if w]
-            grads = torch.autograd.grad(out, targets, left, allow_unused=True)
-        grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, targets)]
+        left, x1 = left_vecs, self.x1.detach()
         if rows is not None:
-            grads = [_dist.all_reduce_sum(g) for g in grads]
-        it = iter(grads)
-        return tuple(next(it) if w else None for w in wanted)
+            left, x1 = left_vecs[..., rows[0] : rows[1], :], x1[..., rows[0] : rows[1], :]
+        x_grads = wanted[0] or wanted[1]
+        grads = list(rbf_matmul_backward(left, x1, self.x2.detach(), self.lengthscale.detach(),
+                                         self.outputscale.detach(), right_vecs, x_grads=x_grads))
+        if rows is not None:
+            if wanted[0]:  # this rank's rows of the x1 gradient, zero elsewhere: the sum over ranks fills them in
+                full = grads[0].new_zeros(*grads[0].shape[:-2], self.x1.shape[-2], grads[0].shape[-1])
+                full[..., rows[0] : rows[1], :] = grads[0]
+                grads[0] = full
+            grads = [None if g is None or not w else _dist.all_reduce_sum(g) for g, w in zip(grads, wanted)]
+        return tuple(g if w else None for g, w in zip(grads, wanted))
 
     def _diagonal(self) -> torch.Tensor:
         if self.x1.shape[-2] == self.x2.shape[-2] and (self.x1 is self.x2 or torch.equal(self.x1, self.x2)):
