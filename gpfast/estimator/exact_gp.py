@@ -39,6 +39,8 @@ from gpfast.estimator.inputs import validate_X, validate_y
 from gpfast.estimator.training import CGSettings, mll_estimate, train
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
+from gpfast.train import Engine
+from gpfast.train import settings as _trainer
 
 __all__ = ["ExactGP"]
 
@@ -107,6 +109,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
         group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
         then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
         rank's GPU (or the CPU with the gloo backend).
+    trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
+        Who takes the training steps. ``"auto"``: gpfast's training engine (:mod:`gpfast.train`: warm-started,
+        truncated preconditioned CG and Hutchinson gradients from one fused backward, no Lanczos) whenever the
+        steps use CG, and GPyTorch's exact loop when they use a dense Cholesky. ``"gpfast"``: the engine for every
+        step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``: GPyTorch's loop
+        (mBCG and stochastic Lanczos under CG, with ``cg_tolerance``, ``max_cg_iterations`` and
+        ``preconditioner_size``), for comparisons. The choice is stored in ``trainer_``.
+    trainer_options : dict or None, default=None
+        Settings of gpfast's engine, keys of :class:`gpfast.train.EngineSettings` (``num_probes``,
+        ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``refresh_every``,
+        ``refresh_lengthscale_change``, ``product``, ``memory_fraction``); ``None`` keeps its defaults. The
+        GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
 
     Attributes
     ----------
@@ -129,6 +143,17 @@ class ExactGP(RegressorMixin, BaseEstimator):
         full data; ``pretrain_history_`` the same on the subset.
     n_iter_ : int
         Steps taken on the full data.
+    trainer_ : {"gpfast", "gpytorch"}
+        Who took the training steps on the full data (see ``trainer``).
+    cg_iterations_, cg_residuals_ : list of int, list of float, or None
+        With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (largest over
+        the solved columns) at each step (each objective evaluation: L-BFGS evaluates several times per step);
+        None otherwise.
+    history_data_fit_, history_log_det_estimate_ : list of float or None
+        With ``trainer_ == "gpfast"``: the two parts of the loss at each evaluation, ``history_ = data_fit +
+        log_det_estimate + log(2 pi) / 2``: the data-fit term ``(y - m)^T K^-1 (y - m) / (2n)`` from the solve
+        (exact up to the CG residual) and an *estimate* of ``log|K| / (2n)`` (stochastic Lanczos quadrature on
+        the first step, carried along by the estimated gradient); None otherwise.
     log_marginal_likelihood_ : float
         Log marginal likelihood of the standardised targets (total, not per point; comparable to
         scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the
@@ -169,6 +194,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         max_cg_iterations: int = 1000,
         preconditioner_size: int = 15,
         distributed: bool = False,
+        trainer: str = "auto",
+        trainer_options: dict | None = None,
     ):
         self.solver = solver
         self.optimizer = optimizer
@@ -191,6 +218,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.max_cg_iterations = max_cg_iterations
         self.preconditioner_size = preconditioner_size
         self.distributed = distributed
+        self.trainer = trainer
+        self.trainer_options = trainer_options
 
     # ------------------------------------------------------------------------------------------------------
     # fit
@@ -216,6 +245,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
+        trainer, engine_settings = _trainer.resolve(self.trainer, self.trainer_options, self.solver)
         Xt, _ = validate_X(self, X, reset=True)
         n, d = Xt.shape
         yt = validate_y(y, n)
@@ -229,9 +259,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
         subset = self._subset_size(n)
         cg = self._cg_settings()
+        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver)
 
         msg = (f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training steps with "
-               f"{choice.train_solver}, device={device}, dtype={dtype}")
+               f"{train_solver} ({trainer_used}), device={device}, dtype={dtype}")
         logger.info(msg)
         if self.verbose:
             print(msg, file=sys.stderr)
@@ -256,11 +287,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
             if subset is not None:
                 sub_solver = self.solver if self.solver != "auto" else \
                     _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver
+                sub_solver, sub_trainer = _trainer.train_solver(trainer, sub_solver)
+                sub_engine = Engine(engine_settings, free) if sub_trainer == "gpfast" else None
                 pretrain_history = train(model, self.pretrain_iter, sub_solver,
-                                         desc=f"gpfast pretrain ({subset} pts, {sub_solver})", **train_kw)
+                                         desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
+                                         objective=sub_engine and sub_engine.objective, **train_kw)
+                if sub_engine is not None:
+                    sub_engine.finish()
                 model.set_train_data(inputs=Xd, targets=yd, strict=False)
-            history = train(model, self.max_iter, choice.train_solver, desc=f"gpfast fit ({choice.train_solver})",
-                            **train_kw)
+            engine = Engine(engine_settings, free) if trainer_used == "gpfast" else None
+            history = train(model, self.max_iter, train_solver, desc=f"gpfast fit ({train_solver}, {trainer_used})",
+                            objective=engine and engine.objective, **train_kw)
+            record = engine.finish() if engine is not None else None
             model.eval()
             likelihood.eval()
             posterior = None
@@ -274,9 +312,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         return dict(
             device_=device, X_train_=Xs, y_train_=ys, x_mean_=x_mean.cpu().numpy(), x_std_=x_std.cpu().numpy(),
             y_mean_=y_mean, y_std_=y_std, model_=model, likelihood_=likelihood, solver_=choice.solver,
-            train_solver_=choice.train_solver, history_=history, pretrain_history_=pretrain_history,
+            train_solver_=train_solver, history_=history, pretrain_history_=pretrain_history,
             n_iter_=len(history), log_marginal_likelihood_=lml, log_marginal_likelihood_method_=lml_method,
-            _posterior=posterior,
+            _posterior=posterior, trainer_=trainer_used,
+            **_trainer.fitted_attributes(record),
         )
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):

@@ -20,6 +20,7 @@ __all__ = ["TOL_PATIENCE", "CGSettings", "Objective", "gpytorch_objective", "mll
 #: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
 #: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
 #: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
+#: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
 Objective = Callable[[], torch.Tensor]
 
 #: Number of consecutive steps over which the relative loss change must stay below ``tol``.
@@ -110,7 +111,7 @@ def train(model: ExactGPModel, n_steps: int, solver: str | None, cg: CGSettings 
                         f"dtype='float64', or solver='cholesky'. The estimator was not modified."
                     )
                 history.append(value)
-                bar.set_postfix(loss=f"{value:.4f}")
+                bar.set_postfix(loss=f"{value:.4f}", **getattr(closure, "postfix", dict)())
                 if tol is not None and len(history) > TOL_PATIENCE:
                     recent = history[-TOL_PATIENCE - 1 :]
                     changes = [abs(b - a) / max(abs(a), 1.0) for a, b in zip(recent[:-1], recent[1:])]

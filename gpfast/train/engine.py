@@ -1,0 +1,282 @@
+"""gpfast's training engine: warm-started, truncated preconditioned CG and Hutchinson gradients for the exact GP.
+
+One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
+
+1. Products: K̂ = K + noise I for the current hyperparameters, stored or matrix-free (:mod:`.product`).
+2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
+   every ``refresh_every`` steps, or sooner when a lengthscale has moved by more than
+   ``refresh_lengthscale_change`` in log since the build; in between, outputscale and noise are tracked exactly.
+3. Probes: z_i = L w1_i + sqrt(noise) w2_i with fixed standard-normal w (so z_i ~ N(0, P)); the w are drawn anew
+   at each refresh. Between refreshes the probes move only with the outputscale and noise, so their solves stay
+   good warm starts.
+4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
+   solutions (the data column always; the probe columns except at a refresh), stopped at ``cg_tolerance`` or
+   ``max_cg_iterations``.
+5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
+   parameters through their constraints. A non-finite gradient raises FloatingPointError.
+6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
+   order in the CG error) plus a log-determinant *estimate*: stochastic Lanczos quadrature on the first step's
+   cold probe solves (:mod:`.logdet`), carried to later steps by integrating the estimated gradient along the
+   path of the hyperparameters (trapezoid rule; the data-fit part of that integral is replaced by the exact
+   difference). Refresh steps record a fresh Lanczos value too (``slq_log_det``) as a check of that integral.
+
+Why these defaults: :class:`~gpfast.train.settings.EngineSettings`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import gpytorch
+import torch
+from sklearn.exceptions import ConvergenceWarning
+
+from gpfast.train.cg import pcg
+from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
+from gpfast.train.logdet import slq_log_det
+from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from gpfast.train.product import CovarianceProduct, choose_product
+from gpfast.train.settings import EngineSettings
+
+__all__ = ["Engine", "EngineRecord"]
+
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass
+class EngineRecord:
+    """Per-step records of one engine run (one entry per objective evaluation, which is one optimiser step for
+    Adam; L-BFGS evaluates several times per step).
+
+    cg_iterations, products: CG iterations and products with K̂ (iterations, plus the warm start's initial
+    residual); cg_residuals: the largest relative residual over the columns at the end of the solve;
+    data_fit: 1/2 r^T K̂^{-1} r / n; log_det_estimate: estimate of 1/2 log|K̂| / n (so that the loss is
+    data_fit + log_det_estimate + 1/2 log(2 pi)); slq_log_det: the stochastic-Lanczos value of the same quantity
+    on refresh steps, None elsewhere; refreshed: preconditioner rebuilt and probes redrawn at this step.
+    product: "stored" or "matrix_free" and why; preconditioner_rank: k.
+    """
+
+    product: str = ""
+    product_reason: str = ""
+    preconditioner_rank: int = 0
+    cg_iterations: list[int] = field(default_factory=list)
+    products: list[int] = field(default_factory=list)
+    cg_residuals: list[float] = field(default_factory=list)
+    data_fit: list[float] = field(default_factory=list)
+    log_det_estimate: list[float] = field(default_factory=list)
+    rebuilt: list[bool] = field(default_factory=list)
+    resampled: list[bool] = field(default_factory=list)
+    broke_down: bool = False
+
+
+def _parameters(model):
+    """(lengthscale, outputscale, noise, mean) tensors of the model, differentiable in its raw parameters."""
+    covar, lik = model.covar_module, model.likelihood
+    ok = (isinstance(covar, gpytorch.kernels.ScaleKernel) and getattr(covar.base_kernel, "has_lengthscale", False)
+          and type(covar.base_kernel).__name__ == "RBFKernel"
+          and isinstance(model.mean_module, gpytorch.means.ConstantMean)
+          and isinstance(lik, gpytorch.likelihoods.GaussianLikelihood)
+          and not isinstance(lik, gpytorch.likelihoods.FixedNoiseGaussianLikelihood))
+    if not ok:
+        raise TypeError("gpfast's training engine handles ConstantMean + ScaleKernel(RBFKernel) + GaussianLikelihood "
+                        f"(gpfast.models.ExactGPModel), got mean {type(model.mean_module).__name__}, kernel "
+                        f"{type(covar).__name__}, likelihood {type(lik).__name__}; use trainer='gpytorch'.")
+    if any(True for _ in model.named_priors()):
+        raise TypeError("gpfast's training engine does not add hyperparameter priors to the loss; the model has "
+                        "priors: use trainer='gpytorch'.")
+    return covar.base_kernel.lengthscale, covar.outputscale, lik.noise, model.mean_module.constant
+
+
+class Engine:
+    """The training engine (module docstring). ``objective(model)`` is a :data:`gpfast.estimator.training.Objective`
+    factory for :func:`gpfast.estimator.training.train`; :meth:`finish` ends the run (releases the stored K,
+    warns when CG missed its tolerance at the end) and returns the :class:`EngineRecord`.
+
+    settings: :class:`EngineSettings` (default: its defaults); free_memory: bytes free on the device at the start
+    (for the stored-K budget; required unless ``settings.product`` is explicit).
+    """
+
+    def __init__(self, settings: EngineSettings | None = None, free_memory: int | None = None):
+        self.settings = settings or EngineSettings()
+        self.free_memory = free_memory
+        self.record = EngineRecord()
+        self.product: CovarianceProduct | None = None
+
+    # ------------------------------------------------------------------------------------------------------------
+    def objective(self, model):
+        """The closure: sets ``.grad`` of the model's raw hyperparameters to the estimated gradient of the negative
+        log marginal likelihood per data point and returns the loss (data fit + log-determinant estimate)."""
+        cfg = self.settings
+        _parameters(model)  # type check before any work
+        X, y = model.train_inputs[0], model.train_targets
+        if X.dim() != 2 or y.dim() != 1:
+            raise ValueError(f"gpfast's training engine needs train inputs (n, d) and targets (n,), got "
+                             f"{tuple(X.shape)} and {tuple(y.shape)}")
+        n = X.shape[0]
+        distributed = bool(getattr(model.covar_module.base_kernel, "distributed", False))
+        product = CovarianceProduct(X.detach(), "matrix_free", distributed)
+        rows = product.rows.stop - product.rows.start
+        if cfg.product == "auto" and self.free_memory is None:
+            raise ValueError("Engine(free_memory=...) is needed to choose the product (or set product explicitly)")
+        mode, reason = choose_product(rows, n, X.dtype, self.free_memory or 0, cfg.product, cfg.memory_fraction)
+        product.mode = mode
+        self.product = product
+        rec = self.record
+        rec.product, rec.product_reason = mode, reason
+        rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
+        state = _State()
+
+        def closure() -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            return self._step(model, product, state, X, y)
+
+        closure.postfix = lambda: state.postfix
+        return closure
+
+    def _step(self, model, product: CovarianceProduct, state: _State, X, y) -> torch.Tensor:
+        cfg, rec = self.settings, self.record
+        n, step = X.shape[0], len(rec.cg_iterations)
+        ls_t, os_t, noise_t, mean_t = _parameters(model)
+        l, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
+        s, noise, mu = s[0], noise[0], mu[0]
+        hyper = torch.cat([l, s.reshape(1), noise.reshape(1), mu.reshape(1)]).to(torch.float64).cpu()  # one sync
+        l_host, s_host, noise_host = hyper[:-3], float(hyper[-3]), float(hyper[-2])
+        product.update(l, s, noise)
+
+        rebuild = (state.pc is None or step - state.built_at >= cfg.rebuild_every
+                   or float((l_host / state.l_build).log().abs().max()) > cfg.rebuild_lengthscale_change)
+        if rebuild:
+            diag = torch.full((n,), s_host, dtype=X.dtype, device=X.device)
+            L = pivoted_cholesky(product.kernel_rows, diag, min(cfg.preconditioner_rank, n))
+            state.pc = Preconditioner(L, s_host, X.dtype)
+            state.built_at, state.l_build = step, l_host.clone()
+        pc = state.pc
+        pc.set_scales(s_host, noise_host)
+        first = state.x is None
+        resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
+        if resample:
+            state.Z = _rademacher(n, cfg.num_probes, X, product.split is not None)
+            state.drawn_at = step
+        r = y - mu
+        blocks = [r.unsqueeze(1), state.Z]
+        if first:  # Gaussian probes with covariance P, for the stochastic-Lanczos log-determinant
+            W1 = torch.randn(pc.k, cfg.num_probes, dtype=torch.float64, device=X.device)
+            W2 = torch.randn(n, cfg.num_probes, dtype=X.dtype, device=X.device)
+            if product.split is not None:
+                torch.distributed.broadcast(W1, 0)
+                torch.distributed.broadcast(W2, 0)
+            blocks.append(pc.sample(W1, W2))
+        B = torch.cat(blocks, dim=1)
+        s_cols = slice(1, 1 + cfg.num_probes)
+        if first:
+            x0, warm = None, None
+        elif resample:
+            x0 = torch.zeros_like(B)
+            x0[:, 0] = state.x[:, 0]
+            warm = [0]
+        else:
+            x0, warm = state.x, None
+        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cfg.max_cg_iterations)
+        alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
+        grad = hutchinson_gradient(product, alpha, U, Z)
+        g = grad.vector() / n
+        data_fit_t = 0.5 * (r.dot(alpha) + alpha.dot(res.residual[:, 0])) / n
+        summary = torch.cat([g, data_fit_t.reshape(1), res.rel_residual.max().reshape(1)]).to(torch.float64).cpu()
+        g_host, data_fit, max_res = summary[:-2], float(summary[-2]), float(summary[-1])
+        if not bool(torch.isfinite(summary).all()):
+            names = [f"lengthscale[{i}]" for i in range(l.numel())] + ["outputscale", "noise", "mean"]
+            bad = [nm for nm, v in zip(names, g_host.tolist()) if not math.isfinite(v)]
+            raise FloatingPointError(
+                f"ExactGP: gpfast's training engine got a non-finite gradient at step {step} (in {bad or 'the loss'}; "
+                f"lengthscale {l_host.tolist()}, outputscale {s_host:.4g}, noise {noise_host:.4g}, CG relative "
+                f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
+                f"was not modified.")
+
+        if first:
+            cols = list(range(1 + cfg.num_probes, B.shape[1]))
+            ZP = B[:, cols]
+            log_det = 0.5 * slq_log_det(res.alphas, res.betas, cols, (ZP * pc.solve(ZP)).sum(0), pc.log_det) / n
+        else:  # trapezoid rule on the loss, with the data-fit part of the integral replaced by the exact change
+            dloss = 0.5 * float((state.g + g_host).dot(hyper - state.hyper))
+            log_det = state.log_det + dloss - (data_fit - state.data_fit)
+        state.x = res.x[:, : 1 + cfg.num_probes]
+        state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
+
+        _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
+        rec.cg_iterations.append(res.iterations)
+        rec.products.append(res.products)
+        rec.cg_residuals.append(max_res)
+        rec.data_fit.append(data_fit)
+        rec.log_det_estimate.append(log_det)
+        rec.rebuilt.append(bool(rebuild))
+        rec.resampled.append(bool(resample))
+        rec.broke_down |= bool(res.broke_down.any())
+        loss = data_fit + log_det + _HALF_LOG_2PI
+        state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
+                         "res": f"{max_res:.1e}"}
+        return torch.tensor(loss, dtype=torch.float64)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def finish(self) -> EngineRecord:
+        """End the run: release the stored K, warn when the last step's CG missed its tolerance (or CG broke
+        down), and return the records."""
+        if self.product is not None:
+            self.product.release()
+        cfg, rec = self.settings, self.record
+        if rec.cg_residuals and rec.cg_residuals[-1] > cfg.cg_tolerance:
+            missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
+            warnings.warn(
+                f"gpfast's training engine: CG did not reach its tolerance on the last training step: relative "
+                f"residual {rec.cg_residuals[-1]:.3g} > cg_tolerance {cfg.cg_tolerance:g} after "
+                f"max_cg_iterations={cfg.max_cg_iterations} ({missed} of {len(rec.cg_residuals)} steps missed it), so "
+                f"the last gradients rest on inexact solves. Raise trainer_options['max_cg_iterations'] or "
+                f"trainer_options['preconditioner_rank'] (or loosen trainer_options['cg_tolerance']).",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        if rec.broke_down:
+            warnings.warn(
+                "gpfast's training engine: CG met a non-positive curvature (the covariance is not numerically "
+                "positive definite in this dtype); the affected solves were cut short. Use dtype='float64' or a "
+                "larger noise_init.",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        return rec
+
+
+class _State:
+    """What one run carries from step to step."""
+
+    def __init__(self):
+        self.pc: Preconditioner | None = None
+        self.built_at = 0
+        self.l_build: torch.Tensor | None = None
+        self.Z: torch.Tensor | None = None  # the Hutchinson probes
+        self.drawn_at = 0
+        self.x: torch.Tensor | None = None  # the last solutions (warm starts)
+        self.g = self.hyper = None
+        self.data_fit = self.log_det = 0.0
+        self.postfix: dict = {}
+
+
+def _rademacher(n: int, s: int, like: torch.Tensor, broadcast: bool) -> torch.Tensor:
+    """(n, s) random signs in like's dtype and device (rank 0's on every rank when ``broadcast``)."""
+    Z = torch.randint(0, 2, (n, s), device=like.device).to(like.dtype).mul_(2).sub_(1)
+    if broadcast:
+        torch.distributed.broadcast(Z, 0)
+    return Z
+
+
+def _set_grads(tensors, grad: NaturalGradient, n: int) -> None:
+    """Chain the natural gradient (per point) through the constraints to the raw parameters' ``.grad``."""
+    ls_t, os_t, noise_t, mean_t = tensors
+    outs, grads = [], []
+    for t, g in ((ls_t, grad.lengthscale), (os_t, grad.outputscale), (noise_t, grad.noise), (mean_t, grad.mean)):
+        if t.requires_grad:
+            outs.append(t)
+            grads.append((g / n).reshape(t.shape).to(t.dtype))
+    if outs:
+        torch.autograd.backward(outs, grads)

@@ -1,0 +1,130 @@
+"""Products with the training covariance ``K̂ = K(x, x) + noise * I`` for the training engine.
+
+Two ways, one interface (:class:`CovarianceProduct`):
+
+* ``"stored"``: K (this rank's rows of it) is formed once per training step by the fused forward
+  (:func:`gpfast.ops.rbf_covariance`) and every CG product is a GEMM that streams it. K is n x n in the training
+  dtype (float32 by default), so this is chosen only when it fits the memory budget (:func:`choose_product`).
+* ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
+
+The gradient the engine needs (:meth:`CovarianceProduct.backward`) is the fused K @ V backward in both cases: it
+reads no stored K and recomputes no forward product.
+
+With ``distributed=True`` inside a process group of several ranks, each rank owns a block of rows
+(:func:`gpfast.kernels.distributed.row_range`): it stores or recomputes only those rows, products are gathered
+over the ranks (O(n t) numbers moved) and the backward's lengthscale/outputscale gradients are summed over them.
+Every rank then sees identical numbers and takes identical steps, as with the distributed operator.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gpfast import ops
+from gpfast.kernels import distributed as _dist
+from gpfast.kernels.backward import rbf_matmul_backward
+
+__all__ = ["PRODUCTS", "STORED_LAYOUT", "STORED_LAYOUTS", "CovarianceProduct", "choose_product", "stored_matmul"]
+
+PRODUCTS = ("auto", "stored", "matrix_free")
+
+
+def _mm(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    return K @ V
+
+
+def _mm_vt(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    # V column-major (its transpose contiguous): cuBLAS sees a (t, n) row-major operand
+    return K @ V.t().contiguous().t()
+
+
+def _linear(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    # (V^T K^T)^T: GEMM with K as the transposed operand, output (t, rows) with the long dimension contiguous
+    return torch.nn.functional.linear(V.t().contiguous(), K).t()
+
+
+#: How a stored block of K multiplies the right-hand sides (all give K @ V). On the CPU they are equal within a
+#: few percent; on the H200 ``experiments/bench_stored_product.py`` measures them (11 columns at n = 36k) and the
+#: fastest should become :data:`STORED_LAYOUT`.
+STORED_LAYOUTS = {"mm": _mm, "mm_vt": _mm_vt, "linear": _linear}
+#: The layout the engine uses (``GPFAST_STORED_LAYOUT`` overrides it, for benchmarks).
+STORED_LAYOUT = "mm"
+
+
+def stored_matmul(K: torch.Tensor, V: torch.Tensor, layout: str | None = None) -> torch.Tensor:
+    """``K @ V`` for a stored (rows, n) block of K and V (n, t), by the layout :data:`STORED_LAYOUT`."""
+    return STORED_LAYOUTS[layout or os.environ.get("GPFAST_STORED_LAYOUT", STORED_LAYOUT)](K, V)
+
+
+def choose_product(rows: int, n: int, dtype: torch.dtype, free_memory: int, requested: str = "auto",
+                   memory_fraction: float = 0.5) -> tuple[str, str]:
+    """``("stored" | "matrix_free", reason)``: store this rank's ``rows`` x ``n`` block of K in ``dtype`` when it
+    takes at most ``memory_fraction`` of ``free_memory`` bytes (the device's free memory at the start of the fit);
+    ``requested`` other than ``"auto"`` is obeyed."""
+    need = rows * n * torch.empty((), dtype=dtype).element_size()
+    budget = int(memory_fraction * free_memory)
+    if requested != "auto":
+        return requested, f"requested (K would take {need / 1e9:.3g} GB, budget {budget / 1e9:.3g} GB)"
+    if need <= budget:
+        return "stored", f"K takes {need / 1e9:.3g} GB <= budget {budget / 1e9:.3g} GB"
+    return "matrix_free", f"K would take {need / 1e9:.3g} GB > budget {budget / 1e9:.3g} GB"
+
+
+class CovarianceProduct:
+    """``K̂ @ V`` for the training points ``x`` (n, d) at the hyperparameters last given to :meth:`update`.
+
+    mode: ``"stored"`` or ``"matrix_free"`` (module docstring); distributed: split the rows over the ranks of an
+    active process group. Counts the products it computes in :attr:`products`.
+    """
+
+    def __init__(self, x: torch.Tensor, mode: str, distributed: bool = False):
+        if mode not in ("stored", "matrix_free"):
+            raise ValueError(f"product mode must be 'stored' or 'matrix_free', got {mode!r}")
+        self.x = x.contiguous()
+        self.n = x.shape[0]
+        self.mode = mode
+        self.split = _dist.row_range(self.n) if distributed and _dist.is_active() else None
+        r0, r1 = self.split or (0, self.n)
+        self.rows = slice(r0, r1)
+        self.x_local = self.x[r0:r1]
+        self.K: torch.Tensor | None = None
+        self.products = 0
+
+    def update(self, lengthscale: torch.Tensor, outputscale: torch.Tensor, noise: torch.Tensor) -> None:
+        """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form
+        this rank's rows of K anew (the old block is released first, so the allocator reuses its memory)."""
+        self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
+        if self.mode == "stored":
+            self.K = None
+            self.K = ops.rbf_covariance(self.x_local, self.x, lengthscale, outputscale, check_values=False)
+
+    def release(self) -> None:
+        """Drop the stored K (the engine calls this when training ends)."""
+        self.K = None
+
+    def matmul(self, V: torch.Tensor) -> torch.Tensor:
+        """``(K + noise I) @ V`` for V (n, t); the whole (n, t) result on every rank."""
+        self.products += 1
+        if self.mode == "stored":
+            local = stored_matmul(self.K, V)
+        else:
+            local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
+        local = local.add_(V[self.rows] * self.noise)
+        return local if self.split is None else _dist.all_gather_rows(local, self.n)
+
+    def kernel_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows ``K[index, :]`` (len(index), n) of the noise-free kernel, by the fused forward (every rank
+        computes the same rows)."""
+        return ops.rbf_covariance(self.x.index_select(0, index), self.x, self.lengthscale, self.outputscale,
+                                  check_values=False)
+
+    def backward(self, G: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), by one
+        fused backward with no point gradients (summed over the ranks when split)."""
+        _, _, gl, gs = rbf_matmul_backward(G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V,
+                                           x_grads=False)
+        if self.split is not None:
+            gl, gs = _dist.all_reduce_sum(gl), _dist.all_reduce_sum(gs)
+        return gl, gs
