@@ -4,7 +4,8 @@
 
 Writes ``experiments/results/uci_table.{md,json,csv,png}`` (machine and date in each). Rows of
 :func:`gpfast.compare.compare`: (a) ``gpytorch``, (b) ``gpytorch+gpfast``, (c) ``gpfast``; speed-ups are
-(a)/(c) end to end (train + predict) and (a)/(b) on training. Metrics are means over the splits run (with the
+(a)/(c) end to end (train + predict), (a)/(c) and (a)/(b) on training; row (c) also reports gpfast's training
+engine's median ms per step and mean CG iterations per step. Metrics are means over the splits run (with the
 standard deviation when there are several).
 
 Published exact-GP results (Wang et al., "Exact Gaussian Processes on a Million Data Points", NeurIPS 2019,
@@ -63,7 +64,7 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
             s = {"row": r, "splits": len(xs), "ok": len(ok),
                  "status": "ok" if xs and len(ok) == len(xs) else ",".join(sorted({str(x["status"]) for x in xs}))}
             for k in ("train_s", "predict_s", "total_s", "s_per_iter", "rmse_std", "rmse_orig", "nll_std",
-                      "nll_orig", "peak_mem_bytes"):
+                      "nll_orig", "peak_mem_bytes", "cg_iterations_mean", "ms_per_step"):
                 s[k], s[k + "_sd"] = _mean_sd([x.get(k) for x in ok])
             s["solver"] = ok[0].get("solver") if ok else None
             if ok and ok[0].get("train_solver") not in (None, s["solver"]):
@@ -75,9 +76,11 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
         a, b, c = (stats.get(r, {}) for r in ROWS)
         e2e = a.get("total_s") / c["total_s"] if a.get("total_s") and c.get("total_s") else None
         tr = a.get("train_s") / b["train_s"] if a.get("train_s") and b.get("train_s") else None
+        tr_c = a.get("train_s") / c["train_s"] if a.get("train_s") and c.get("train_s") else None
         pub = PUBLISHED.get(name)
         for r, s in stats.items():
             out.append({"dataset": name, **s, "speedup_a_over_c_end_to_end": e2e, "speedup_a_over_b_train": tr,
+                        "speedup_a_over_c_train": tr_c,
                         "published_rmse": pub[0] if pub else "see paper",
                         "published_nll": pub[1] if pub else "see paper"})
     return out
@@ -111,19 +114,22 @@ def merge_rows(files) -> tuple[list[dict], list[str], list[str]]:
 
 
 def to_markdown(summary: list[dict]) -> str:
-    cols = ["dataset", "n", "d", "row", "solver", "train s", "s/iter", "predict s", "RMSE (std)", "NLL (std)",
-            "RMSE (orig)", "NLL (orig)", "peak mem MiB", "(a)/(c) e2e", "(a)/(b) train",
+    cols = ["dataset", "n", "d", "row", "solver", "train s", "s/iter", "ms/step", "CG it/step", "predict s",
+            "RMSE (std)", "NLL (std)",
+            "RMSE (orig)", "NLL (orig)", "peak mem MiB", "(a)/(c) e2e", "(a)/(c) train", "(a)/(b) train",
             f"RMSE [{PAPER}]", f"NLL [{PAPER}]", "status"]
     rows = []
     for s in summary:
         mem = s.get("peak_mem_bytes")
         rows.append([
             s["dataset"], s["n_train"], s["d"], s["row"], s.get("solver") or "-",
-            _fmt(s["train_s"], s["train_s_sd"], 2), _fmt(s["s_per_iter"], None, 4), _fmt(s["predict_s"], None, 3),
+            _fmt(s["train_s"], s["train_s_sd"], 2), _fmt(s["s_per_iter"], None, 4), _fmt(s["ms_per_step"], None, 1),
+            _fmt(s["cg_iterations_mean"], None, 1), _fmt(s["predict_s"], None, 3),
             _fmt(s["rmse_std"], s["rmse_std_sd"]), _fmt(s["nll_std"], s["nll_std_sd"]),
             _fmt(s["rmse_orig"], s["rmse_orig_sd"], 4), _fmt(s["nll_orig"], s["nll_orig_sd"]),
             "-" if mem is None else f"{mem / 2**20:.0f}",
             "-" if s["speedup_a_over_c_end_to_end"] is None else f"{s['speedup_a_over_c_end_to_end']:.2f}x",
+            "-" if s.get("speedup_a_over_c_train") is None else f"{s['speedup_a_over_c_train']:.2f}x",
             "-" if s["speedup_a_over_b_train"] is None else f"{s['speedup_a_over_b_train']:.2f}x",
             s["published_rmse"], s["published_nll"], s["status"],
         ])
@@ -201,7 +207,9 @@ def main(argv=None) -> int:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 continue
             for r in rows:
-                print(f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}",
+                engine = (f", {r['ms_per_step']:.1f} ms/step, {r['cg_iterations_mean']:.1f} CG it/step"
+                          if r.get("ms_per_step") is not None else "")
+                print(f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}{engine}",
                       file=sys.stderr)
             for r in rows:  # which GPU(s) the run saw, since runs may share a machine side by side
                 r["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
@@ -228,8 +236,9 @@ def main(argv=None) -> int:
             f"Machine: {mach}. Date: {date}. Commit: {meta['commit']}. {args.iters} Adam steps (lr {args.lr}), "
             f"float32, splits {args.splits}, same initial hyperparameters for every row. Peak memory: "
             f"{summary[0]['mem_kind'] if summary else '-'}. Speed-ups: (a)/(c) end to end (train + predict), "
-            f"(a)/(b) training only. Published columns: {PAPER} (exact GP), 'see paper' where the numbers could "
-            f"not be verified.\n\n{table}\n")
+            f"(a)/(c) and (a)/(b) training only; ms/step and CG it/step: gpfast's training engine (row c). "
+            f"Published columns: {PAPER} (exact GP), 'see paper' where the numbers could not be verified.\n\n"
+            f"{table}\n")
     extra = notes + args.note
     if extra:
         text += "\nNotes:\n\n" + "".join(f"- {line}\n" for line in extra)

@@ -42,15 +42,21 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     # match the single-process numbers)
     from gpfast import ops as gops
 
-    seen, real = [], gops.rbf_matmul
+    from gpfast.kernels import operator as gop
+
+    seen, real, real_bwd = [], gops.rbf_matmul, gop.rbf_matmul_backward
 
     def spy(a, *args, **kw):
         seen.append(a.shape[-2])
         return real(a, *args, **kw)
 
-    gops.rbf_matmul = spy
+    def spy_bwd(grad, a, *args, **kw):
+        seen.append(a.shape[-2])
+        return real_bwd(grad, a, *args, **kw)
+
+    gops.rbf_matmul, gop.rbf_matmul_backward = spy, spy_bwd
     dop._matmul(v), dop._bilinear_derivative(u, v)
-    gops.rbf_matmul = real
+    gops.rbf_matmul, gop.rbf_matmul_backward = real, real_bwd
     res["rows_seen"] = seen
     res["rows"] = list(row_range(301))
     res["matmul"] = rel_err(dop._matmul(v).detach(), op._matmul(v).detach())
@@ -90,6 +96,31 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
                 runs[name] = (losses, pred.mean.tolist(), pred.variance.tolist(),
                               model.covar_module.base_kernel.lengthscale.tolist(), grads0)
     res["fit"] = runs
+
+    # gpfast's training engine on the same problem: each rank stores (or recomputes) only its rows of K, the
+    # probes are rank 0's, and every rank takes the single process's steps
+    from gpfast.train import Engine, EngineSettings
+
+    engine_runs = {}
+    for product in ("stored", "matrix_free"):
+        for name, distributed in (("dist", True), ("single", False)):
+            torch.manual_seed(2)
+            lik = gpytorch.likelihoods.GaussianLikelihood()
+            lik.noise = 0.1
+            model = ExactGPModel(x, y, lik, distributed=distributed).double().to(dev)
+            engine = Engine(EngineSettings(product=product, cg_tolerance=1e-8, max_cg_iterations=200))
+            closure = engine.objective(model)
+            opt = torch.optim.Adam(model.parameters(), lr=0.1)
+            losses = []
+            for _ in range(3):
+                losses.append(float(closure()))
+                opt.step()
+            rec = engine.finish()
+            rows = engine.product.rows
+            engine_runs[f"{product}-{name}"] = (losses, rec.cg_iterations,
+                                                model.covar_module.base_kernel.lengthscale.tolist(),
+                                                [rows.start, rows.stop])
+    res["engine"] = engine_runs
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
@@ -120,6 +151,13 @@ def test_two_processes(tmp_path, backend):
         assert rel_err(torch.tensor(md), torch.tensor(ms)) < 1e-4
         assert rel_err(torch.tensor(vd), torch.tensor(vs)) < 1e-3
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
+    for product in ("stored", "matrix_free"):
+        for r, rows in ((r0, [0, 200]), (r1, [200, 400])):
+            (ld, itd, lsd, rowsd), (ls_, its, lss, rowss) = (r["engine"][f"{product}-{k}"] for k in ("dist", "single"))
+            assert rowsd == rows and rowss == [0, 400]
+            assert itd == its and max(abs(a - b) for a, b in zip(ld, ls_)) < 1e-9
+            assert rel_err(torch.tensor(lsd), torch.tensor(lss)) < 1e-9
+        assert r0["engine"][f"{product}-dist"][:3] == r1["engine"][f"{product}-dist"][:3]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[

@@ -57,6 +57,48 @@ def test_bilinear_derivative_matches_dense(device):
     assert rel_err(got[2], want[0]) < 1e-12 and rel_err(got[3], want[1]) < 1e-12
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_bilinear_derivative_is_the_fused_backward_alone(device, batch, monkeypatch):
+    """No forward product is computed, point gradients come only when asked for, and every gradient has its
+    argument's shape (shared lengthscale, broadcast batch dims)."""
+    from gpfast import ops
+
+    calls = []
+    real = ops.rbf_matmul
+    monkeypatch.setattr(ops, "rbf_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    f64 = dict(dtype=torch.float64, device=device)
+    x1 = torch.randn(*batch, 40, 3, **f64).requires_grad_()
+    x2 = torch.randn(30, 3, **f64).requires_grad_()
+    ls = torch.tensor([[0.9]], **f64).requires_grad_()  # one lengthscale shared by the 3 dims, not batched
+    s = (torch.rand(batch, **f64) + 0.5).requires_grad_()
+    left, right = torch.randn(*batch, 40, 4, **f64), torch.randn(*batch, 30, 4, **f64)
+    got = RBFLinearOperator(x1, x2, ls, s)._bilinear_derivative(left, right)
+    assert calls == []
+    K = ref.rbf_covariance(x1, x2, ls, s)
+    want = torch.autograd.grad((left * (K @ right)).sum(), [x1, x2, ls, s])
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and rel_err(g, w) < 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_right_hand_side_costs_nothing(device, monkeypatch):
+    from gpfast import ops
+
+    calls = []
+    real = ops.rbf_matmul
+    monkeypatch.setattr(ops, "rbf_matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x1, x2, ls, s = make(device, batch=(2,))
+    op = RBFLinearOperator(x1, x2, ls, s)
+    zero = torch.zeros(2, 50, 3, dtype=torch.float64, device=device)
+    out = op._matmul(zero)
+    assert calls == [] and out.shape == (2, 70, 3) and not out.any()
+    assert op._matmul(torch.zeros(50, dtype=torch.float64, device=device)).shape == (2, 70)
+    v = torch.randn(50, 3, dtype=torch.float64, device=device)
+    assert rel_err(op._matmul(v).detach(), ref.rbf_covariance(x1, x2, ls, s).detach() @ v) < 1e-12
+    assert calls == [1]
+
+
 class _GP(gpytorch.models.ExactGP):
     def __init__(self, x, y, lik, threshold):
         super().__init__(x, y, lik)

@@ -100,7 +100,11 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
     mean = torch.as_tensor(mean).double().cpu().numpy()
     var = torch.as_tensor(std).double().cpu().numpy() ** 2
     info = {"final_loss": gp.history_[-1] if gp.history_ else float("nan"), "solver": str(gp.solver_),
-            "train_solver": str(gp.train_solver_)}
+            "train_solver": str(gp.train_solver_), "trainer": getattr(gp, "trainer_", None)}
+    if getattr(gp, "cg_iterations_", None):  # gpfast's training engine: per-step CG iterations and step times
+        info.update(cg_iterations=list(gp.cg_iterations_), cg_iterations_mean=float(np.mean(gp.cg_iterations_)),
+                    cg_residual_final=float(gp.cg_residuals_[-1]),
+                    ms_per_step=1e3 * float(np.median(gp.step_seconds_)))
     return info, train_s, predict_s, mean, var
 
 
@@ -150,7 +154,9 @@ def compare(
     Returns
     -------
     list of dict
-        One dict per row with the data set, the row name, ``train_s``, ``s_per_iter``, ``predict_s``,
+        One dict per row with the data set, the row name, ``train_s``, ``s_per_iter``, ``predict_s``, for a
+        ``"gpfast"`` row trained by gpfast's engine also ``cg_iterations`` (per step), ``cg_iterations_mean``,
+        ``cg_residual_final`` and ``ms_per_step`` (median engine step),
         ``total_s``, ``rmse_std``/``rmse_orig``, ``nll_std``/``nll_orig`` (:mod:`gpfast.metrics`, NLL of the
         Gaussian predictive with the noisy variance, per test point), ``peak_mem_bytes`` and ``mem_kind``, the
         initial hyperparameters, ``status`` (``"ok"``, ``"OOM"`` or ``"error: ..."``), the machine and date.

@@ -146,14 +146,17 @@ class ExactGP(RegressorMixin, BaseEstimator):
     trainer_ : {"gpfast", "gpytorch"}
         Who took the training steps on the full data (see ``trainer``).
     cg_iterations_, cg_residuals_ : list of int, list of float, or None
-        With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (largest over
-        the solved columns) at each step (each objective evaluation: L-BFGS evaluates several times per step);
+        With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (the data
+        column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS evaluates several times per step);
         None otherwise.
     history_data_fit_, history_log_det_estimate_ : list of float or None
         With ``trainer_ == "gpfast"``: the two parts of the loss at each evaluation, ``history_ = data_fit +
         log_det_estimate + log(2 pi) / 2``: the data-fit term ``(y - m)^T K^-1 (y - m) / (2n)`` from the solve
         (exact up to the CG residual) and an *estimate* of ``log|K| / (2n)`` (stochastic Lanczos quadrature on
         the first step, carried along by the estimated gradient); None otherwise.
+    step_seconds_ : list of float or None
+        With ``trainer_ == "gpfast"``: wall time of each engine step (products, solve and gradient; the device is
+        synchronised at the end of each), for benchmarks; None otherwise.
     log_marginal_likelihood_ : float
         Log marginal likelihood of the standardised targets (total, not per point; comparable to
         scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the

@@ -37,8 +37,9 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     batch = ops.broadcast_shapes(batch, v.shape[:-2], grad.shape[:-2])
     B, n, m, d, t = math.prod(batch), x1.shape[-2], x2.shape[-2], x1.shape[-1], v.shape[-1]
     if B != x1c.shape[0]:  # v or grad carry extra batch dims: broadcast the points too
-        x1c, x2c, lc, sc, _ = ops._canonicalize(x1.expand(*batch, n, d), x2.expand(*batch, m, d),
-                                                lengthscale, outputscale, False)
+        x1c, x2c, lc, sc, _ = ops._canonicalize(
+            x1.expand(*batch, n, d), x2.expand(*batch, m, d), lengthscale, outputscale, False
+        )
     gc = grad.expand(*batch, n, t).reshape(B, n, t)
     vc = v.expand(*batch, m, t).reshape(B, m, t)
     gx1, gx2, gl, gs = torch.ops.gpfast.rbf_matmul_backward(gc, x1c, x2c, lc, sc, vc)
@@ -49,5 +50,4 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     gs = gs.reshape(batch).sum_to_size(outputscale.shape) if outputscale.dim() else gs.sum()
     if not x_grads:
         return None, None, gl, gs
-    return (gx1.reshape(*batch, n, d).sum_to_size(x1.shape), gx2.reshape(*batch, m, d).sum_to_size(x2.shape), gl,
-            gs)
+    return (gx1.reshape(*batch, n, d).sum_to_size(x1.shape), gx2.reshape(*batch, m, d).sum_to_size(x2.shape), gl, gs)

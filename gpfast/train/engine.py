@@ -26,6 +26,7 @@ Why these defaults: :class:`~gpfast.train.settings.EngineSettings`.
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -51,11 +52,14 @@ class EngineRecord:
     Adam; L-BFGS evaluates several times per step).
 
     cg_iterations, products: CG iterations and products with K̂ (iterations, plus the warm start's initial
-    residual); cg_residuals: the largest relative residual over the columns at the end of the solve;
+    residual); cg_residuals: the residual that the tolerance is checked against at the end of the solve
+    (the data column's relative residual or the probe columns' mean one, whichever is larger);
     data_fit: 1/2 r^T K̂^{-1} r / n; log_det_estimate: estimate of 1/2 log|K̂| / n (so that the loss is
-    data_fit + log_det_estimate + 1/2 log(2 pi)); slq_log_det: the stochastic-Lanczos value of the same quantity
-    on refresh steps, None elsewhere; refreshed: preconditioner rebuilt and probes redrawn at this step.
-    product: "stored" or "matrix_free" and why; preconditioner_rank: k.
+    data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes' standard error of the
+    first step's stochastic-Lanczos value (the later values add the path integral's error); step_seconds: wall
+    time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were drawn anew at this
+    step; broke_down: some CG column met a non-positive curvature. product: "stored" or "matrix_free" and why;
+    preconditioner_rank: k.
     """
 
     product: str = ""
@@ -66,6 +70,8 @@ class EngineRecord:
     cg_residuals: list[float] = field(default_factory=list)
     data_fit: list[float] = field(default_factory=list)
     log_det_estimate: list[float] = field(default_factory=list)
+    log_det_standard_error: float = float("nan")
+    step_seconds: list[float] = field(default_factory=list)
     rebuilt: list[bool] = field(default_factory=list)
     resampled: list[bool] = field(default_factory=list)
     broke_down: bool = False
@@ -74,18 +80,25 @@ class EngineRecord:
 def _parameters(model):
     """(lengthscale, outputscale, noise, mean) tensors of the model, differentiable in its raw parameters."""
     covar, lik = model.covar_module, model.likelihood
-    ok = (isinstance(covar, gpytorch.kernels.ScaleKernel) and getattr(covar.base_kernel, "has_lengthscale", False)
-          and type(covar.base_kernel).__name__ == "RBFKernel"
-          and isinstance(model.mean_module, gpytorch.means.ConstantMean)
-          and isinstance(lik, gpytorch.likelihoods.GaussianLikelihood)
-          and not isinstance(lik, gpytorch.likelihoods.FixedNoiseGaussianLikelihood))
+    ok = (
+        isinstance(covar, gpytorch.kernels.ScaleKernel)
+        and getattr(covar.base_kernel, "has_lengthscale", False)
+        and type(covar.base_kernel).__name__ == "RBFKernel"
+        and isinstance(model.mean_module, gpytorch.means.ConstantMean)
+        and isinstance(lik, gpytorch.likelihoods.GaussianLikelihood)
+        and not isinstance(lik, gpytorch.likelihoods.FixedNoiseGaussianLikelihood)
+    )
     if not ok:
-        raise TypeError("gpfast's training engine handles ConstantMean + ScaleKernel(RBFKernel) + GaussianLikelihood "
-                        f"(gpfast.models.ExactGPModel), got mean {type(model.mean_module).__name__}, kernel "
-                        f"{type(covar).__name__}, likelihood {type(lik).__name__}; use trainer='gpytorch'.")
+        raise TypeError(
+            "gpfast's training engine handles ConstantMean + ScaleKernel(RBFKernel) + GaussianLikelihood "
+            f"(gpfast.models.ExactGPModel), got mean {type(model.mean_module).__name__}, kernel "
+            f"{type(covar).__name__}, likelihood {type(lik).__name__}; use trainer='gpytorch'."
+        )
     if any(True for _ in model.named_priors()):
-        raise TypeError("gpfast's training engine does not add hyperparameter priors to the loss; the model has "
-                        "priors: use trainer='gpytorch'.")
+        raise TypeError(
+            "gpfast's training engine does not add hyperparameter priors to the loss; the model has "
+            "priors: use trainer='gpytorch'."
+        )
     return covar.base_kernel.lengthscale, covar.outputscale, lik.noise, model.mean_module.constant
 
 
@@ -103,6 +116,9 @@ class Engine:
         self.free_memory = free_memory
         self.record = EngineRecord()
         self.product: CovarianceProduct | None = None
+        #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,), the probe
+        #: solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
+        self.last: dict = {}
 
     # ------------------------------------------------------------------------------------------------------------
     def objective(self, model):
@@ -112,8 +128,10 @@ class Engine:
         _parameters(model)  # type check before any work
         X, y = model.train_inputs[0], model.train_targets
         if X.dim() != 2 or y.dim() != 1:
-            raise ValueError(f"gpfast's training engine needs train inputs (n, d) and targets (n,), got "
-                             f"{tuple(X.shape)} and {tuple(y.shape)}")
+            raise ValueError(
+                f"gpfast's training engine needs train inputs (n, d) and targets (n,), got "
+                f"{tuple(X.shape)} and {tuple(y.shape)}"
+            )
         n = X.shape[0]
         distributed = bool(getattr(model.covar_module.base_kernel, "distributed", False))
         product = CovarianceProduct(X.detach(), "matrix_free", distributed)
@@ -136,17 +154,21 @@ class Engine:
         return closure
 
     def _step(self, model, product: CovarianceProduct, state: _State, X, y) -> torch.Tensor:
+        t0 = time.perf_counter()
         cfg, rec = self.settings, self.record
         n, step = X.shape[0], len(rec.cg_iterations)
         ls_t, os_t, noise_t, mean_t = _parameters(model)
-        l, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
+        ls, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
         s, noise, mu = s[0], noise[0], mu[0]
-        hyper = torch.cat([l, s.reshape(1), noise.reshape(1), mu.reshape(1)]).to(torch.float64).cpu()  # one sync
+        hyper = torch.cat([ls, s.reshape(1), noise.reshape(1), mu.reshape(1)]).to(torch.float64).cpu()  # one sync
         l_host, s_host, noise_host = hyper[:-3], float(hyper[-3]), float(hyper[-2])
-        product.update(l, s, noise)
+        product.update(ls, s, noise)
 
-        rebuild = (state.pc is None or step - state.built_at >= cfg.rebuild_every
-                   or float((l_host / state.l_build).log().abs().max()) > cfg.rebuild_lengthscale_change)
+        rebuild = (
+            state.pc is None
+            or step - state.built_at >= cfg.rebuild_every
+            or float((l_host / state.l_build).log().abs().max()) > cfg.rebuild_lengthscale_change
+        )
         if rebuild:
             diag = torch.full((n,), s_host, dtype=X.dtype, device=X.device)
             L = pivoted_cholesky(product.kernel_rows, diag, min(cfg.preconditioner_rank, n))
@@ -170,7 +192,7 @@ class Engine:
             blocks.append(pc.sample(W1, W2))
         B = torch.cat(blocks, dim=1)
         s_cols = slice(1, 1 + cfg.num_probes)
-        if first:
+        if first or not cfg.warm_start:
             x0, warm = None, None
         elif resample:
             x0 = torch.zeros_like(B)
@@ -178,44 +200,53 @@ class Engine:
             warm = [0]
         else:
             x0, warm = state.x, None
-        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cfg.max_cg_iterations)
+        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cfg.max_cg_iterations, measure=_measure)
         alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
         grad = hutchinson_gradient(product, alpha, U, Z)
         g = grad.vector() / n
         data_fit_t = 0.5 * (r.dot(alpha) + alpha.dot(res.residual[:, 0])) / n
-        summary = torch.cat([g, data_fit_t.reshape(1), res.rel_residual.max().reshape(1)]).to(torch.float64).cpu()
+        summary = torch.cat([g, data_fit_t.reshape(1), _measure(res.rel_residual).reshape(1)])
+        summary = summary.to(torch.float64).cpu()
         g_host, data_fit, max_res = summary[:-2], float(summary[-2]), float(summary[-1])
         if not bool(torch.isfinite(summary).all()):
-            names = [f"lengthscale[{i}]" for i in range(l.numel())] + ["outputscale", "noise", "mean"]
+            names = [f"lengthscale[{i}]" for i in range(ls.numel())] + ["outputscale", "noise", "mean"]
             bad = [nm for nm, v in zip(names, g_host.tolist()) if not math.isfinite(v)]
             raise FloatingPointError(
                 f"ExactGP: gpfast's training engine got a non-finite gradient at step {step} (in {bad or 'the loss'}; "
                 f"lengthscale {l_host.tolist()}, outputscale {s_host:.4g}, noise {noise_host:.4g}, CG relative "
                 f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
-                f"was not modified.")
+                f"was not modified."
+            )
 
         if first:
             cols = list(range(1 + cfg.num_probes, B.shape[1]))
             ZP = B[:, cols]
-            log_det = 0.5 * slq_log_det(res.alphas, res.betas, cols, (ZP * pc.solve(ZP)).sum(0), pc.log_det) / n
+            log_det, se = slq_log_det(res.alphas, res.betas, cols, (ZP * pc.solve(ZP)).sum(0), pc.log_det)
+            log_det, rec.log_det_standard_error = 0.5 * log_det / n, 0.5 * se / n
         else:  # trapezoid rule on the loss, with the data-fit part of the integral replaced by the exact change
             dloss = 0.5 * float((state.g + g_host).dot(hyper - state.hyper))
             log_det = state.log_det + dloss - (data_fit - state.data_fit)
         state.x = res.x[:, : 1 + cfg.num_probes]
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
 
+        self.last = {"alpha": alpha, "U": U, "Z": Z, "gradient": grad, "product": product}
         _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
         rec.cg_iterations.append(res.iterations)
         rec.products.append(res.products)
         rec.cg_residuals.append(max_res)
         rec.data_fit.append(data_fit)
         rec.log_det_estimate.append(log_det)
+        rec.step_seconds.append(time.perf_counter() - t0)  # the summary's .cpu() synchronised the device
         rec.rebuilt.append(bool(rebuild))
         rec.resampled.append(bool(resample))
         rec.broke_down |= bool(res.broke_down.any())
         loss = data_fit + log_det + _HALF_LOG_2PI
-        state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
-                         "res": f"{max_res:.1e}"}
+        state.postfix = {
+            "fit": f"{data_fit:.4f}",
+            "logdet~": f"{log_det:.4f}",
+            "cg": res.iterations,
+            "res": f"{max_res:.1e}",
+        }
         return torch.tensor(loss, dtype=torch.float64)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -224,6 +255,7 @@ class Engine:
         down), and return the records."""
         if self.product is not None:
             self.product.release()
+        self.last = {}
         cfg, rec = self.settings, self.record
         if rec.cg_residuals and rec.cg_residuals[-1] > cfg.cg_tolerance:
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
@@ -260,6 +292,13 @@ class _State:
         self.g = self.hyper = None
         self.data_fit = self.log_det = 0.0
         self.postfix: dict = {}
+
+
+def _measure(rel: torch.Tensor) -> torch.Tensor:
+    """The residual compared with ``cg_tolerance``: the data column's relative residual or the probe columns' mean
+    one (as GPyTorch's mBCG averages over columns), whichever is larger. The data column carries the data-fit
+    term and its gradient; a probe's solve error only adds to the Hutchinson noise, which averages over probes."""
+    return torch.maximum(rel[0], rel[1:].mean()) if rel.numel() > 1 else rel[0]
 
 
 def _rademacher(n: int, s: int, like: torch.Tensor, broadcast: bool) -> torch.Tensor:

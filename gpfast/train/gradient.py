@@ -38,12 +38,14 @@ class NaturalGradient:
 
     def vector(self) -> torch.Tensor:
         """(lengthscale..., outputscale, noise, mean) as one vector."""
-        return torch.cat([self.lengthscale.reshape(-1), self.outputscale.reshape(1), self.noise.reshape(1),
-                          self.mean.reshape(1)])
+        return torch.cat(
+            [self.lengthscale.reshape(-1), self.outputscale.reshape(1), self.noise.reshape(1), self.mean.reshape(1)]
+        )
 
 
-def hutchinson_gradient(product: CovarianceProduct, alpha: torch.Tensor, U: torch.Tensor,
-                        W: torch.Tensor) -> NaturalGradient:
+def hutchinson_gradient(
+    product: CovarianceProduct, alpha: torch.Tensor, U: torch.Tensor, W: torch.Tensor
+) -> NaturalGradient:
     """The module's estimate from alpha (n,), the probe solves U (n, s) and their partners W = P^{-1} Z (n, s):
     one fused backward for lengthscale and outputscale, no forward product."""
     s = U.shape[1]

@@ -36,10 +36,12 @@ def lanczos_matrices(alphas: list[torch.Tensor], betas: list[torch.Tensor], colu
     return out
 
 
-def slq_log_det(alphas: list[torch.Tensor], betas: list[torch.Tensor], columns, probe_norms: torch.Tensor,
-                log_det_P: float) -> float:
-    """``log|K̂|`` estimated from the CG coefficients of the probe ``columns`` (solved from zero, preconditioned
-    by P), their squared norms ``z_i^T P^{-1} z_i`` (len(columns),) and ``log|P|``."""
+def slq_log_det(
+    alphas: list[torch.Tensor], betas: list[torch.Tensor], columns, probe_norms: torch.Tensor, log_det_P: float
+) -> tuple[float, float]:
+    """``(log|K̂|, its standard error)`` estimated from the CG coefficients of the probe ``columns`` (solved from
+    zero, preconditioned by P), their squared norms ``z_i^T P^{-1} z_i`` (len(columns),) and ``log|P|``. The
+    standard error is that of the mean over the probes (the quadrature's own error is not in it)."""
     weights = probe_norms.to("cpu", torch.float64)
     terms = []
     for T, w in zip(lanczos_matrices(alphas, betas, columns), weights):
@@ -48,4 +50,6 @@ def slq_log_det(alphas: list[torch.Tensor], betas: list[torch.Tensor], columns, 
             continue
         theta, U = torch.linalg.eigh(T)
         terms.append(w * (U[0] ** 2 * theta.clamp_min(1e-300).log()).sum())
-    return float(log_det_P + torch.stack(terms).mean())
+    terms = torch.stack(terms)
+    se = float(terms.std() / len(terms) ** 0.5) if len(terms) > 1 else float("inf")
+    return float(log_det_P + terms.mean()), se

@@ -27,8 +27,9 @@ import torch
 __all__ = ["Preconditioner", "pivoted_cholesky"]
 
 
-def pivoted_cholesky(kernel_rows: Callable[[torch.Tensor], torch.Tensor], diagonal: torch.Tensor, rank: int,
-                     rel_floor: float = 1e-8) -> torch.Tensor:
+def pivoted_cholesky(
+    kernel_rows: Callable[[torch.Tensor], torch.Tensor], diagonal: torch.Tensor, rank: int, rel_floor: float = 1e-8
+) -> torch.Tensor:
     """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T.
 
     kernel_rows(index) returns the rows ``K[index, :]`` (1, n); diagonal is K's diagonal (n,). A pivot whose

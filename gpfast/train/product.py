@@ -45,21 +45,45 @@ def _linear(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(V.t().contiguous(), K).t()
 
 
-#: How a stored block of K multiplies the right-hand sides (all give K @ V). On the CPU they are equal within a
-#: few percent; on the H200 ``experiments/bench_stored_product.py`` measures them (11 columns at n = 36k) and the
-#: fastest should become :data:`STORED_LAYOUT`.
-STORED_LAYOUTS = {"mm": _mm, "mm_vt": _mm_vt, "linear": _linear}
+def _vtk(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    # (V^T K)^T = K V for a symmetric K: the (t, n) x (n, n) GEMM, K as the right operand
+    return (V.t().contiguous() @ K).t()
+
+
+def _pad(t: int):
+    def mm_padded(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        extra = -V.shape[1] % t
+        return (K @ torch.nn.functional.pad(V, (0, extra)))[:, : V.shape[1]] if extra else K @ V
+
+    return mm_padded
+
+
+#: How a stored block of K multiplies the right-hand sides (all give K @ V; ``vtk`` needs the whole symmetric K
+#: and is replaced by ``mm`` on a row block). On the H200 ``experiments/bench_stored_product.py`` measures them
+#: (11 columns at n = 36k, against 4.27 TB/s) and the fastest should become :data:`STORED_LAYOUT`.
+STORED_LAYOUTS = {
+    "mm": _mm,
+    "mm_vt": _mm_vt,
+    "linear": _linear,
+    "vtk": _vtk,
+    "mm_pad12": _pad(12),
+    "mm_pad16": _pad(16),
+}
 #: The layout the engine uses (``GPFAST_STORED_LAYOUT`` overrides it, for benchmarks).
 STORED_LAYOUT = "mm"
 
 
 def stored_matmul(K: torch.Tensor, V: torch.Tensor, layout: str | None = None) -> torch.Tensor:
     """``K @ V`` for a stored (rows, n) block of K and V (n, t), by the layout :data:`STORED_LAYOUT`."""
-    return STORED_LAYOUTS[layout or os.environ.get("GPFAST_STORED_LAYOUT", STORED_LAYOUT)](K, V)
+    layout = layout or os.environ.get("GPFAST_STORED_LAYOUT", STORED_LAYOUT)
+    if layout == "vtk" and K.shape[0] != K.shape[1]:
+        layout = "mm"
+    return STORED_LAYOUTS[layout](K, V)
 
 
-def choose_product(rows: int, n: int, dtype: torch.dtype, free_memory: int, requested: str = "auto",
-                   memory_fraction: float = 0.5) -> tuple[str, str]:
+def choose_product(
+    rows: int, n: int, dtype: torch.dtype, free_memory: int, requested: str = "auto", memory_fraction: float = 0.5
+) -> tuple[str, str]:
     """``("stored" | "matrix_free", reason)``: store this rank's ``rows`` x ``n`` block of K in ``dtype`` when it
     takes at most ``memory_fraction`` of ``free_memory`` bytes (the device's free memory at the start of the fit);
     ``requested`` other than ``"auto"`` is obeyed."""
@@ -117,14 +141,16 @@ class CovarianceProduct:
     def kernel_rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows ``K[index, :]`` (len(index), n) of the noise-free kernel, by the fused forward (every rank
         computes the same rows)."""
-        return ops.rbf_covariance(self.x.index_select(0, index), self.x, self.lengthscale, self.outputscale,
-                                  check_values=False)
+        return ops.rbf_covariance(
+            self.x.index_select(0, index), self.x, self.lengthscale, self.outputscale, check_values=False
+        )
 
     def backward(self, G: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), by one
         fused backward with no point gradients (summed over the ranks when split)."""
-        _, _, gl, gs = rbf_matmul_backward(G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V,
-                                           x_grads=False)
+        _, _, gl, gs = rbf_matmul_backward(
+            G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V, x_grads=False
+        )
         if self.split is not None:
             gl, gs = _dist.all_reduce_sum(gl), _dist.all_reduce_sum(gs)
         return gl, gs

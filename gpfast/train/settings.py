@@ -44,6 +44,8 @@ class EngineSettings:
     resample_every : int or None, default None
         The Rademacher probes are drawn anew every this many steps (their solves then start cold); None keeps one
         draw for the whole fit.
+    warm_start : bool, default True
+        Start each step's solves from the previous step's solutions (False: from zero, for comparisons).
     product : {"auto", "stored", "matrix_free"}, default "auto"
         Products with a stored K (rebuilt by the fused forward each step) or matrix-free; ``"auto"`` stores K
         when it takes at most ``memory_fraction`` of the device's free memory.
@@ -58,6 +60,7 @@ class EngineSettings:
     rebuild_every: int = 10
     rebuild_lengthscale_change: float = 0.2
     resample_every: int | None = None
+    warm_start: bool = True
     product: str = "auto"
     memory_fraction: float = 0.5
 
@@ -67,8 +70,10 @@ class EngineSettings:
         if options is None:
             return cls()
         if not isinstance(options, dict):
-            raise ValueError(f"ExactGP: invalid trainer_options={options!r}; expected None or a dict with keys "
-                             f"{[f.name for f in fields(cls)]}.")
+            raise ValueError(
+                f"ExactGP: invalid trainer_options={options!r}; expected None or a dict with keys "
+                f"{[f.name for f in fields(cls)]}."
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:
@@ -79,8 +84,9 @@ class EngineSettings:
 
     def check(self) -> None:
         def bad(name, expected):
-            return ValueError(f"ExactGP: invalid trainer_options['{name}']={getattr(self, name)!r}; expected "
-                              f"{expected}.")
+            return ValueError(
+                f"ExactGP: invalid trainer_options['{name}']={getattr(self, name)!r}; expected {expected}."
+            )
 
         def is_int(v):
             return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -88,8 +94,12 @@ class EngineSettings:
         def is_real(v):
             return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
-        for name, low in (("num_probes", 1), ("max_cg_iterations", 1), ("preconditioner_rank", 0),
-                          ("rebuild_every", 1)):
+        for name, low in (
+            ("num_probes", 1),
+            ("max_cg_iterations", 1),
+            ("preconditioner_rank", 0),
+            ("rebuild_every", 1),
+        ):
             if not is_int(getattr(self, name)) or getattr(self, name) < low:
                 raise bad(name, f"an int >= {low}")
         if not is_real(self.cg_tolerance) or self.cg_tolerance <= 0:
@@ -98,6 +108,8 @@ class EngineSettings:
             raise bad("rebuild_lengthscale_change", "a positive float")
         if self.resample_every is not None and (not is_int(self.resample_every) or self.resample_every < 1):
             raise bad("resample_every", "None or an int >= 1")
+        if self.warm_start not in (True, False):
+            raise bad("warm_start", "True or False")
         if self.product not in PRODUCTS:
             raise bad("product", f"one of {PRODUCTS}")
         if not is_real(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
@@ -109,8 +121,10 @@ def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
     if not isinstance(trainer, str) or trainer not in TRAINERS:
         raise ValueError(f"ExactGP: invalid trainer={trainer!r}; expected one of {TRAINERS}.")
     if trainer == "gpfast" and solver == "cholesky":
-        raise ValueError("ExactGP: trainer='gpfast' takes CG training steps; got solver='cholesky' (use solver='auto' "
-                         "or 'cg', or trainer='auto').")
+        raise ValueError(
+            "ExactGP: trainer='gpfast' takes CG training steps; got solver='cholesky' (use solver='auto' "
+            "or 'cg', or trainer='auto')."
+        )
     return trainer, EngineSettings.from_options(options)
 
 
@@ -127,6 +141,17 @@ def fitted_attributes(record) -> dict:
     """The estimator's fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the
     engine did not train)."""
     if record is None:
-        return dict(cg_iterations_=None, cg_residuals_=None, history_data_fit_=None, history_log_det_estimate_=None)
-    return dict(cg_iterations_=list(record.cg_iterations), cg_residuals_=list(record.cg_residuals),
-                history_data_fit_=list(record.data_fit), history_log_det_estimate_=list(record.log_det_estimate))
+        return dict(
+            cg_iterations_=None,
+            cg_residuals_=None,
+            history_data_fit_=None,
+            history_log_det_estimate_=None,
+            step_seconds_=None,
+        )
+    return dict(
+        cg_iterations_=list(record.cg_iterations),
+        cg_residuals_=list(record.cg_residuals),
+        history_data_fit_=list(record.data_fit),
+        history_log_det_estimate_=list(record.log_det_estimate),
+        step_seconds_=list(record.step_seconds),
+    )

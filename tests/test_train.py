@@ -1,0 +1,423 @@
+"""gpfast's training engine (gpfast.train) against exact gradients, GPyTorch's loop, and its failure paths."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import gpytorch
+import numpy as np
+import pytest
+import torch
+from sklearn.exceptions import ConvergenceWarning
+
+from conftest import DEVICES, HAS_CUDA, rel_err
+from gpfast import ExactGP
+from gpfast import _reference as ref
+from gpfast.models import ExactGPModel
+from gpfast.train import Engine, EngineSettings
+from gpfast.train.cg import pcg
+from gpfast.train.gradient import data_fit_gradient, per_probe_traces
+from gpfast.train.logdet import slq_log_det
+from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from gpfast.train.product import STORED_LAYOUTS, CovarianceProduct, choose_product, stored_matmul
+
+F64 = torch.float64
+
+
+def _problem(n=400, d=4, dtype=F64, seed=None, noise=0.05, device="cpu"):
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed)
+    X = torch.randn(n, d, generator=gen, dtype=F64)
+    y = torch.sin(2 * X[:, 0]) + 0.5 * X[:, 1] * X[:, -1] + 0.1 * torch.randn(n, generator=gen, dtype=F64)
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(X.to(dtype), y.to(dtype), lik).to(device=device, dtype=dtype)
+    lik.noise = noise
+    model.covar_module.base_kernel.lengthscale = (0.6 + torch.rand(d, generator=gen, dtype=F64)).to(device, dtype)
+    model.covar_module.outputscale = 1.3
+    with torch.no_grad():
+        model.mean_module.constant.fill_(0.1)
+    return model
+
+
+def _natural(model):
+    return (
+        model.covar_module.base_kernel.lengthscale,
+        model.covar_module.outputscale,
+        model.likelihood.noise,
+        model.mean_module.constant,
+    )
+
+
+def _exact_natural_gradients(model):
+    """(data-fit part, whole) gradients of -log p(y) (total) in (lengthscale..., outputscale, noise, mean), by
+    autograd through a dense float64 Cholesky."""
+    X, y = model.train_inputs[0].double().cpu(), model.train_targets.double().cpu()
+    leaves = [t.detach().double().cpu().reshape(-1).requires_grad_() for t in _natural(model)]
+    ls, s, noise, mean = leaves
+    K = ref.rbf_covariance(X, X, ls, s[0]) + noise[0] * torch.eye(len(y), dtype=F64)
+    L = torch.linalg.cholesky(K)
+    r = y - mean[0]
+    a = torch.cholesky_solve(r.unsqueeze(1), L)[:, 0]
+    fit = 0.5 * r.dot(a)
+    logdet = L.diagonal().log().sum()
+    fit_g = torch.cat([g.reshape(-1) for g in torch.autograd.grad(fit, leaves, retain_graph=True)])
+    all_g = torch.cat([g.reshape(-1) for g in torch.autograd.grad(fit + logdet, leaves)])
+    return fit_g, all_g, float(fit.detach() + logdet.detach() + 0.5 * len(y) * math.log(2 * math.pi)) / len(y)
+
+
+def _solve_engine(model, **options):
+    opts = dict(cg_tolerance=1e-11, max_cg_iterations=2000, product="stored")
+    opts.update(options)
+    engine = Engine(EngineSettings(**opts))
+    loss = engine.objective(model)()
+    return engine, loss
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# gradients
+# ------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradient_matches_exact_within_its_standard_error(device):
+    model = _problem(n=500, d=5, device=device)
+    fit_exact, all_exact, _ = _exact_natural_gradients(model)
+    engine, _ = _solve_engine(model, num_probes=40)
+    last = engine.last
+    # the data-fit part, from the engine's solve, to the solve's accuracy
+    fit = data_fit_gradient(last["product"], last["alpha"]).vector().cpu()
+    assert rel_err(fit, fit_exact) < 1e-8
+    # the whole gradient: the data-fit part plus the mean of the probes' trace estimates; their spread is the
+    # estimate's own standard error (the mean gradient has no trace part)
+    got = last["gradient"].vector().cpu()
+    traces = per_probe_traces(last["product"], last["U"], last["Z"]).cpu()
+    assert torch.allclose(got[:-1], fit[:-1] + 0.5 * traces.mean(0), rtol=1e-10, atol=1e-10)
+    se = 0.5 * traces.std(0) / math.sqrt(traces.shape[0])
+    z = (got[:-1] - all_exact[:-1]).abs() / se
+    # |t| > 6 with 39 degrees of freedom: p ~ 5e-7 per component
+    assert bool((z < 6).all()), z
+    assert abs(got[-1] - all_exact[-1]) < 1e-8 * all_exact.norm()
+    # the raw parameters' .grad is this gradient per point, through the constraints
+    raw = [
+        model.covar_module.base_kernel.raw_lengthscale,
+        model.covar_module.raw_outputscale,
+        model.likelihood.noise_covar.raw_noise,
+        model.mean_module.constant,
+    ]
+    nat = _natural(model)
+    k = 0
+    for p, t in zip(raw, nat):
+        m = t.numel()
+        chain = torch.autograd.grad(t.sum(), p, retain_graph=True)[0].reshape(-1) if p is not nat[-1] else 1.0
+        assert torch.allclose(p.grad.reshape(-1), got[k : k + m] * chain / 500, rtol=1e-12, atol=0)
+        k += m
+
+
+@pytest.mark.slow
+def test_gradient_within_one_percent_with_1000_probes():
+    model = _problem(n=400, d=3, noise=0.2)
+    _, all_exact, _ = _exact_natural_gradients(model)
+    engine, _ = _solve_engine(model, num_probes=1000, cg_tolerance=1e-9)
+    assert rel_err(engine.last["gradient"].vector(), all_exact) < 0.01
+
+
+def test_first_loss_is_exact_data_fit_plus_lanczos_log_det():
+    model = _problem(n=500, d=4)
+    _, _, loss_exact = _exact_natural_gradients(model)
+    engine, loss = _solve_engine(model)
+    rec = engine.finish()
+    # the log-determinant is a 10-probe stochastic Lanczos estimate: within 6 of its standard errors (the
+    # quadrature's own error is far below that after this many iterations)
+    assert abs(float(loss) - loss_exact) < 6 * rec.log_det_standard_error + 1e-4, (loss, loss_exact, rec)
+    assert float(loss) == pytest.approx(rec.data_fit[0] + rec.log_det_estimate[0] + 0.5 * math.log(2 * math.pi))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# warm starts
+# ------------------------------------------------------------------------------------------------------------------
+def _adam_iterations(warm_start, seed, steps=8, device="cpu"):
+    model = _problem(n=500, d=4, seed=seed, device=device)
+    engine = Engine(
+        EngineSettings(
+            warm_start=warm_start, cg_tolerance=0.01, max_cg_iterations=500, product="stored", preconditioner_rank=20
+        )
+    )
+    closure = engine.objective(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
+        torch.manual_seed(seed)  # the same probes for both runs
+        for _ in range(steps):
+            closure()
+            opt.step()
+    return engine.finish().cg_iterations
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_warm_starts_need_fewer_iterations_than_cold(device):
+    """Adam steps on one problem: warm-started solves need fewer iterations than cold ones to the same tolerance
+    (measured: about 25 against 45 per step, in six draws; the first step is cold in both)."""
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    warm, cold = _adam_iterations(True, seed, device=device), _adam_iterations(False, seed, device=device)
+    assert warm[0] == cold[0]
+    assert all(w < 0.85 * c for w, c in zip(warm[1:], cold[1:])), (seed, warm, cold)
+    assert sum(warm[1:]) < 0.7 * sum(cold[1:]), (seed, warm, cold)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# the parts
+# ------------------------------------------------------------------------------------------------------------------
+def test_preconditioner_is_woodbury_of_pivoted_cholesky():
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(300, 3, generator=gen, dtype=F64)
+    ls, s, noise = torch.tensor([0.7, 1.1, 0.9], dtype=F64), torch.tensor(1.3, dtype=F64), 0.05
+    prod = CovarianceProduct(X, "stored")
+    prod.update(ls, s, torch.tensor(noise, dtype=F64))
+    K = ref.rbf_covariance(X, X, ls, s)
+    L = pivoted_cholesky(prod.kernel_rows, torch.full((300,), 1.3, dtype=F64), 300)
+    assert rel_err(L @ L.t(), K) < 1e-6  # full rank: K itself (up to the pivot floor)
+    L = pivoted_cholesky(prod.kernel_rows, torch.full((300,), 1.3, dtype=F64), 20)
+    pc = Preconditioner(L, 1.3, F64)
+    pc.set_scales(2.6, noise)  # outputscale doubled since the build: L is rescaled, not rebuilt
+    P = 2 * L @ L.t() + noise * torch.eye(300, dtype=F64)
+    V = torch.randn(300, 4, generator=gen, dtype=F64)
+    assert rel_err(pc.solve(V), torch.linalg.solve(P, V)) < 1e-10
+    assert pc.log_det == pytest.approx(float(torch.logdet(P)), rel=1e-10)
+    W1, W2 = torch.randn(20, 20000, dtype=F64), torch.randn(300, 20000, dtype=F64)
+    Z = pc.sample(W1, W2)  # covariance P
+    assert rel_err(Z @ Z.t() / 20000, P) < 0.05
+
+
+def test_pcg_solves_warm_starts_and_lanczos_log_det():
+    gen = torch.Generator().manual_seed(1)
+    A = torch.randn(200, 200, generator=gen, dtype=F64)
+    A = A @ A.t() / 200 + 0.1 * torch.eye(200, dtype=F64)
+    B = torch.randn(200, 3, generator=gen, dtype=F64)
+    res = pcg(lambda V: A @ V, B, lambda V: V, tol=1e-10, max_iter=1000)
+    assert rel_err(res.x, torch.linalg.solve(A, B)) < 1e-8 and res.products == res.iterations
+    again = pcg(lambda V: A @ V, B, lambda V: V, x0=res.x, tol=1e-8, max_iter=1000)
+    assert again.iterations == 0 and again.products == 1  # the warm start alone meets the tolerance
+    capped = pcg(lambda V: A @ V, B, lambda V: V, tol=1e-10, max_iter=3)
+    assert capped.iterations == 3 and bool((capped.rel_residual > 1e-10).all())
+    # Lanczos quadrature from the CG coefficients: exact for log det once the Krylov space is the whole space
+    Z = torch.randn(200, 400, generator=gen, dtype=F64)
+    res = pcg(lambda V: A @ V, Z, lambda V: V, tol=1e-12, max_iter=400)
+    est, se = slq_log_det(res.alphas, res.betas, range(400), (Z * Z).sum(0), 0.0)
+    assert se < 0.05 * abs(est)
+    assert est == pytest.approx(float(torch.logdet(A)), rel=0.05)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_stored_and_matrix_free_products_agree(device):
+    for dtype, tol in ((F64, 1e-12), (torch.float32, 1e-5)):
+        kw = dict(dtype=dtype, device=device)
+        X = torch.randn(257, 5, **kw)
+        V = torch.randn(257, 11, **kw)
+        ls, s, noise = torch.rand(5, **kw) + 0.5, torch.tensor(1.2, **kw), torch.tensor(0.1, **kw)
+        out = []
+        for mode in ("stored", "matrix_free"):
+            p = CovarianceProduct(X, mode)
+            p.update(ls, s, noise)
+            out.append((p.matmul(V), p.kernel_rows(torch.tensor([3, 0], device=device)), p.backward(V, V)))
+            assert p.products == 1
+        want = ref.rbf_covariance(X.double(), X.double(), ls.double(), s.double()) @ V.double() + 0.1 * V.double()
+        for got in out:
+            assert rel_err(got[0], want) < tol
+        assert torch.equal(out[0][1], out[1][1])
+        assert rel_err(out[0][2][0], out[1][2][0]) < tol and rel_err(out[0][2][1], out[1][2][1]) < tol
+    K = torch.randn(40, 60, device=device)
+    V = torch.randn(60, 11, device=device)
+    S = K.t() @ K
+    for layout in STORED_LAYOUTS:
+        assert rel_err(stored_matmul(K, V, layout), K @ V) < 1e-6  # "vtk" falls back to "mm" on a row block
+        assert rel_err(stored_matmul(S, V, layout), S @ V) < 1e-6
+
+
+def test_product_choice_follows_the_memory_budget():
+    # K of n = 36k in float32 is 5.2 GB: stored with 141 GB free, matrix-free with 8 GB free (budget 4 GB)
+    assert choose_product(36000, 36000, torch.float32, 141 * 10**9)[0] == "stored"
+    assert choose_product(36000, 36000, torch.float32, 8 * 10**9)[0] == "matrix_free"
+    assert choose_product(36000, 36000, torch.float64, 20 * 10**9)[0] == "matrix_free"  # 10.4 GB > 10 GB
+    assert choose_product(18000, 36000, torch.float64, 20 * 10**9)[0] == "stored"  # a rank's half of the rows
+    assert choose_product(10, 10, torch.float32, 0, "stored")[0] == "stored"  # explicit wins
+    model = _problem(n=300, d=3, dtype=torch.float32)
+    small = Engine(EngineSettings(), free_memory=300 * 300 * 4)  # budget: half of K
+    small.objective(model)
+    large = Engine(EngineSettings(), free_memory=2 * 300 * 300 * 4)
+    large.objective(model)
+    assert (small.record.product, large.record.product) == ("matrix_free", "stored")
+
+
+@pytest.mark.filterwarnings("ignore:gpfast's training engine. CG did not reach")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
+    runs = []
+    for product in ("stored", "matrix_free"):
+        model = _problem(n=300, d=3, dtype=dtype, seed=5, device=device)
+        engine = Engine(EngineSettings(product=product))
+        closure = engine.objective(model)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
+            torch.manual_seed(0)
+            losses = []
+            for _ in range(5):
+                losses.append(float(closure()))
+                opt.step()
+        runs.append((losses, engine.finish().cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
+    tol = 1e-9 if dtype == F64 else 1e-3
+    assert runs[0][1] == runs[1][1]
+    assert max(abs(a - b) for a, b in zip(runs[0][0], runs[1][0])) < tol
+    assert rel_err(runs[0][2], runs[1][2]) < tol
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# ExactGP with the engine
+# ------------------------------------------------------------------------------------------------------------------
+def _toy(n=200, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=n)
+    return X, y
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_gp_trains_with_the_engine_under_cg(device):
+    X, y = _toy()
+    gp = ExactGP(solver="cg", max_iter=10, verbose=False, random_state=0, device=device).fit(X, y)
+    assert gp.trainer_ == "gpfast" and gp.train_solver_ == "cg"
+    assert len(gp.cg_iterations_) == len(gp.cg_residuals_) == len(gp.history_) == 10
+    assert all(0 < i <= EngineSettings().max_cg_iterations for i in gp.cg_iterations_)
+    for h, f, g in zip(gp.history_, gp.history_data_fit_, gp.history_log_det_estimate_):
+        assert h == pytest.approx(f + g + 0.5 * math.log(2 * math.pi), abs=1e-6)
+    # the final log marginal likelihood stays exact (Cholesky) where n fits, and near the engine's last loss
+    assert gp.log_marginal_likelihood_method_ == "cholesky"
+    assert abs(-gp.log_marginal_likelihood_ / len(y) - gp.history_[-1]) < 0.05
+    other = ExactGP(solver="cg", max_iter=10, verbose=False, random_state=0, trainer="gpytorch", device=device).fit(
+        X, y
+    )
+    assert other.trainer_ == "gpytorch" and other.cg_iterations_ is None and other.history_data_fit_ is None
+    chol = ExactGP(solver="auto", max_iter=3, verbose=False, device=device).fit(X, y)
+    assert (chol.trainer_, chol.train_solver_) == ("gpytorch", "cholesky")
+    forced = ExactGP(solver="auto", max_iter=3, verbose=False, trainer="gpfast", device=device).fit(X, y)
+    assert (forced.trainer_, forced.train_solver_, forced.solver_) == ("gpfast", "cg", "cholesky")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
+def test_cuda_budget_from_free_memory_stores_float32_k():
+    from gpfast.estimator.solver import free_memory_bytes
+
+    model = _problem(n=2000, d=8, dtype=torch.float32, device="cuda")
+    engine = Engine(EngineSettings(), free_memory=free_memory_bytes(torch.device("cuda")))
+    engine.objective(model)()
+    assert engine.product.mode == "stored" and engine.product.K.dtype == torch.float32
+    assert engine.product.K.shape == (2000, 2000) and engine.product.K.is_cuda
+    engine.finish()
+    assert engine.product.K is None  # released when training ends
+
+
+def test_exact_gp_engine_is_reproducible_and_shows_its_terms(capsys):
+    X, y = _toy(n=150)
+    a = ExactGP(solver="cg", max_iter=4, verbose=False, random_state=3).fit(X, y)
+    b = ExactGP(solver="cg", max_iter=4, verbose=False, random_state=3).fit(X, y)
+    assert a.history_ == b.history_ and a.cg_iterations_ == b.cg_iterations_
+    ExactGP(solver="cg", max_iter=2, verbose=True).fit(X, y)
+    err = capsys.readouterr().err
+    assert "training steps with cg (gpfast)" in err
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"num_probes": 0}, r"trainer_options\['num_probes'\]=0; expected an int >= 1"),
+        ({"cg_tolerance": -1.0}, r"trainer_options\['cg_tolerance'\]"),
+        ({"product": "dense"}, r"trainer_options\['product'\]='dense'"),
+        ({"resample_every": 0}, r"resample_every"),
+        ({"bogus": 1}, r"unknown trainer_options key\(s\) \['bogus'\]"),
+        ("fast", r"invalid trainer_options='fast'"),
+    ],
+)
+def test_bad_trainer_options_raise_and_keep_state(options, match):
+    X, y = _toy(n=60)
+    gp = ExactGP(solver="cg", max_iter=2, verbose=False).fit(X, y)
+    history = list(gp.history_)
+    with pytest.raises(ValueError, match=match):
+        gp.set_params(trainer_options=options).fit(X[:30], y[:30])
+    assert gp.history_ == history and gp.n_features_in_ == 3
+    with pytest.raises(ValueError, match=r"invalid trainer='fast'"):
+        ExactGP(trainer="fast").fit(X, y)
+    with pytest.raises(ValueError, match=r"trainer='gpfast' takes CG training steps; got solver='cholesky'"):
+        ExactGP(trainer="gpfast", solver="cholesky").fit(X, y)
+
+
+def test_cg_missing_its_tolerance_warns_with_the_residual_and_the_setting():
+    X, y = _toy(n=200)
+    gp = ExactGP(
+        solver="cg",
+        max_iter=3,
+        verbose=False,
+        random_state=0,
+        trainer_options={"max_cg_iterations": 1, "cg_tolerance": 1e-6, "preconditioner_rank": 0},
+    )
+    with pytest.warns(
+        ConvergenceWarning,
+        match=r"relative residual [0-9.e+-]+ > cg_tolerance 1e-06 after "
+        r"max_cg_iterations=1 \(3 of 3 steps missed it\).*Raise "
+        r"trainer_options\['max_cg_iterations'\]",
+    ):
+        gp.fit(X, y)
+    assert all(r > 1e-6 for r in gp.cg_residuals_) and gp.cg_iterations_ == [1, 1, 1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)  # the defaults converge on this problem
+        ExactGP(solver="cg", max_iter=3, verbose=False, random_state=0).fit(X, y)
+
+
+def test_non_finite_gradient_stops_the_fit_and_keeps_the_estimator(monkeypatch):
+    import gpfast.train.engine as engine_mod
+
+    X, y = _toy(n=100)
+    gp = ExactGP(solver="cg", max_iter=3, verbose=False, random_state=0).fit(X, y)
+    before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in gp.model_.state_dict().items()}
+    attrs = {k: v for k, v in vars(gp).items() if k.endswith("_") and isinstance(v, (list, float, str))}
+    real, calls = engine_mod.hutchinson_gradient, []
+
+    def poisoned(*args):
+        grad = real(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            grad.lengthscale = grad.lengthscale * float("nan")
+        return grad
+
+    monkeypatch.setattr(engine_mod, "hutchinson_gradient", poisoned)
+    with pytest.raises(
+        FloatingPointError,
+        match=r"non-finite gradient at step 1 \(in \['lengthscale\[0\]'.*"
+        r"The estimator was not modified",
+    ):
+        gp.fit(X * 2, y)
+    assert all(torch.equal(gp.model_.state_dict()[k], v) for k, v in before.items())
+    assert {k: v for k, v in vars(gp).items() if k in attrs} == attrs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["yacht", "concrete"])
+def test_engine_fit_reaches_gpytorch_on_uci(name):
+    """50 Adam steps: the engine (float32, defaults) reaches the test RMSE and NLL of GPyTorch's exact loop."""
+    from gpfast.datasets import load_uci
+    from gpfast.metrics import regression_metrics
+
+    ds = load_uci(name, split=0)
+    out = {}
+    for trainer, solver in (("gpytorch", "cholesky"), ("gpfast", "cg")):
+        gp = ExactGP(
+            solver=solver,
+            trainer=trainer,
+            max_iter=50,
+            verbose=False,
+            standardize=False,
+            random_state=int(torch.randint(0, 2**31 - 1, ())),
+        ).fit(ds.X_train, ds.y_train)
+        gp.solver_ = "cholesky"  # predict exactly in both, so that only the training differs
+        mean, std = gp.predict(ds.X_test, return_std=True)
+        out[trainer] = regression_metrics(mean, std**2, ds.y_test, 1.0)
+    got, want = out["gpfast"], out["gpytorch"]
+    assert got["rmse_std"] <= 1.02 * want["rmse_std"], (got, want)
+    assert got["nll_std"] <= want["nll_std"] + 0.02, (got, want)
