@@ -37,25 +37,25 @@ def _register_python_parts() -> None:
         return x1.new_empty(x1.shape[0], x1.shape[1], x2.shape[1])
 
     @torch.library.register_fake("gpfast::rbf_covariance_backward")
-    def _cov_bwd_fake(grad, x1, x2, lengthscale, outputscale):
-        return (torch.empty_like(x1), torch.empty_like(x2), torch.empty_like(lengthscale),
-                torch.empty_like(outputscale))
+    def _cov_bwd_fake(grad, x1, x2, lengthscale, outputscale, x_grads=True):
+        return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)
 
     @torch.library.register_fake("gpfast::rbf_matmul")
     def _mm_fake(x1, x2, lengthscale, outputscale, v):
         return x1.new_empty(x1.shape[0], x1.shape[1], v.shape[2])
 
     @torch.library.register_fake("gpfast::rbf_matmul_backward")
-    def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v):
-        return (torch.empty_like(x1), torch.empty_like(x2), torch.empty_like(lengthscale),
-                torch.empty_like(outputscale))
+    def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v, x_grads=True):
+        return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)
 
     def _cov_setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
 
     def _cov_backward(ctx, grad):
         x1, x2, lengthscale, outputscale = ctx.saved_tensors
-        return ops.rbf_covariance_backward(grad, x1, x2, lengthscale, outputscale)
+        need = ctx.needs_input_grad
+        grads = ops.rbf_covariance_backward(grad, x1, x2, lengthscale, outputscale, need[0] or need[1])
+        return tuple(g if wanted else None for g, wanted in zip(grads, need))
 
     torch.library.register_autograd("gpfast::rbf_covariance", _cov_backward, setup_context=_cov_setup)
 
@@ -67,12 +67,18 @@ def _register_python_parts() -> None:
         need = ctx.needs_input_grad
         gx1 = gx2 = gl = gs = gv = None
         if any(need[:4]):
-            gx1, gx2, gl, gs = ops.rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v)
+            gx1, gx2, gl, gs = (g if wanted else None for g, wanted in zip(
+                ops.rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, need[0] or need[1]), need))
         if need[4]:
             gv = ops.rbf_matmul(x2, x1, lengthscale, outputscale, grad)  # K(x1, x2)^T G = K(x2, x1) G
         return gx1, gx2, gl, gs, gv
 
     torch.library.register_autograd("gpfast::rbf_matmul", _mm_backward, setup_context=_mm_setup)
+
+
+def _bwd_fake(x1, x2, lengthscale, outputscale, x_grads):
+    gx1, gx2 = (torch.empty_like(x1), torch.empty_like(x2)) if x_grads else (x1.new_empty(0), x1.new_empty(0))
+    return gx1, gx2, torch.empty_like(lengthscale), torch.empty_like(outputscale)
 
 
 # --------------------------------------------------------------------------------------------------------------
