@@ -196,15 +196,20 @@ struct MatmulRows {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The backward ops, in GEMM form (the formulation of the CUDA kernels, issue 14). With z = (x - mu) / l, where mu is
-// the mean of both point sets (differences do not see it; the expansion below loses accuracy without it), U = G o K / s
-// (dLoss/dK times the unscaled kernel), r = U 1 and c = U^T 1:
+// the mean of both point sets (differences do not see it; the sums below cancel less with it: by a factor of |z| /
+// |z1 - z2|, squared for the lengthscale), U = G o K / s (dLoss/dK times the unscaled kernel), r = U 1, c = U^T 1:
 //   dLoss/dx1 = s (U Z2 - diag(r) Z1) / l,   dLoss/dx2 = s (U^T Z1 - diag(c) Z2) / l,
-//   dLoss/dl_k = s / l_k sum_ij U_ij (z1_ik - z2_jk)^2 = s / l_k (sum_i z1_ik (r_i z1_ik - 2 (U Z2)_ik) + sum_j c_j z2_jk^2),
+//   dLoss/dl_k = s / l_k sum_ij U_ij (z1_ik - z2_jk)^2
+//              = s / l_k (sum_i z1_ik (r_i z1_ik - 2 (U Z2)_ik) + sum_j c_j z2_jk^2),
 //   dLoss/ds = sum_ij U_ij.
-// U is formed a tile of kPanel rows by kTile columns at a time, its exponent from the expansion a.b - |a|^2/2 - |b|^2/2
-// (clamped to <= 0), and each product with U is a register-tiled loop over the tile (axpy_block). MKL's dgemm on the
-// same blocks ran at 1-9 GFMA/s on the 2-core EPYC CI machine, several times slower than these loops. All sums are
-// double and run in an order fixed by the shapes alone.
+// U is formed a tile of kPanel rows by kTile columns at a time, and each product with U is a register-tiled loop over
+// the tile (axpy_block; MKL's dgemm on the same blocks ran at 1-9 GFMA/s on the 2-core EPYC CI machine, several times
+// slower). The distances inside K are taken by differences, not by the expansion |a|^2 + |b|^2 - 2 a.b: the expansion
+// puts an error of eps |z|^2 on each exponent, 1e-9 relative at a lengthscale of 1e-3 on standardised data, which
+// float64 results would show; this way K is the forward's, bit for bit. The lengthscale gradient's identity keeps an
+// error of about eps (spread of z)^2 / (distance of the pairs that matter)^2, far below float32's rounding (about
+// 1e-12 relative in float64 at lengthscale 0.05 on standardised data). All sums are double and run in an order fixed
+// by the shapes alone.
 
 typedef double v4d __attribute__((vector_size(32)));
 constexpr int64_t kW = 4;        // doubles per v4d
@@ -217,8 +222,9 @@ GPFAST_INLINE void load4(v4d& v, const double* p) { std::memcpy(&v, p, sizeof v)
 GPFAST_INLINE void store4(double* p, const v4d& v) { std::memcpy(p, &v, sizeof v); }
 
 // out[r][v] (+)= sum_{q < Q} a[r * ars + q * aqs] * M[q * ldm + v] for r < R and the NV * kW columns v, in an R x NV
-// register tile. Each output is summed in q order, so a row's result does not depend on the tile it falls in.
-template <int R, int NV, bool kAccumulate>
+// register tile; with kSquaredDiff, the terms are (a[..] - M[..])^2 instead. Each output is summed in q order, so a
+// row's result does not depend on the tile it falls in.
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff = false>
 GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm, int64_t Q,
                              double* out, int64_t ldo) {
   v4d acc[R][NV];
@@ -240,7 +246,14 @@ GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const do
     for (int r = 0; r < R; ++r) {
       const double s = a[r * ars + q * aqs];
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] += s * m[v];
+      for (int v = 0; v < NV; ++v) {
+        if (kSquaredDiff) {
+          const v4d diff = s - m[v];
+          acc[r][v] += diff * diff;
+        } else {
+          acc[r][v] += s * m[v];
+        }
+      }
     }
   }
 #pragma GCC unroll 8
@@ -249,64 +262,63 @@ GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const do
     for (int v = 0; v < NV; ++v) store4(out + r * ldo + v * kW, acc[r][v]);
 }
 
-template <int R, int NV, bool kAccumulate>
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
 GPFAST_INLINE void axpy_rows_tail(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M,
                                   int64_t ldm, int64_t Q, double* out, int64_t ldo) {
   if constexpr (R > 0) {
-    if (rows == R) return axpy_tile<R, NV, kAccumulate>(a, ars, aqs, M, ldm, Q, out, ldo);
-    axpy_rows_tail<R - 1, NV, kAccumulate>(rows, a, ars, aqs, M, ldm, Q, out, ldo);
+    if (rows == R) return axpy_tile<R, NV, kAccumulate, kSquaredDiff>(a, ars, aqs, M, ldm, Q, out, ldo);
+    axpy_rows_tail<R - 1, NV, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M, ldm, Q, out, ldo);
   }
 }
 
-template <int R, int NV, bool kAccumulate>
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
 GPFAST_INLINE void axpy_rows(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm,
                              int64_t Q, double* out, int64_t ldo) {
   int64_t r = 0;
-  for (; r + R <= rows; r += R) axpy_tile<R, NV, kAccumulate>(a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo, ldo);
-  if (r < rows) axpy_rows_tail<R - 1, NV, kAccumulate>(rows - r, a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo, ldo);
+  for (; r + R <= rows; r += R)
+    axpy_tile<R, NV, kAccumulate, kSquaredDiff>(a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo, ldo);
+  if (r < rows)
+    axpy_rows_tail<R - 1, NV, kAccumulate, kSquaredDiff>(rows - r, a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo,
+                                                         ldo);
 }
 
 // out (rows x nvec * kW, row stride ldo) (+)= A M, where A[r][q] = a[r * ars + q * aqs] and M is Q x nvec * kW (row
 // stride ldm): a small GEMM, in register tiles of 4 x 3, 6 x 2 or 8 x 1 vectors (12 or 8 of the 16 AVX2 registers
 // hold accumulators).
-template <bool kAccumulate>
+template <bool kAccumulate, bool kSquaredDiff = false>
 GPFAST_INLINE void axpy_block(int64_t rows, int64_t nvec, const double* a, int64_t ars, int64_t aqs, const double* M,
                               int64_t ldm, int64_t Q, double* out, int64_t ldo) {
   int64_t v = 0;
-  for (; v + 3 <= nvec; v += 3) axpy_rows<4, 3, kAccumulate>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
-  if (nvec - v == 2) axpy_rows<6, 2, kAccumulate>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
-  if (nvec - v == 1) axpy_rows<8, 1, kAccumulate>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+  for (; v + 3 <= nvec; v += 3)
+    axpy_rows<4, 3, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+  if (nvec - v == 2) axpy_rows<6, 2, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+  if (nvec - v == 1) axpy_rows<8, 1, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
 }
 
-// One point set, centred, scaled and laid out for the backward: z (B, n, dp) row-major, zt (B, dp, np) transposed
-// and h = |z|^2 / 2 (B, np), all double, with d and n rounded up to dp (a multiple of kW) and np (a multiple of 8)
-// by zeros.
+// One point set, centred, scaled and laid out for the backward: z (B, n, dp) row-major and zt (B, dp, np) transposed,
+// double, with d and n rounded up to dp (a multiple of kW) and np (a multiple of 8) by zeros.
 struct Side {
-  at::Tensor z, zt, h;
+  at::Tensor z, zt;
   int64_t n, np;
   const double* zp() const { return z.data_ptr<double>(); }
   const double* ztp() const { return zt.data_ptr<double>(); }
-  const double* hp() const { return h.data_ptr<double>(); }
 };
 
 template <typename T>
 Side scaled_side(const at::Tensor& x, const double* mu, const double* l, int64_t dp) {
   const int64_t B = x.size(0), n = x.size(1), d = x.size(2), np = round_up(n, 8);
   const auto opts = x.options().dtype(at::kDouble);
-  Side side{at::zeros({B, n, dp}, opts), at::zeros({B, dp, np}, opts), at::zeros({B, np}, opts), n, np};
+  Side side{at::zeros({B, n, dp}, opts), at::zeros({B, dp, np}, opts), n, np};
   const auto xa = x.accessor<T, 3>();
-  double *z = side.z.data_ptr<double>(), *zt = side.zt.data_ptr<double>(), *h = side.h.data_ptr<double>();
+  double *z = side.z.data_ptr<double>(), *zt = side.zt.data_ptr<double>();
   at::parallel_for(0, B * n, 1024, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t b = r / n, i = r % n;
-      double hh = 0;
       for (int64_t k = 0; k < d; ++k) {
         const double v = (static_cast<double>(xa[b][i][k]) - mu[b * d + k]) / l[b * d + k];
         z[r * dp + k] = v;
         zt[(b * dp + k) * np + i] = v;
-        hh += v * v;
       }
-      h[b * np + i] = 0.5 * hh;
     }
   });
   return side;
@@ -365,8 +377,8 @@ struct ProductWeights {
 // csum (., ncp) += U^T 1, the column side.
 template <class Weights>
 struct BackwardRows {
-  const double *zr, *hr, *zc, *zct, *hc;
-  int64_t nr, nrp, nc, ncp, dp;
+  const double *zr, *zc, *zct;
+  int64_t nr, nc, ncp, d, dp;
   Weights weights;
   double *rw, *rsum, *col, *csum;
   int64_t b0;
@@ -378,18 +390,15 @@ struct BackwardRows {
     for (int64_t p0 = begin; p0 < end;) {
       const int64_t b = p0 / nr, i0 = p0 % nr, P = std::min({kPanel, end - p0, nr - i0});
       const double* z = zr + p0 * dp;
-      const double* hrow = hr + b * nrp + i0;
       for (int64_t i = 0; i < P; ++i) std::fill_n(lanes[i], kLanes, 0.0);
       for (int64_t j0 = 0; j0 < nc; j0 += kTile) {
         const int64_t C = std::min(kTile, nc - j0), Cp = round_up(C, 8);
-        axpy_block<false>(P, Cp / kW, z, dp, 1, zct + b * dp * ncp + j0, ncp, dp, U, kTile);  // zr . zc
+        axpy_block<false, true>(P, Cp / kW, z, dp, 1, zct + b * dp * ncp + j0, ncp, d, U, kTile);  // |zr - zc|^2
         weights(b, i0, P, j0, C, Cp, w, kTile);
-        const double* hcol = hc + b * ncp + j0;
         for (int64_t i = 0; i < P; ++i) {
           double* u = U + i * kTile;
           const double* wi = w + i * kTile;
-          const double hi = hrow[i];
-          for (int64_t j = 0; j < Cp; ++j) u[j] = wi[j] * exp_nonpositive(std::min(u[j] - hi - hcol[j], 0.0));
+          for (int64_t j = 0; j < Cp; ++j) u[j] = wi[j] * exp_nonpositive(-0.5 * u[j]);
           double part[kLanes];
           std::copy_n(lanes[i], kLanes, part);
           for (int64_t j = 0; j < Cp; j += kLanes)
@@ -440,11 +449,10 @@ ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width) {
 // The row sums rw1 = U Z2 (B, n, dp), r1 = U 1 (B, n) and the column sums rw2 = U^T Z1 (B, m, dp; only with
 // x_grads) and r2 = U^T 1 (B, m). by_col (the weights seen from x2's rows) is made only if a second pass needs it.
 template <class Weights, class MakeByCol>
-void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t dp, const Weights& by_row,
+void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t dp, const Weights& by_row,
                    const MakeByCol& make_by_col, bool x_grads, double* rw1, double* r1, double* rw2, double* r2) {
   const int64_t n = s1.n, m = s2.n, mp = s2.np;
-  BackwardRows<Weights> pass{s1.zp(), s1.hp(), s2.zp(), s2.ztp(), s2.hp(), n, s1.np, m, mp, dp, by_row,
-                             rw1, r1, nullptr, nullptr, 0};
+  BackwardRows<Weights> pass{s1.zp(), s2.zp(), s2.ztp(), n, m, mp, d, dp, by_row, rw1, r1, nullptr, nullptr, 0};
   const int64_t per_batch = (x_grads ? dp + 1 : 1) * mp;  // col (dp, mp) and csum (mp)
   const ChunkPlan plan = plan_chunks(B, n, per_batch);
   if (plan.fits) {
@@ -485,8 +493,8 @@ void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t dp, const 
   }
   at::parallel_for(0, B * n, kPanel, [&](int64_t begin, int64_t end) { run(pass, begin, end); });
   const auto by_col = make_by_col();
-  BackwardRows<std::decay_t<decltype(by_col)>> cols{s2.zp(), s2.hp(), s1.zp(), s1.ztp(), s1.hp(), m, mp, n, s1.np,
-                                                    dp, by_col, x_grads ? rw2 : nullptr, r2, nullptr, nullptr, 0};
+  BackwardRows<std::decay_t<decltype(by_col)>> cols{s2.zp(), s1.zp(), s1.ztp(), m, n, s1.np, d, dp, by_col,
+                                                    x_grads ? rw2 : nullptr, r2, nullptr, nullptr, 0};
   at::parallel_for(0, B * m, kPanel, [&](int64_t begin, int64_t end) { run(cols, begin, end); });
 }
 
@@ -554,7 +562,7 @@ Grads backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& len
   at::Tensor rw1 = at::zeros({B, n, dp}, opts), r1 = at::empty({B, n}, opts);
   at::Tensor rw2 = x_grads ? at::zeros({B, m, dp}, opts) : at::Tensor(), r2 = at::empty({B, m}, opts);
   double* prw2 = x_grads ? rw2.data_ptr<double>() : nullptr;
-  backward_sums(sides.first, sides.second, B, dp, by_row, make_by_col, x_grads, rw1.data_ptr<double>(),
+  backward_sums(sides.first, sides.second, B, d, dp, by_row, make_by_col, x_grads, rw1.data_ptr<double>(),
                 r1.data_ptr<double>(), prw2, r2.data_ptr<double>());
   auto& [gx1, gx2, gl, gs] = grads;
   assemble_grads<T>(sides.first, sides.second, B, d, dp, rw1.data_ptr<double>(), r1.data_ptr<double>(), prw2,
