@@ -7,7 +7,7 @@ from torch.autograd import gradcheck
 from conftest import DEVICES, poison_allocator, rel_err
 from gpfast import _reference as ref
 from gpfast import ops
-from test_ops import grads_of, rand_inputs
+from test_ops import BROADCAST_CASES, autograd_reference, broadcast_case, grads_of, rand_inputs
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -119,3 +119,110 @@ def test_cpu_portable_and_avx2_builds_agree(monkeypatch, dtype):
     for a, b in zip(fast, portable):
         assert b.abs().max() > 0
         assert rel_err(a, b) < tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("t", [1, 8, 11, 16, 17, 32])
+def test_matmul_rhs_counts_ragged(device, dtype, t):
+    """Right-hand-side counts on both sides of every vector and bucket width, sizes just off the tiles: the product
+    and its gradients (v's included) against the float64 oracle on fresh draws."""
+    x1, x2, l, s = rand_inputs((2,), 67, 131, 5, device, dtype)
+    v = torch.randn(2, 131, t, device=device, dtype=dtype)
+    w = torch.randn(2, 67, t, device=device, dtype=dtype)
+    poison_allocator(device, 8 * 131 * 67 * t)
+    out = ops.rbf_matmul(x1, x2, l, s, v)
+    args = (x1, x2, l, s, v)
+    want = ref.rbf_matmul(*(a.double() for a in args))
+    got_g = grads_of(ops.rbf_matmul, args, w)
+    want_g = grads_of(ref.rbf_matmul, [a.double() for a in args], w.double())
+    names = ("x1", "x2", "lengthscale", "outputscale", "v")
+    if dtype == torch.float64:
+        assert rel_err(out, want) < 1e-12
+        for name, g, r in zip(names, got_g, want_g):
+            assert rel_err(g, r) < 1e-12, name
+    else:
+        assert rel_err(out, want) <= 2 * rel_err(ref.rbf_matmul(*args), want) + 1e-6
+        plain_g = grads_of(ref.rbf_matmul, args, w)
+        for name, g, r, p in zip(names, got_g, want_g, plain_g):
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(BROADCAST_CASES)))
+@pytest.mark.parametrize("rhs", ["matrix", "vector", "extra batch"])
+def test_matmul_backward_function(device, case, rhs):
+    x1, x2, l, s = broadcast_case(case, device)
+    batch, m = ref.rbf_covariance(x1, x2, l, s).shape[:-2], x2.shape[-2]
+    shape = {"matrix": (m, 3), "vector": (m,), "extra batch": (4, *[1] * len(batch), m, 2)}[rhs]
+    v = torch.randn(shape, device=device, dtype=torch.float64)
+
+    def product(a, b, c, e):
+        return ref.rbf_matmul(a, b, c, e, v[..., None])[..., 0] if v.dim() == 1 else ref.rbf_matmul(a, b, c, e, v)
+
+    grad = torch.randn_like(product(x1, x2, torch.as_tensor(l), torch.as_tensor(s)))
+    want = autograd_reference(product, grad, x1, x2, l, s)
+    poison_allocator(device, 8 * grad.numel() * 4)
+    got = ops.rbf_matmul_backward(grad, x1, x2, l, s, v)
+    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+        assert g.shape == r.shape and g.dtype == torch.float64, name
+        assert rel_err(g, r) < 1e-12, name
+    masked = ops.rbf_matmul_backward(grad, x1, x2, l, s, v, x_grads=False)
+    assert masked[0] is None and masked[1] is None
+    for name, g, r in zip(("lengthscale", "outputscale"), masked[2:], got[2:]):
+        assert g.shape == r.shape and rel_err(g, r) < 1e-13, name
+
+
+def test_autograd_asks_only_for_needed_gradients(monkeypatch):
+    """The autograd formulas pass the gradient mask: with no point gradient wanted, x_grads is False."""
+    seen = []
+    real = torch.ops.gpfast.rbf_matmul_backward
+
+    class Spy:
+        def __call__(self, *args):
+            seen.append(args[-1])
+            return real(*args)
+
+    monkeypatch.setattr(torch.ops.gpfast, "rbf_matmul_backward", Spy())
+    x1, x2, l, s = rand_inputs((), 20, 30, 3, "cpu", torch.float64)
+    v = torch.randn(30, 2, dtype=torch.float64)
+    for wanted in ([l, s], [x1, l], [x2]):
+        for a in wanted:
+            a.requires_grad_()
+        grads = torch.autograd.grad(ops.rbf_matmul(x1, x2, l, s, v).sum(), wanted)
+        assert all(g is not None and g.shape == a.shape for g, a in zip(grads, wanted))
+        for a in wanted:
+            a.requires_grad_(False)
+    assert seen == [False, True, True]
+
+
+@pytest.mark.parametrize("op", ["covariance", "matmul"])
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_cpu_backward_independent_of_threads(monkeypatch, op, two_pass):
+    """Bit-identical CPU gradients with 1, 2 and 3 threads, in the one-pass and the two-pass form, masked or not."""
+    if two_pass:
+        monkeypatch.setenv("GPFAST_CPU_COLUMN_BUFFER_MB", "0")
+    x1, x2, l, s = rand_inputs((2,), 301, 203, 6, "cpu", torch.float32)
+    v = torch.randn(2, 203, 5)
+    grad = torch.randn(2, 301, 5 if op == "matmul" else 203)
+
+    def run():
+        out = []
+        for x_grads in (True, False):
+            if op == "matmul":
+                out += [g for g in ops.rbf_matmul_backward(grad, x1, x2, l, s, v, x_grads=x_grads) if g is not None]
+            else:
+                out += [g for g in ops.rbf_covariance_backward(grad, x1, x2, l, s, x_grads=x_grads) if g is not None]
+        return out
+
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n_threads in (1, 2, 3):
+            torch.set_num_threads(n_threads)
+            results.append(run())
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
+    assert torch.equal(results[0][2], results[0][4]) and torch.equal(results[0][3], results[0][5])  # mask: same l, s

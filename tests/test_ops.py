@@ -1,5 +1,8 @@
 """The fused ops against the float64 pure-PyTorch reference, on fresh random inputs each run."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.autograd import gradcheck
@@ -23,6 +26,15 @@ def rand_inputs(batch, n, m, d, device, dtype=torch.float32, ard=True, gen=None)
 
 def reference64(x1, x2, l, s, diag=False):
     return ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double(), diag=diag)
+
+
+def float32_bound(device, plain_err):
+    """FlashAttention's rule for a float32 result against the float64 oracle: at most twice the error of the plain
+    float32 formula (plus 1e-7 for draws where that is nearly exact). On CUDA parametrizations only, the floor is
+    1e-6: the CUDA kernels take distances by the norm expansion (issue 14), which errs by 2-5e-7 on centred data
+    however exact the plain formula happens to be; the CPU kernels take differences in double and keep the rule."""
+    bound = 2 * plain_err + 1e-7
+    return max(bound, 1e-6) if device == "cuda" else bound
 
 
 SHAPES = [
@@ -53,7 +65,7 @@ def test_covariance_matches_float64_reference(device, dtype, shape):
     if dtype == torch.float32:
         # no worse than the plain PyTorch formula in float32 (FlashAttention's rule: at most 2x its error)
         plain = ref.rbf_covariance(x1, x2, l, s)
-        assert rel_err(K, K64) <= 2 * rel_err(plain, K64) + 1e-7
+        assert rel_err(K, K64) <= float32_bound(device, rel_err(plain, K64))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -154,6 +166,171 @@ def test_covariance_gradients_float32_vs_float64(device, shape):
     for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
         assert g.dtype == torch.float32
         assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+# ------------------------------------------------------------------------------------- accuracy where it is hardest
+
+
+def grads_and_plain(x1, x2, l, s, w, fn=None, ref_fn=None, extra=()):
+    """(ours, float64 oracle, plain float32 formula) gradients of sum(w * op(...)) for float32 inputs."""
+    fn, ref_fn = fn or ops.rbf_covariance, ref_fn or ref.rbf_covariance
+    args = (x1, x2, l, s, *extra)
+    return (grads_of(fn, args, w), grads_of(ref_fn, [a.double() for a in args], w.double()),
+            grads_of(ref_fn, args, w))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [((), 150, 260, 8), ((2,), 65, 131, 5), ((), 70, 90, 33)])
+def test_uncentred_data_and_duplicated_rows(device, dtype, shape):
+    """Data shifted by +10, as raw features often are, with rows of x1 copied into x2: K is s exactly at the copies,
+    never above s, and values and gradients keep their accuracy (the backward's expansion centres the data)."""
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, device, dtype)
+    x1, x2 = x1 + 10, x2 + 10
+    dup = torch.randperm(n, device=device)[: m // 3]
+    x2[..., : m // 3, :] = x1[..., dup, :]
+    poison_allocator(device, x1.element_size() * n * m * 2)
+    K = ops.rbf_covariance(x1, x2, l, s)
+    at_copies = K[..., dup, torch.arange(m // 3, device=device)]
+    assert torch.equal(at_copies, s.unsqueeze(-1).expand_as(at_copies))
+    assert (K <= s[..., None, None]).all()
+    K64 = reference64(x1, x2, l, s)
+    w = torch.randn(*batch, n, m, device=device, dtype=dtype)
+    got, want, plain = grads_and_plain(x1, x2, l, s, w)
+    if dtype == torch.float64:
+        assert rel_err(K, K64) < 1e-13
+        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+            assert rel_err(g, r) < 1e-12, name
+    else:
+        assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
+        for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1e-3, 1e-2, 1e2, 1e3])
+def test_extreme_lengthscales(device, dtype, scale):
+    """Lengthscales far from the data's spread of 1. Half of x2 sits within a lengthscale or so of x1's rows, so that
+    small lengthscales still leave entries of K (and gradients) that are not zero."""
+    n, m, d = 90, 140, 6
+    x1 = torch.randn(n, d, device=device, dtype=dtype)
+    x2 = torch.randn(m, d, device=device, dtype=dtype)
+    near = min(scale, 1.0) * torch.randn(m // 2, d, device=device, dtype=dtype)
+    x2[: m // 2] = x1[torch.randint(n, (m // 2,), device=device)] + near
+    l = scale * (torch.rand(1, d, device=device, dtype=dtype) + 0.5)
+    s = torch.rand((), device=device, dtype=dtype) + 0.5
+    K = ops.rbf_covariance(x1, x2, l, s)
+    K64 = reference64(x1, x2, l, s)
+    assert K64.abs().max() > 0.1 * s
+    w = torch.randn(n, m, device=device, dtype=dtype)
+    got, want, plain = grads_and_plain(x1, x2, l, s, w)
+    if dtype == torch.float64:
+        # sums of the GEMM form cancel by up to (spread of z / distance of the pairs that matter)^2 = (1 / scale)^2 in
+        # the lengthscale gradient: 1.5e-9 at 1e-3 (1e-15 at 1e3), far below float32's rounding
+        tol = 1e-13 * (1 + scale**-2)
+        assert rel_err(K, K64) < tol
+        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+            assert rel_err(g, r) < tol, name
+    else:
+        assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
+        for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [((), 1, 1, 1), ((), 1, 300, 2), ((), 300, 1, 7), ((), 63, 129, 4),
+                                   ((3,), 65, 127, 3), ((), 129, 257, 9), ((2,), 40, 70, 37)])
+def test_covariance_backward_ragged_tiles_float64(device, shape):
+    """Sizes just off every tile and vector width, fresh float64 draws against the oracle's autograd."""
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, device, torch.float64)
+    w = torch.randn(*batch, n, m, device=device, dtype=torch.float64)
+    poison_allocator(device, 8 * (n + m) * d * 4)
+    got = grads_of(ops.rbf_covariance, (x1, x2, l, s), w)
+    want = grads_of(ref.rbf_covariance, (x1, x2, l, s), w)
+    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+        assert torch.isfinite(g).all() and rel_err(g, r) < 1e-12, name
+
+
+# ------------------------------------------------------------------------- backward functions and the gradient mask
+
+BROADCAST_CASES = [  # x1, x2, lengthscale, outputscale: shapes, or a float for a Python number
+    ((5, 3), (4, 3), (3,), ()),
+    ((2, 5, 3), (4, 3), (2, 1, 1), (2,)),
+    ((1, 5, 3), (3, 4, 3), (1,), 1.7),
+    ((5, 3), (4, 3), 0.8, 1.3),
+    ((2, 3, 5, 2), (3, 4, 2), (3, 1, 2), (2, 1)),
+]
+
+
+def broadcast_case(case, device):
+    x1s, x2s, ls, ss = BROADCAST_CASES[case]
+    opts = {"device": device, "dtype": torch.float64}
+    x1, x2 = torch.randn(x1s, **opts), torch.randn(x2s, **opts)
+    l = (torch.rand(ls, **opts) + 0.5) * 1.5 if isinstance(ls, tuple) else ls
+    s = torch.rand(ss, **opts) + 0.5 if isinstance(ss, tuple) else ss
+    return x1, x2, l, s
+
+
+def autograd_reference(fn, grad, x1, x2, l, s, *extra):
+    """Gradients of sum(grad * fn(...)) by autograd through the float64 reference, numbers as 0-dim tensors."""
+    leaves = [torch.as_tensor(a, dtype=torch.float64, device=x1.device).clone().requires_grad_() for a in (x1, x2, l, s)]
+    return torch.autograd.grad((fn(*leaves, *extra) * grad).sum(), leaves)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(BROADCAST_CASES)))
+def test_covariance_backward_function(device, case):
+    x1, x2, l, s = broadcast_case(case, device)
+    grad = torch.randn_like(ref.rbf_covariance(x1, x2, l, s))
+    want = autograd_reference(ref.rbf_covariance, grad, x1, x2, l, s)
+    poison_allocator(device, 8 * grad.numel() * 4)
+    got = ops.rbf_covariance_backward(grad, x1, x2, l, s)
+    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+        assert g.shape == r.shape and g.dtype == torch.float64, name
+        assert rel_err(g, r) < 1e-12, name
+    masked = ops.rbf_covariance_backward(grad, x1, x2, l, s, x_grads=False)
+    assert masked[0] is None and masked[1] is None
+    for name, g, r in zip(("lengthscale", "outputscale"), masked[2:], got[2:]):
+        assert g.shape == r.shape and rel_err(g, r) < 1e-13, name
+
+
+def test_covariance_backward_function_errors():
+    x, l = torch.randn(5, 3), torch.ones(3)
+    with pytest.raises(ValueError, match=r"grad must have the output's shape \(5, 4\).*got shape \(5, 5\)"):
+        ops.rbf_covariance_backward(torch.randn(5, 5), x, x[:4], l, 1.0)
+    with pytest.raises(TypeError, match=r"grad has dtype torch.float64 but x1 has torch.float32"):
+        ops.rbf_covariance_backward(torch.randn(5, 5, dtype=torch.float64), x, x, l, 1.0)
+    with pytest.raises(ValueError, match=r"x1 has d=3 .* x2 has d=4"):
+        ops.rbf_covariance_backward(torch.randn(5, 4), x, torch.randn(4, 4), l, 1.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_grads", [True, False])
+def test_opcheck_backward_ops(device, x_grads):
+    x1, x2, l, s = rand_inputs((2,), 9, 7, 3, device, torch.float64)
+    args = (x1, x2, l.reshape(2, 3), s)
+    torch.library.opcheck(torch.ops.gpfast.rbf_covariance_backward.default,
+                          (torch.randn(2, 9, 7, device=device, dtype=torch.float64), *args, x_grads))
+    v = torch.randn(2, 7, 4, device=device, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.gpfast.rbf_matmul_backward.default,
+                          (torch.randn(2, 9, 4, device=device, dtype=torch.float64), *args, v, x_grads))
+    masked = torch.ops.gpfast.rbf_covariance_backward(torch.randn(2, 9, 7, device=device, dtype=torch.float64),
+                                                      *args, x_grads)
+    assert [tuple(g.shape) for g in masked] == ([(2, 9, 3), (2, 7, 3)] if x_grads else [(0,), (0,)]) + [(2, 3), (2,)]
+
+
+def test_ops_registered_at_import():
+    """A fresh process sees torch.ops.gpfast.* right after ``import gpfast``, the backward ops with their mask."""
+    code = ("import gpfast, torch; ops = torch.ops.gpfast; ops.rbf_covariance.default; ops.rbf_matmul.default; "
+            "args = ops.rbf_matmul_backward.default._schema.arguments; "
+            "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args; "
+            "args = ops.rbf_covariance_backward.default._schema.arguments; "
+            "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 def test_opcheck_cpu():
@@ -277,7 +454,7 @@ def test_both_forward_kernels(monkeypatch, variant, dtype, shape):
     if dtype == torch.float64:
         assert rel_err(K, K64) < 1e-13
     else:
-        assert rel_err(K, K64) <= 2 * rel_err(ref.rbf_covariance(x1, x2, l, s), K64) + 1e-7
+        assert rel_err(K, K64) <= float32_bound("cuda", rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
 
 
 def test_broadcast_shapes_matches_torch():

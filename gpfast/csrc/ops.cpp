@@ -19,16 +19,18 @@ at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const
 
 TORCH_LIBRARY(gpfast, m) {
   m.def("rbf_covariance(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale) -> Tensor");
+  // The backward ops' x_grads is the gradient mask: when false, the point gradients are not computed and the
+  // first two outputs are empty tensors of shape (0,); the lengthscale and outputscale gradients always are.
   m.def(
-      "rbf_covariance_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale)"
-      " -> (Tensor, Tensor, Tensor, Tensor)");
+      "rbf_covariance_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
+      " bool x_grads=True) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("rbf_covariance_diag(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale) -> Tensor");
   m.def("rbf_matmul(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v) -> Tensor");
   // Gradients of K(x1, x2) @ v for x1, x2, lengthscale, outputscale (the v-gradient is K^T grad, which is
   // rbf_matmul itself with x1 and x2 swapped).
   m.def(
-      "rbf_matmul_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v)"
-      " -> (Tensor, Tensor, Tensor, Tensor)");
+      "rbf_matmul_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v,"
+      " bool x_grads=True) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {

@@ -194,167 +194,380 @@ struct MatmulRows {
   }
 };
 
-// dLoss/dK for the covariance op: w[j] = G[b, i, j0 + j], or, transposed (rows of the problem are x2's), the
-// column G[b, j0 + j, i].
+// ---------------------------------------------------------------------------------------------------------------
+// The backward ops, in GEMM form (the formulation of the CUDA kernels, issue 14). With z = (x - mu) / l, where mu is
+// the mean of both point sets (differences do not see it; the sums below cancel less with it: by a factor of |z| /
+// |z1 - z2|, squared for the lengthscale), U = G o K / s (dLoss/dK times the unscaled kernel), r = U 1, c = U^T 1:
+//   dLoss/dx1 = s (U Z2 - diag(r) Z1) / l,   dLoss/dx2 = s (U^T Z1 - diag(c) Z2) / l,
+//   dLoss/dl_k = s / l_k sum_ij U_ij (z1_ik - z2_jk)^2
+//              = s / l_k (sum_i z1_ik (r_i z1_ik - 2 (U Z2)_ik) + sum_j c_j z2_jk^2),
+//   dLoss/ds = sum_ij U_ij.
+// U is formed a tile of kPanel rows by kTile columns at a time, and each product with U is a register-tiled loop over
+// the tile (axpy_block; MKL's dgemm on the same blocks ran at 1-9 GFMA/s on the 2-core EPYC CI machine, several times
+// slower). The distances inside K are taken by differences, not by the expansion |a|^2 + |b|^2 - 2 a.b: the expansion
+// puts an error of eps |z|^2 on each exponent, 1e-9 relative at a lengthscale of 1e-3 on standardised data, which
+// float64 results would show; this way K is the forward's, bit for bit. The lengthscale gradient's identity keeps an
+// error of about eps (spread of z)^2 / (distance of the pairs that matter)^2, far below float32's rounding (about
+// 1e-12 relative in float64 at lengthscale 0.05 on standardised data). All sums are double and run in an order fixed
+// by the shapes alone.
+
+typedef double v4d __attribute__((vector_size(32)));
+constexpr int64_t kW = 4;        // doubles per v4d
+constexpr int64_t kPanel = 64;   // rows of a tile of U
+constexpr int64_t kTile = 128;   // columns of a tile of U: U and the weight tile take 64 KB each, in L2
+constexpr int64_t kChunks = 16;  // fixed row chunks of the one-pass backward, whatever the number of threads
+
+GPFAST_INLINE int64_t round_up(int64_t x, int64_t k) { return (x + k - 1) / k * k; }
+GPFAST_INLINE void load4(v4d& v, const double* p) { std::memcpy(&v, p, sizeof v); }
+GPFAST_INLINE void store4(double* p, const v4d& v) { std::memcpy(p, &v, sizeof v); }
+
+// out[r][v] (+)= sum_{q < Q} a[r * ars + q * aqs] * M[q * ldm + v] for r < R and the NV * kW columns v, in an R x NV
+// register tile; with kSquaredDiff, the terms are (a[..] - M[..])^2 instead. Each output is summed in q order, so a
+// row's result does not depend on the tile it falls in.
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff = false>
+GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm, int64_t Q,
+                             double* out, int64_t ldo) {
+  v4d acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      if (kAccumulate) {
+        load4(acc[r][v], out + r * ldo + v * kW);
+      } else {
+        acc[r][v] = v4d{0.0, 0.0, 0.0, 0.0};
+      }
+    }
+  for (int64_t q = 0; q < Q; ++q) {
+    v4d m[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) load4(m[v], M + q * ldm + v * kW);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const double s = a[r * ars + q * aqs];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        if (kSquaredDiff) {
+          const v4d diff = s - m[v];
+          acc[r][v] += diff * diff;
+        } else {
+          acc[r][v] += s * m[v];
+        }
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) store4(out + r * ldo + v * kW, acc[r][v]);
+}
+
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
+GPFAST_INLINE void axpy_rows_tail(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M,
+                                  int64_t ldm, int64_t Q, double* out, int64_t ldo) {
+  if constexpr (R > 0) {
+    if (rows == R) return axpy_tile<R, NV, kAccumulate, kSquaredDiff>(a, ars, aqs, M, ldm, Q, out, ldo);
+    axpy_rows_tail<R - 1, NV, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M, ldm, Q, out, ldo);
+  }
+}
+
+template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
+GPFAST_INLINE void axpy_rows(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm,
+                             int64_t Q, double* out, int64_t ldo) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R)
+    axpy_tile<R, NV, kAccumulate, kSquaredDiff>(a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo, ldo);
+  if (r < rows)
+    axpy_rows_tail<R - 1, NV, kAccumulate, kSquaredDiff>(rows - r, a + r * ars, ars, aqs, M, ldm, Q, out + r * ldo,
+                                                         ldo);
+}
+
+// out (rows x nvec * kW, row stride ldo) (+)= A M, where A[r][q] = a[r * ars + q * aqs] and M is Q x nvec * kW (row
+// stride ldm): a small GEMM, in register tiles of 4 x 3, 6 x 2 or 8 x 1 vectors (12 or 8 of the 16 AVX2 registers
+// hold accumulators).
+template <bool kAccumulate, bool kSquaredDiff = false>
+GPFAST_INLINE void axpy_block(int64_t rows, int64_t nvec, const double* a, int64_t ars, int64_t aqs, const double* M,
+                              int64_t ldm, int64_t Q, double* out, int64_t ldo) {
+  int64_t v = 0;
+  for (; v + 3 <= nvec; v += 3)
+    axpy_rows<4, 3, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+  if (nvec - v == 2) axpy_rows<6, 2, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+  if (nvec - v == 1) axpy_rows<8, 1, kAccumulate, kSquaredDiff>(rows, a, ars, aqs, M + v * kW, ldm, Q, out + v * kW, ldo);
+}
+
+// One point set, centred, scaled and laid out for the backward: z (B, n, dp) row-major and zt (B, dp, np) transposed,
+// double, with d and n rounded up to dp (a multiple of kW) and np (a multiple of 8) by zeros.
+struct Side {
+  at::Tensor z, zt;
+  int64_t n, np;
+  const double* zp() const { return z.data_ptr<double>(); }
+  const double* ztp() const { return zt.data_ptr<double>(); }
+};
+
+template <typename T>
+Side scaled_side(const at::Tensor& x, const double* mu, const double* l, int64_t dp) {
+  const int64_t B = x.size(0), n = x.size(1), d = x.size(2), np = round_up(n, 8);
+  const auto opts = x.options().dtype(at::kDouble);
+  Side side{at::zeros({B, n, dp}, opts), at::zeros({B, dp, np}, opts), n, np};
+  const auto xa = x.accessor<T, 3>();
+  double *z = side.z.data_ptr<double>(), *zt = side.zt.data_ptr<double>();
+  at::parallel_for(0, B * n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t b = r / n, i = r % n;
+      for (int64_t k = 0; k < d; ++k) {
+        const double v = (static_cast<double>(xa[b][i][k]) - mu[b * d + k]) / l[b * d + k];
+        z[r * dp + k] = v;
+        zt[(b * dp + k) * np + i] = v;
+      }
+    }
+  });
+  return side;
+}
+
+// Both sides of a backward op: mu = the mean of all of x1's and x2's rows (per batch and feature), then the scaled
+// sides.
+template <typename T>
+std::pair<Side, Side> scaled_sides(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& l64, int64_t dp) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  std::vector<double> mu(static_cast<size_t>(B * d), 0.0);
+  const auto a1 = x1.accessor<T, 3>(), a2 = x2.accessor<T, 3>();
+  for (int64_t b = 0; b < B; ++b) {
+    double* mb = mu.data() + b * d;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < d; ++k) mb[k] += static_cast<double>(a1[b][i][k]);
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t k = 0; k < d; ++k) mb[k] += static_cast<double>(a2[b][j][k]);
+    if (n + m > 0)
+      for (int64_t k = 0; k < d; ++k) mb[k] /= static_cast<double>(n + m);
+  }
+  const double* l = l64.data_ptr<double>();
+  return {scaled_side<T>(x1, mu.data(), l, dp), scaled_side<T>(x2, mu.data(), l, dp)};
+}
+
+// Weights dLoss/dK of the covariance op, G (B, rows, cols) (for the rows of x2, G transposed and made contiguous):
+// w[i][j] = G[b, i0 + i, j0 + j] for j < C, zero up to Cp.
 template <typename T>
 struct DenseWeights {
   const T* g;
-  int64_t n, m;  // G is (B, n, m)
-  bool transposed;
-  GPFAST_INLINE void operator()(int64_t b, int64_t row, int64_t col0, int64_t C, double* w) const {
-    if (!transposed) {
-      const T* p = g + (b * n + row) * m + col0;
-      for (int64_t j = 0; j < C; ++j) w[j] = static_cast<double>(p[j]);
-    } else {
-      const T* p = g + (b * n + col0) * m + row;
-      for (int64_t j = 0; j < C; ++j) w[j] = static_cast<double>(p[j * m]);
+  int64_t rows, cols;
+  GPFAST_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t C, int64_t Cp, double* w,
+                                int64_t ldw) const {
+    for (int64_t i = 0; i < P; ++i) {
+      const T* p = g + (b * rows + i0 + i) * cols + j0;
+      double* wi = w + i * ldw;
+      for (int64_t j = 0; j < C; ++j) wi[j] = static_cast<double>(p[j]);
+      for (int64_t j = C; j < Cp; ++j) wi[j] = 0.0;
     }
   }
 };
 
-// dLoss/dK for the matmul op: w[j] = G_row . V_{col0 + j}, with G (B, rows, t) and V transposed (B, t, cols).
-template <typename T>
+// Weights of the K V op, dLoss/dK_ij = G_i . V_j, from G (B, rows, t) and V^T (B, t, colsp) in double, V^T
+// zero-padded to colsp columns (so the padding gets zero weight).
 struct ProductWeights {
-  const T *g, *vt;
-  int64_t rows, cols, t;
-  GPFAST_INLINE void operator()(int64_t b, int64_t row, int64_t col0, int64_t C, double* w) const {
-    for (int64_t j = 0; j < C; ++j) w[j] = 0;
-    const T* gr = g + (b * rows + row) * t;
-    for (int64_t c = 0; c < t; ++c) {
-      const double gc = static_cast<double>(gr[c]);
-      const T* p = vt + (b * t + c) * cols + col0;
-      for (int64_t j = 0; j < C; ++j) w[j] += gc * static_cast<double>(p[j]);
-    }
+  const double *g, *vt;
+  int64_t rows, colsp, t;
+  GPFAST_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t, int64_t Cp, double* w,
+                                int64_t ldw) const {
+    axpy_block<false>(P, Cp / kW, g + (b * rows + i0) * t, t, 1, vt + b * t * colsp + j0, colsp, t, w, ldw);
   }
 };
 
-// Over rows [begin, end) of W = weight * K (the rows are z1's, the columns z2's, given transposed):
-// A_i = sum_j W_ij (z1_i - z2_j), L_i = sum_j W_ij (z1_i - z2_j)^2 and S_i = sum_j W_ij / s; when col is set
-// (a (B, d, m) buffer), also col[b, :, j] -= W_ij (z1_i - z2_j), the column side. No n x m intermediate.
-template <typename T, class Weights>
+// Rows [begin, end) (of B * rows.n) of U against all columns: rw += U zc (skipped when null) and rsum = U 1 for
+// these rows; when col / csum are set (chunk buffers holding batches b0 on), also col (., dp, ncp) += U^T zr and
+// csum (., ncp) += U^T 1, the column side.
+template <class Weights>
 struct BackwardRows {
-  const double *z1, *z2t;
-  const T* s;
-  int64_t n, m, d;
+  const double *zr, *zc, *zct;
+  int64_t nr, nc, ncp, d, dp;
   Weights weights;
-  double *A, *L, *S;  // L and S may be null
-  double* col;   // may be null
+  double *rw, *rsum, *col, *csum;
+  int64_t b0;
   GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
-    double dist[kBlock], w[kBlock];
-    std::vector<double> lanes(static_cast<size_t>((2 * d + 1) * kLanes));
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t b = r / n, i = r % n;
-      const double sb = static_cast<double>(s[b]);
-      const double* a = z1 + r * d;
-      std::fill(lanes.begin(), lanes.end(), 0.0);
-      double* srow = lanes.data() + 2 * d * kLanes;
-      for (int64_t j0 = 0; j0 < m; j0 += kBlock) {
-        const int64_t C = std::min(kBlock, m - j0);
-        block_dist(a, z2t + b * d * m + j0, m, d, C, dist);
-        weights(b, i, j0, C, w);
-        for (int64_t j = 0; j < C; ++j) dist[j] = w[j] * exp_nonpositive(-0.5 * dist[j]);  // dLoss/ds terms
-        for (int64_t j = 0; j < C; ++j) srow[j % kLanes] += dist[j];
-        for (int64_t j = 0; j < C; ++j) w[j] = sb * dist[j];  // W_ij
-        for (int64_t k = 0; k < d; ++k) {
-          const double ak = a[k];
-          const double* z = z2t + (b * d + k) * m + j0;
-          double pa[kLanes], pl[kLanes];  // locals, so the compiler sees they alias nothing
-          std::copy_n(lanes.data() + k * kLanes, kLanes, pa);
-          std::copy_n(lanes.data() + (d + k) * kLanes, kLanes, pl);
-          double* ck = col ? col + (b * d + k) * m + j0 : nullptr;
-          int64_t j = 0;
-          if (ck) {
-            for (; j + kLanes <= C; j += kLanes)
-              for (int64_t l = 0; l < kLanes; ++l) {
-                const double diff = ak - z[j + l], wd = w[j + l] * diff;
-                pa[l] += wd;
-                pl[l] += wd * diff;
-                ck[j + l] -= wd;
-              }
-          } else {
-            for (; j + kLanes <= C; j += kLanes)
-              for (int64_t l = 0; l < kLanes; ++l) {
-                const double diff = ak - z[j + l], wd = w[j + l] * diff;
-                pa[l] += wd;
-                pl[l] += wd * diff;
-              }
-          }
-          for (; j < C; ++j) {
-            const double diff = ak - z[j], wd = w[j] * diff;
-            pa[j % kLanes] += wd;
-            pl[j % kLanes] += wd * diff;
-            if (ck) ck[j] -= wd;
-          }
-          std::copy_n(pa, kLanes, lanes.data() + k * kLanes);
-          std::copy_n(pl, kLanes, lanes.data() + (d + k) * kLanes);
+    std::vector<double> buf(static_cast<size_t>(2 * kPanel * kTile));
+    double* U = buf.data();
+    double* w = U + kPanel * kTile;
+    double lanes[kPanel][kLanes];
+    for (int64_t p0 = begin; p0 < end;) {
+      const int64_t b = p0 / nr, i0 = p0 % nr, P = std::min({kPanel, end - p0, nr - i0});
+      const double* z = zr + p0 * dp;
+      for (int64_t i = 0; i < P; ++i) std::fill_n(lanes[i], kLanes, 0.0);
+      for (int64_t j0 = 0; j0 < nc; j0 += kTile) {
+        const int64_t C = std::min(kTile, nc - j0), Cp = round_up(C, 8);
+        axpy_block<false, true>(P, Cp / kW, z, dp, 1, zct + b * dp * ncp + j0, ncp, d, U, kTile);  // |zr - zc|^2
+        weights(b, i0, P, j0, C, Cp, w, kTile);
+        for (int64_t i = 0; i < P; ++i) {
+          double* u = U + i * kTile;
+          const double* wi = w + i * kTile;
+          for (int64_t j = 0; j < Cp; ++j) u[j] = wi[j] * exp_nonpositive(-0.5 * u[j]);
+          double part[kLanes];
+          std::copy_n(lanes[i], kLanes, part);
+          for (int64_t j = 0; j < Cp; j += kLanes)
+            for (int64_t l = 0; l < kLanes; ++l) part[l] += u[j + l];
+          std::copy_n(part, kLanes, lanes[i]);
         }
+        if (csum) {
+          double* cs = csum + (b - b0) * ncp + j0;
+          for (int64_t i = 0; i < P; ++i)
+            for (int64_t j = 0; j < Cp; ++j) cs[j] += U[i * kTile + j];
+        }
+        if (rw) axpy_block<true>(P, dp / kW, U, kTile, 1, zc + (b * nc + j0) * dp, dp, C, rw + p0 * dp, dp);
+        if (col) axpy_block<true>(dp, Cp / kW, z, 1, dp, U, kTile, P, col + (b - b0) * dp * ncp + j0, ncp);
       }
-      for (int64_t k = 0; k < d; ++k) {
-        A[r * d + k] = lane_sum(lanes.data() + k * kLanes);
-        if (L) L[r * d + k] = lane_sum(lanes.data() + (d + k) * kLanes);
-      }
-      if (S) S[r] = lane_sum(srow);
+      for (int64_t i = 0; i < P; ++i) rsum[p0 + i] = lane_sum(lanes[i]);
+      p0 += P;
     }
   }
 };
 
-// Both backward ops' sums A1, L, S (over rows) and A2 (over columns) for a weight given both ways round.
-//
-// Fused: one pass over the rows, each exp evaluated once. The rows are cut into a fixed number of chunks (whatever
-// the number of threads, so results do not depend on it); each chunk sums its column side into its own buffer and
-// the buffers are added in chunk order. When the buffers would pass 256 MB (or GPFAST_CPU_COLUMN_BUFFER_MB, which
-// the tests set to 0 to reach this), a second pass over the rows of the transposed problem gives A2 instead.
-template <typename T, class Weights>
-void backward_sums(const at::Tensor& z1, const at::Tensor& z2, const T* s, const Weights& by_row,
-                   const Weights& by_col, at::Tensor& A1, at::Tensor& L, at::Tensor& S, at::Tensor& A2) {
-  const int64_t B = z1.size(0), n = z1.size(1), m = z2.size(1), d = z1.size(2);
-  const at::Tensor z2t = transposed(z2);
-  constexpr int64_t kChunks = 16;
+// The one-pass backward keeps each row chunk's column sums in its own buffer, for the batches the chunk touches
+// (doubles per batch: width). Above 256 MB of buffers (GPFAST_CPU_COLUMN_BUFFER_MB, which the tests set to 0 to
+// reach it) the column side comes from a second pass over the rows of the transposed problem instead.
+struct ChunkPlan {
+  int64_t grain, chunks, width;
+  std::vector<int64_t> first_batch, offset;  // per chunk; offset in doubles, offset[chunks] = the total
+  bool fits;
+};
+
+ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width) {
+  ChunkPlan plan;
+  const int64_t rows = B * n;
+  plan.grain = std::max<int64_t>(1, (rows + kChunks - 1) / kChunks);
+  plan.chunks = (rows + plan.grain - 1) / plan.grain;
+  plan.width = width;
+  plan.offset.push_back(0);
+  for (int64_t c = 0; c < plan.chunks; ++c) {
+    const int64_t b_lo = c * plan.grain / n, b_hi = (std::min(rows, (c + 1) * plan.grain) - 1) / n;
+    plan.first_batch.push_back(b_lo);
+    plan.offset.push_back(plan.offset.back() + (b_hi - b_lo + 1) * width);
+  }
   const char* env = std::getenv("GPFAST_CPU_COLUMN_BUFFER_MB");
   const int64_t max_bytes = (env ? std::atoll(env) : 256) << 20;
-  const int64_t rows = B * n, per_chunk = B * m * d;
-  const int64_t grain = std::max<int64_t>(1, (rows + kChunks - 1) / kChunks);
-  const int64_t chunks = (rows + grain - 1) / grain;
-  BackwardRows<T, Weights> pass{z1.data_ptr<double>(), z2t.data_ptr<double>(), s, n, m, d, by_row,
-                                A1.data_ptr<double>(), L.data_ptr<double>(), S.data_ptr<double>(), nullptr};
-  if (chunks * per_chunk * static_cast<int64_t>(sizeof(double)) <= max_bytes) {
-    std::vector<double> col(static_cast<size_t>(chunks * per_chunk), 0.0);  // (chunks, B, d, m)
-    at::parallel_for(0, chunks, 1, [&](int64_t cb, int64_t ce) {
+  plan.fits = plan.offset.back() * static_cast<int64_t>(sizeof(double)) <= max_bytes;
+  return plan;
+}
+
+// The row sums rw1 = U Z2 (B, n, dp), r1 = U 1 (B, n) and the column sums rw2 = U^T Z1 (B, m, dp; only with
+// x_grads) and r2 = U^T 1 (B, m). by_col (the weights seen from x2's rows) is made only if a second pass needs it.
+template <class Weights, class MakeByCol>
+void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t dp, const Weights& by_row,
+                   const MakeByCol& make_by_col, bool x_grads, double* rw1, double* r1, double* rw2, double* r2) {
+  const int64_t n = s1.n, m = s2.n, mp = s2.np;
+  BackwardRows<Weights> pass{s1.zp(), s2.zp(), s2.ztp(), n, m, mp, d, dp, by_row, rw1, r1, nullptr, nullptr, 0};
+  const int64_t per_batch = (x_grads ? dp + 1 : 1) * mp;  // col (dp, mp) and csum (mp)
+  const ChunkPlan plan = plan_chunks(B, n, per_batch);
+  if (plan.fits) {
+    std::vector<double> buf(static_cast<size_t>(plan.offset.back()), 0.0);
+    at::parallel_for(0, plan.chunks, 1, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c) {
-        BackwardRows<T, Weights> chunk = pass;
-        chunk.col = col.data() + c * per_chunk;
-        run(chunk, c * grain, std::min(rows, (c + 1) * grain));
+        BackwardRows<Weights> chunk = pass;
+        double* base = buf.data() + plan.offset[c];
+        const int64_t batches = (plan.offset[c + 1] - plan.offset[c]) / per_batch;
+        chunk.col = x_grads ? base : nullptr;
+        chunk.csum = base + (x_grads ? batches * dp * mp : 0);
+        chunk.b0 = plan.first_batch[c];
+        run(chunk, c * plan.grain, std::min(B * n, (c + 1) * plan.grain));
       }
     });
-    double* out = A2.data_ptr<double>();  // (B, m, d)
-    at::parallel_for(0, per_chunk, 4096, [&](int64_t begin, int64_t end) {
+    // Column sums: each chunk's buffer added in chunk order. q runs over (b, k), k = dp standing for csum.
+    const int64_t K1 = x_grads ? dp + 1 : 1;
+    at::parallel_for(0, B * K1, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> acc(static_cast<size_t>(m));
       for (int64_t q = begin; q < end; ++q) {
-        const int64_t b = q / (m * d), j = (q / d) % m, k = q % d;
-        double acc = 0;
-        for (int64_t c = 0; c < chunks; ++c) acc += col[c * per_chunk + (b * d + k) * m + j];
-        out[q] = acc;
+        const int64_t b = q / K1, k = x_grads ? q % K1 : dp;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t c = b * n / plan.grain; c < plan.chunks && plan.first_batch[c] <= b; ++c) {
+          const int64_t batches = (plan.offset[c + 1] - plan.offset[c]) / per_batch, bb = b - plan.first_batch[c];
+          if (bb >= batches) continue;
+          const double* base = buf.data() + plan.offset[c];
+          const double* src = k < dp ? base + (bb * dp + k) * mp : base + (x_grads ? batches * dp * mp : 0) + bb * mp;
+          for (int64_t j = 0; j < m; ++j) acc[j] += src[j];
+        }
+        if (k < dp) {
+          for (int64_t j = 0; j < m; ++j) rw2[(b * m + j) * dp + k] = acc[j];
+        } else {
+          std::copy_n(acc.data(), m, r2 + b * m);
+        }
       }
     });
     return;
   }
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) { run(pass, begin, end); });
-  const at::Tensor z1t = transposed(z1);
-  BackwardRows<T, Weights> cols{z2.data_ptr<double>(), z1t.data_ptr<double>(), s, m, n, d, by_col,
-                                A2.data_ptr<double>(), nullptr, nullptr, nullptr};
-  at::parallel_for(0, B * m, 1, [&](int64_t begin, int64_t end) { run(cols, begin, end); });
+  at::parallel_for(0, B * n, kPanel, [&](int64_t begin, int64_t end) { run(pass, begin, end); });
+  const auto by_col = make_by_col();
+  BackwardRows<std::decay_t<decltype(by_col)>> cols{s2.zp(), s1.zp(), s1.ztp(), m, n, s1.np, d, dp, by_col,
+                                                    x_grads ? rw2 : nullptr, r2, nullptr, nullptr, 0};
+  at::parallel_for(0, B * m, kPanel, [&](int64_t begin, int64_t end) { run(cols, begin, end); });
 }
 
-// Assemble (gx1, gx2, glengthscale, goutputscale) from the row and column sums. With z = x / l:
-// dK/dx1 = -K (z1 - z2) / l, dK/dx2 = +K (z1 - z2) / l, dK/dl_k = K (z1_k - z2_k)^2 / l_k, dK/ds = K / s.
-// A2 = sum_i W_ij (z1_i - z2_j) with the sign flipped, as BackwardRows' column side gives it. All four sums are
-// double; the sums over rows (L, S) are taken in double too, since with signed weights they cancel.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> assemble_grads(const at::Tensor& A1, const at::Tensor& A2,
-                                                                          const at::Tensor& L, const at::Tensor& S,
-                                                                          const at::Tensor& lengthscale) {
-  const auto dtype = lengthscale.scalar_type();
-  const at::Tensor l64 = lengthscale.to(at::kDouble);
-  return {(-A1 / l64.unsqueeze(1)).to(dtype), (-A2 / l64.unsqueeze(1)).to(dtype), (L.sum(1) / l64).to(dtype),
-          S.sum(1).to(dtype)};
+// (gx1, gx2, glengthscale, goutputscale) from the sums, by the formulas at the top of this section; gx1 and gx2 stay
+// empty without x_grads. One batch per task, each sum in row order.
+template <typename T>
+void assemble_grads(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t dp, const double* rw1,
+                    const double* r1, const double* rw2, const double* r2, const double* l, const T* s, bool x_grads,
+                    at::Tensor& gx1, at::Tensor& gx2, at::Tensor& gl, at::Tensor& gs) {
+  const int64_t n = s1.n, m = s2.n;
+  const double *z1 = s1.zp(), *z2 = s2.zp();
+  T *px1 = x_grads ? gx1.data_ptr<T>() : nullptr, *px2 = x_grads ? gx2.data_ptr<T>() : nullptr;
+  T *pl = gl.data_ptr<T>(), *ps = gs.data_ptr<T>();
+  at::parallel_for(0, B, 1, [&](int64_t bb, int64_t be) {
+    std::vector<double> scale(static_cast<size_t>(d)), acc(static_cast<size_t>(d));
+    for (int64_t b = bb; b < be; ++b) {
+      const double sb = static_cast<double>(s[b]);
+      for (int64_t k = 0; k < d; ++k) scale[k] = sb / l[b * d + k];
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double total = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = b * n + i;
+        const double r = r1[row];
+        total += r;
+        for (int64_t k = 0; k < d; ++k) {
+          const double z = z1[row * dp + k], R = rw1[row * dp + k];
+          if (px1) px1[row * d + k] = static_cast<T>(scale[k] * (R - r * z));
+          acc[k] += z * (r * z - 2 * R);
+        }
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t row = b * m + j;
+        const double c = r2[row];
+        for (int64_t k = 0; k < d; ++k) {
+          const double z = z2[row * dp + k];
+          if (px2) px2[row * d + k] = static_cast<T>(scale[k] * (rw2[row * dp + k] - c * z));
+          acc[k] += c * z * z;
+        }
+      }
+      for (int64_t k = 0; k < d; ++k) pl[b * d + k] = static_cast<T>(scale[k] * acc[k]);
+      ps[b] = static_cast<T>(total);
+    }
+  });
+}
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// Output tensors of a backward op: the point gradients are (0,) without x_grads (the gradient mask).
+Grads empty_grads(const at::Tensor& x1, const at::Tensor& x2, bool x_grads) {
+  const int64_t B = x1.size(0), d = x1.size(2);
+  return {x_grads ? at::zeros_like(x1, at::MemoryFormat::Contiguous) : at::empty({0}, x1.options()),
+          x_grads ? at::zeros_like(x2, at::MemoryFormat::Contiguous) : at::empty({0}, x1.options()),
+          at::zeros({B, d}, x1.options()), at::zeros({B}, x1.options())};
+}
+
+// The shared body of both backward ops once the weights are known.
+template <typename T, class Weights, class MakeByCol>
+Grads backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+               const at::Tensor& outputscale, bool x_grads, const Weights& by_row, const MakeByCol& make_by_col,
+               Grads grads) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), dp = round_up(d, kW);
+  const at::Tensor l64 = lengthscale.to(at::kDouble).contiguous(), s = outputscale.contiguous();
+  const auto sides = scaled_sides<T>(x1, x2, l64, dp);
+  const auto opts = x1.options().dtype(at::kDouble);
+  at::Tensor rw1 = at::zeros({B, n, dp}, opts), r1 = at::empty({B, n}, opts);
+  at::Tensor rw2 = x_grads ? at::zeros({B, m, dp}, opts) : at::Tensor(), r2 = at::empty({B, m}, opts);
+  double* prw2 = x_grads ? rw2.data_ptr<double>() : nullptr;
+  backward_sums(sides.first, sides.second, B, d, dp, by_row, make_by_col, x_grads, rw1.data_ptr<double>(),
+                r1.data_ptr<double>(), prw2, r2.data_ptr<double>());
+  auto& [gx1, gx2, gl, gs] = grads;
+  assemble_grads<T>(sides.first, sides.second, B, d, dp, rw1.data_ptr<double>(), r1.data_ptr<double>(), prw2,
+                    r2.data_ptr<double>(), l64.data_ptr<double>(), s.data_ptr<T>(), x_grads, gx1, gx2, gl, gs);
+  return grads;
 }
 
 at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -373,27 +586,25 @@ at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_cpu(const at::Tensor& grad,
-                                                                                   const at::Tensor& x1,
-                                                                                   const at::Tensor& x2,
-                                                                                   const at::Tensor& lengthscale,
-                                                                                   const at::Tensor& outputscale) {
+Grads covariance_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                              const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance_backward");
-  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m,
               "rbf_covariance_backward: grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
-  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2 = prescale64(x2, lengthscale, d);
-  const at::Tensor s = outputscale.contiguous();
-  const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
-  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);  // all double
-  at::Tensor S = at::zeros({B, n}, z1.options());
-  if (n == 0 || m == 0) return assemble_grads(A1, A2, L, S, lengthscale);
+  Grads grads = empty_grads(x1, x2, x_grads);
+  if (B == 0 || n == 0 || m == 0) return grads;
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cpu", [&] {
-    const scalar_t* pg = G.data_ptr<scalar_t>();
-    backward_sums<scalar_t>(z1, z2, s.data_ptr<scalar_t>(), DenseWeights<scalar_t>{pg, n, m, false},
-                            DenseWeights<scalar_t>{pg, n, m, true}, A1, L, S, A2);
+    const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
+    at::Tensor Gt;
+    const auto by_col = [&] {
+      Gt = G.transpose(1, 2).contiguous();
+      return DenseWeights<scalar_t>{Gt.data_ptr<scalar_t>(), m, n};
+    };
+    grads = backward<scalar_t>(x1, x2, lengthscale, outputscale, x_grads,
+                               DenseWeights<scalar_t>{G.data_ptr<scalar_t>(), n, m}, by_col, grads);
   });
-  return assemble_grads(A1, A2, L, S, lengthscale);
+  return grads;
 }
 
 at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -414,29 +625,33 @@ at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> matmul_backward_cpu(
-    const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-    const at::Tensor& outputscale, const at::Tensor& v) {
+Grads matmul_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                          const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
+                          bool x_grads) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul_backward");
   check_rhs(x1, x2, v, "rbf_matmul_backward");
-  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), t = v.size(2);
   TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == t,
               "rbf_matmul_backward: grad must be (B, n, t) = (", B, ", ", n, ", ", t, "), got ", grad.sizes());
-  const at::Tensor z1 = prescale64(x1, lengthscale, d), z2 = prescale64(x2, lengthscale, d);
-  const at::Tensor s = outputscale.contiguous();
-  const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
-  at::Tensor A1 = at::zeros_like(z1), A2 = at::zeros_like(z2), L = at::zeros_like(z1);  // all double
-  at::Tensor S = at::zeros({B, n}, z1.options());
-  if (n == 0 || m == 0) return assemble_grads(A1, A2, L, S, lengthscale);
-  // The weight of pair (i, j) is dLoss/dK_ij = G_i . V_j; each side's rows meet the other side transposed.
-  const at::Tensor Vt = transposed(V), Gt = transposed(G);
+  Grads grads = empty_grads(x1, x2, x_grads);
+  if (B == 0 || n == 0 || m == 0) return grads;
+  // dLoss/dK_ij = G_i . V_j; each side's rows meet the other side transposed and zero-padded.
+  const auto opts = x1.options().dtype(at::kDouble);
+  const int64_t np = round_up(n, 8), mp = round_up(m, 8);
+  const at::Tensor Gd = grad.to(at::kDouble).contiguous(), Vt = at::zeros({B, t, mp}, opts);
+  Vt.narrow(2, 0, m).copy_(v.transpose(1, 2));
+  at::Tensor Vd, Gt;
+  const auto by_col = [&] {
+    Vd = v.to(at::kDouble).contiguous();
+    Gt = at::zeros({B, t, np}, opts);
+    Gt.narrow(2, 0, n).copy_(grad.transpose(1, 2));
+    return ProductWeights{Vd.data_ptr<double>(), Gt.data_ptr<double>(), m, np, t};
+  };
+  const ProductWeights by_row{Gd.data_ptr<double>(), Vt.data_ptr<double>(), n, mp, t};
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_backward_cpu", [&] {
-    backward_sums<scalar_t>(z1, z2, s.data_ptr<scalar_t>(),
-                            ProductWeights<scalar_t>{G.data_ptr<scalar_t>(), Vt.data_ptr<scalar_t>(), n, m, t},
-                            ProductWeights<scalar_t>{V.data_ptr<scalar_t>(), Gt.data_ptr<scalar_t>(), m, n, t}, A1,
-                            L, S, A2);
+    grads = backward<scalar_t>(x1, x2, lengthscale, outputscale, x_grads, by_row, by_col, grads);
   });
-  return assemble_grads(A1, A2, L, S, lengthscale);
+  return grads;
 }
 
 }  // namespace
