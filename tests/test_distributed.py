@@ -42,9 +42,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     # match the single-process numbers)
     from gpfast import ops as gops
 
-    from gpfast.kernels import operator as gop
-
-    seen, real, real_bwd = [], gops.rbf_matmul, gop.rbf_matmul_backward
+    seen, real, real_bwd = [], gops.rbf_matmul, gops.rbf_matmul_backward
 
     def spy(a, *args, **kw):
         seen.append(a.shape[-2])
@@ -54,9 +52,9 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
         seen.append(a.shape[-2])
         return real_bwd(grad, a, *args, **kw)
 
-    gops.rbf_matmul, gop.rbf_matmul_backward = spy, spy_bwd
+    gops.rbf_matmul, gops.rbf_matmul_backward = spy, spy_bwd
     dop._matmul(v), dop._bilinear_derivative(u, v)
-    gops.rbf_matmul, gop.rbf_matmul_backward = real, real_bwd
+    gops.rbf_matmul, gops.rbf_matmul_backward = real, real_bwd
     res["rows_seen"] = seen
     res["rows"] = list(row_range(301))
     res["matmul"] = rel_err(dop._matmul(v).detach(), op._matmul(v).detach())

@@ -7,7 +7,6 @@ from linear_operator.operators import LinearOperator
 
 from gpfast import ops
 from gpfast.kernels import distributed as _dist
-from gpfast.kernels.backward import rbf_matmul_backward
 
 
 def _all_zero(rhs: torch.Tensor) -> bool:
@@ -85,7 +84,7 @@ class RBFLinearOperator(LinearOperator):
         if rows is not None:
             left, x1 = left_vecs[..., rows[0] : rows[1], :], x1[..., rows[0] : rows[1], :]
         x_grads = wanted[0] or wanted[1]
-        grads = list(rbf_matmul_backward(left, x1, self.x2.detach(), self.lengthscale.detach(),
+        grads = list(ops.rbf_matmul_backward(left, x1, self.x2.detach(), self.lengthscale.detach(),
                                          self.outputscale.detach(), right_vecs, x_grads=x_grads))
         if rows is not None:
             if wanted[0]:  # this rank's rows of the x1 gradient, zero elsewhere: the sum over ranks fills them in

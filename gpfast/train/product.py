@@ -24,7 +24,6 @@ import torch
 
 from gpfast import ops
 from gpfast.kernels import distributed as _dist
-from gpfast.kernels.backward import rbf_matmul_backward
 
 __all__ = ["PRODUCTS", "STORED_LAYOUT", "STORED_LAYOUTS", "CovarianceProduct", "choose_product", "stored_matmul"]
 
@@ -148,7 +147,7 @@ class CovarianceProduct:
     def backward(self, G: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), by one
         fused backward with no point gradients (summed over the ranks when split)."""
-        _, _, gl, gs = rbf_matmul_backward(
+        _, _, gl, gs = ops.rbf_matmul_backward(
             G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V, x_grads=False
         )
         if self.split is not None:
