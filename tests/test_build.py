@@ -293,6 +293,7 @@ def test_compile_error_is_a_build_error_and_leaves_nothing(tmp_path, monkeypatch
 
 
 def test_prune_keeps_recent_current_and_locked_entries(tmp_path, monkeypatch, capsys):
+    _build.load()  # from the real cache, before it moves: main() below must find the library loaded
     monkeypatch.setenv("GPFAST_BUILD_DIR", str(tmp_path))
     current = _build.build_dir().name
     old = time.time() - 40 * 86400
