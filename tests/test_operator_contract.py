@@ -44,7 +44,6 @@ class TestSquareRBFOperator(LinearOperatorTestCase, unittest.TestCase):
 
     def create_linear_op(self):
         x1, _, lengthscale, outputscale = _inputs(6, None, (2,), seed=12)
-        x1 = x1 * 2.0
         return RBFLinearOperator(x1, x1, lengthscale, outputscale)
 
     def evaluate_linear_op(self, linear_op):
