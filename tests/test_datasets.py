@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from gpfast import datasets as D
+from gpfast.datasets import downloads
+from gpfast.datasets import synthetic_data
 
 SHARED_UCI = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "uci"
 needs_shared = pytest.mark.skipif(not (SHARED_UCI / "pol" / "data.csv.gz").is_file(), reason=f"no {SHARED_UCI}")
@@ -108,7 +110,7 @@ def test_missing_file_message_lists_folders(no_data_env, tmp_path):
     msg = str(info.value)
     assert "'pol'" in msg
     assert str(tmp_path / "nowhere" / "pol") in msg
-    assert str(Path(D.__file__).parent / "data" / "pol") in msg
+    assert str(D.SHIPPED_DIR / "pol") in msg
     assert "--data-dir" in msg and "GPFAST_DATA" in msg and "download(" in msg
 
 
@@ -239,7 +241,7 @@ def test_synthetic_statistics():
     np.testing.assert_allclose(np.std(y_noisy - y), 0.5, rtol=0.05)
     # Smooth: a small step in x moves f(x) by little (f has lengthscale ~1.5 and std 1).
     X0, f0 = D.synthetic(2000, 4, noise=0.0, seed=0, dtype=np.float64)
-    W, b, a, c = D._synthetic_function(4, 1.5, np.random.SeedSequence(0).spawn(3)[0])
+    W, b, a, c = synthetic_data._synthetic_function(4, 1.5, np.random.SeedSequence(0).spawn(3)[0])
     f = np.sin(X0 @ W.T + b) @ a - c
     np.testing.assert_allclose(f, f0, atol=1e-12)
     f_step = np.sin((X0 + 0.01) @ W.T + b) @ a - c
@@ -261,7 +263,7 @@ def test_synthetic_split():
 # Download (offline: a local HTTP server, or file:// URLs, serving copies of the shipped sets)
 # ---------------------------------------------------------------------------------------------------------------
 
-SHIPPED_DIR = Path(D.__file__).parent / "data"
+SHIPPED_DIR = D.SHIPPED_DIR
 
 
 def _sha256(path: Path) -> str:
@@ -305,7 +307,7 @@ def server(tmp_path):
 
 
 def test_pins_cover_every_default_file_and_match_the_shipped_copies():
-    pins = D._pinned_sha256()
+    pins = downloads._pinned_sha256()
     for name in D.UCI_NAMES:
         assert f"{name}/test_mask.csv.gz" in pins, name
         if name not in D.LARGE_UCI_NAMES:
@@ -318,7 +320,7 @@ def test_pins_cover_every_default_file_and_match_the_shipped_copies():
 
 @needs_shared
 def test_pins_match_the_shared_copies():
-    pins = D._pinned_sha256()
+    pins = downloads._pinned_sha256()
     present = [rel for rel in pins if (SHARED_UCI / rel).is_file()]
     assert len(present) >= 2 * (len(D.UCI_NAMES) - len(D.LARGE_UCI_NAMES))
     for rel in present:
@@ -389,7 +391,7 @@ def test_checksum_mismatch_names_the_file_and_leaves_nothing(no_data_env, tmp_pa
     with gzip.open(mirror / "yacht" / D.DATA_FILE, "wt") as f:
         f.write("1,2,3\n")
     seen = _sha256(mirror / "yacht" / D.DATA_FILE)
-    expected = D._pinned_sha256()["yacht/data.csv.gz"]
+    expected = downloads._pinned_sha256()["yacht/data.csv.gz"]
     target = tmp_path / "new" / "dl"
     with pytest.raises(ValueError) as info:
         D.download(target, names=["yacht"], base_url=server.url, progress=False)
@@ -424,9 +426,9 @@ def test_download_errors(no_data_env, tmp_path, server):
 
 def test_unpinned_file_downloads_with_a_warning(no_data_env, tmp_path, server, monkeypatch):
     _mirror(tmp_path, ["yacht"])
-    pins = D._pinned_sha256()
+    pins = downloads._pinned_sha256()
     del pins["yacht/data.csv.gz"]
-    monkeypatch.setattr(D, "_pinned_sha256", lambda: pins)
+    monkeypatch.setattr(downloads, "_pinned_sha256", lambda: pins)
     with pytest.warns(UserWarning, match="yacht/data.csv.gz has no pinned SHA-256"):
         D.download(tmp_path / "dl", names=["yacht"], base_url=server.url, progress=False)
     assert (tmp_path / "dl" / "yacht" / D.DATA_FILE).is_file()
