@@ -26,7 +26,6 @@ Examples
 >>> X, y = datasets.synthetic(100_000, 4, noise=0.1, seed=0)
 """
 
-
 from gpfast.datasets.catalog import (
     DATA_FILE,
     DEFAULT_BASE_URL,
