@@ -102,6 +102,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_processes(tmp_path, backend):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
@@ -129,6 +130,7 @@ def test_two_processes(tmp_path, backend):
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "device",
     ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])],

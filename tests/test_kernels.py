@@ -145,6 +145,7 @@ def gp_loss_grads_preds(kernel, x, y, xt, dtype):
     return loss.detach(), grads, mean, var
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cholesky", "cg"])
 def test_exact_gp_same_as_gpytorch(mode):
     torch.manual_seed(0)
