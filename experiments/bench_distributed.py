@@ -76,8 +76,15 @@ def main(argv=None):
             torch.cuda.synchronize()
             if i:
                 times.append(time.perf_counter() - t0)
-        row = {"n": n, "gpus": k, "kv_s": statistics.median(times), "machine": machine(), "date": today(),
-               "commit": git_rev(), "checksum": float(out[:1000].double().sum())}
+        row = {
+            "n": n,
+            "gpus": k,
+            "kv_s": statistics.median(times),
+            "machine": machine(),
+            "date": today(),
+            "commit": git_rev(),
+            "checksum": float(out[:1000].double().sum()),
+        }
         del op, out, v
         if args.train_iter:
             row.update(train_iteration(n, device))

@@ -15,8 +15,10 @@ import torch.multiprocessing as mp
 from conftest import rel_err
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-BACKENDS = ["gloo", pytest.param("nccl", marks=[pytest.mark.cuda,
-                                                pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])]
+BACKENDS = [
+    "gloo",
+    pytest.param("nccl", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")]),
+]
 
 
 def _worker(rank, world, init_file, out_dir, backend="gloo"):
@@ -91,8 +93,13 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
             model.eval(), lik.eval()
             with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.eval_cg_tolerance(1e-8):
                 pred = lik(model(xt))
-                runs[name] = (losses, pred.mean.tolist(), pred.variance.tolist(),
-                              model.covar_module.base_kernel.lengthscale.tolist(), grads0)
+                runs[name] = (
+                    losses,
+                    pred.mean.tolist(),
+                    pred.variance.tolist(),
+                    model.covar_module.base_kernel.lengthscale.tolist(),
+                    grads0,
+                )
     res["fit"] = runs
 
     # gpfast's training engine on the same problem: each rank stores (or recomputes) only its rows of K, the
@@ -124,6 +131,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_processes(tmp_path, backend):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
@@ -158,8 +166,11 @@ def test_two_processes(tmp_path, backend):
         assert r0["engine"][f"{product}-dist"][:3] == r1["engine"][f"{product}-dist"][:3]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])],
+)
 def test_torchrun_fit_two_ranks(tmp_path, device):
     """`torchrun --nproc-per-node=2 -m gpfast fit --distributed` (gloo on CPUs, NCCL on GPUs) matches one process."""
     import subprocess
@@ -167,12 +178,33 @@ def test_torchrun_fit_two_ranks(tmp_path, device):
 
     common = ["fit", "--dataset", "yacht", "--iters", "3", "--solver", "cg", "--device", device, "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
-    single = subprocess.run([sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
-                            capture_output=True, text=True, env=env, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr
-    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-                            "-m", "gpfast", *common, "--distributed", "--out", str(tmp_path / "two.json")],
-                           capture_output=True, text=True, env=env, timeout=300)
+    multi = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            "-m",
+            "gpfast",
+            *common,
+            "--distributed",
+            "--out",
+            str(tmp_path / "two.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert multi.returncode == 0, multi.stderr[-3000:]
     one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert two["ranks"] == 2 and one["ranks"] == 1

@@ -8,11 +8,31 @@ from experiments import uci_table
 
 
 def _row(dataset, row, train_s, predict_s, rmse, **kw):
-    base = {"dataset": dataset, "split": 0, "row": row, "n_train": 100, "d": 3, "iters": 50, "lr": 0.1, "seed": 0,
-            "device": "cuda", "machine": "GPU X", "date": "2026-11-30T00:00:00", "status": "ok", "solver": "s",
-            "train_s": train_s, "predict_s": predict_s, "total_s": train_s + predict_s,
-            "s_per_iter": train_s / 50, "rmse_std": rmse, "rmse_orig": rmse, "nll_std": 0.1, "nll_orig": 0.1,
-            "peak_mem_bytes": 2**20, "mem_kind": "cuda_max_allocated"}
+    base = {
+        "dataset": dataset,
+        "split": 0,
+        "row": row,
+        "n_train": 100,
+        "d": 3,
+        "iters": 50,
+        "lr": 0.1,
+        "seed": 0,
+        "device": "cuda",
+        "machine": "GPU X",
+        "date": "2026-11-30T00:00:00",
+        "status": "ok",
+        "solver": "s",
+        "train_s": train_s,
+        "predict_s": predict_s,
+        "total_s": train_s + predict_s,
+        "s_per_iter": train_s / 50,
+        "rmse_std": rmse,
+        "rmse_orig": rmse,
+        "nll_std": 0.1,
+        "nll_orig": 0.1,
+        "peak_mem_bytes": 2**20,
+        "mem_kind": "cuda_max_allocated",
+    }
     return {**base, **kw}
 
 
@@ -22,11 +42,15 @@ def _write(path, rows, commit):
 
 
 def test_merge_joins_runs_and_computes_speedups(tmp_path):
-    f1 = _write(tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5), _row("pol", "gpfast", 1.0, 1.0, 0.4)],
-                "c1")
+    f1 = _write(
+        tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5), _row("pol", "gpfast", 1.0, 1.0, 0.4)], "c1"
+    )
     # a later file wins for the same (dataset, split, row)
-    f2 = _write(tmp_path / "b.json", [_row("pol", "gpytorch+gpfast", 4.0, 2.0, 0.45),
-                                      _row("pol", "gpfast", 1.5, 0.5, 0.3)], "c2")
+    f2 = _write(
+        tmp_path / "b.json",
+        [_row("pol", "gpytorch+gpfast", 4.0, 2.0, 0.45), _row("pol", "gpfast", 1.5, 0.5, 0.3)],
+        "c2",
+    )
     uci_table.main(["--merge", f1, f2, "--out", str(tmp_path), "--stem", "m", "--note", "hello"])
     out = json.loads((tmp_path / "m.json").read_text())
     assert out["commit"] == "c1, c2" and out["machine"] == "GPU X" and out["date"] == "2026-11-30"

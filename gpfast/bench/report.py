@@ -96,8 +96,7 @@ def write_results(results_dir: Path, stem: str, header: str, table_md: str, rows
     results_dir.mkdir(parents=True, exist_ok=True)
     info = {"machine": machine(), "date": today(), "commit": git_rev(), **meta}
     (results_dir / f"{stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2, default=str))
-    text = (f"# {header}\n\nMachine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}.\n\n"
-            f"{table_md}\n")
+    text = f"# {header}\n\nMachine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}.\n\n{table_md}\n"
     (results_dir / f"{stem}.md").write_text(text)
     return text
 

@@ -36,15 +36,17 @@ def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
     (predict) checks X against them.
     """
     if not torch.is_tensor(X):
-        arr = validate_data(estimator, X, reset=reset, dtype=np.float64, ensure_2d=True, ensure_min_samples=1,
-                            ensure_all_finite=False)
+        arr = validate_data(
+            estimator, X, reset=reset, dtype=np.float64, ensure_2d=True, ensure_min_samples=1, ensure_all_finite=False
+        )
         Xt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True, order="C"))
         check_finite(Xt, "X")
         return Xt, InputInfo(False)
     info = InputInfo(True, X.device, X.dtype)
     if X.layout != torch.strided:
-        raise TypeError(f"X is a sparse torch tensor (layout {X.layout}); ExactGP needs a dense tensor: call "
-                        f"X.to_dense().")
+        raise TypeError(
+            f"X is a sparse torch tensor (layout {X.layout}); ExactGP needs a dense tensor: call X.to_dense()."
+        )
     if X.is_complex():
         raise ValueError(f"X is a complex tensor ({X.dtype}); ExactGP needs real values.")
     if X.dim() != 2:
@@ -72,15 +74,18 @@ def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
 def validate_y(y, n: int) -> torch.Tensor:
     """y as a float64 (n,) tensor, finite-checked; a column vector (n, 1) is accepted with scikit-learn's warning."""
     if y is None:
-        raise ValueError("ExactGP requires y to be passed, but the target y is None; expected y of shape "
-                         "(n_samples,) or (n_samples, 1).")
+        raise ValueError(
+            "ExactGP requires y to be passed, but the target y is None; expected y of shape "
+            "(n_samples,) or (n_samples, 1)."
+        )
     if torch.is_tensor(y):
         if y.is_complex():
             raise ValueError(f"y is a complex tensor ({y.dtype}); ExactGP needs real values.")
         yt = y.detach().to(torch.float64)
     else:
-        arr = check_array(y, dtype=np.float64, ensure_2d=False, ensure_min_samples=1, input_name="y",
-                          ensure_all_finite=False)
+        arr = check_array(
+            y, dtype=np.float64, ensure_2d=False, ensure_min_samples=1, input_name="y", ensure_all_finite=False
+        )
         yt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
     if yt.dim() == 2 and yt.shape[1] == 1:
         warnings.warn(
@@ -91,12 +96,16 @@ def validate_y(y, n: int) -> torch.Tensor:
         )
         yt = yt.reshape(-1)
     if yt.dim() != 1:
-        raise ValueError(f"y must have shape (n_samples,) or (n_samples, 1), got shape {tuple(yt.shape)}; ExactGP "
-                         f"fits a single output.")
+        raise ValueError(
+            f"y must have shape (n_samples,) or (n_samples, 1), got shape {tuple(yt.shape)}; ExactGP "
+            f"fits a single output."
+        )
     check_finite(yt, "y")
     if yt.shape[0] != n:
-        raise ValueError(f"X and y have inconsistent numbers of samples: X has {n} rows but y has {yt.shape[0]} "
-                         f"values; expected one target per row of X.")
+        raise ValueError(
+            f"X and y have inconsistent numbers of samples: X has {n} rows but y has {yt.shape[0]} "
+            f"values; expected one target per row of X."
+        )
     return yt
 
 
@@ -110,8 +119,9 @@ def check_finite(t: torch.Tensor, name: str) -> None:
         parts.append(f"{int(nan.sum())} NaN value(s) (first at index {_first_index(nan)})")
     if bool(inf.any()):
         parts.append(f"{int(inf.sum())} infinite value(s) (inf/-inf, first at index {_first_index(inf)})")
-    raise ValueError(f"Input {name} contains " + " and ".join(parts) + "; ExactGP needs finite values: drop or "
-                     "impute them first.")
+    raise ValueError(
+        f"Input {name} contains " + " and ".join(parts) + "; ExactGP needs finite values: drop or impute them first."
+    )
 
 
 def _first_index(mask: torch.Tensor) -> tuple:

@@ -49,8 +49,15 @@ def exact_posterior(X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tenso
     return ExactPosterior(_kernel64(X, X, hyp), y, hyp["noise"], hyp["mean"], overwrite=True)
 
 
-def predict_exact(posterior: ExactPosterior, X_train: torch.Tensor, X: torch.Tensor, hyp, return_std: bool,
-                  return_cov: bool, include_noise: bool):
+def predict_exact(
+    posterior: ExactPosterior,
+    X_train: torch.Tensor,
+    X: torch.Tensor,
+    hyp,
+    return_std: bool,
+    return_cov: bool,
+    include_noise: bool,
+):
     """Mean (and variance or covariance) at standardised inputs X, float64, by the exact posterior."""
     return posterior.predict_from_kernel(
         lambda a, b: _kernel64(a, b, hyp),
@@ -63,8 +70,15 @@ def predict_exact(posterior: ExactPosterior, X_train: torch.Tensor, X: torch.Ten
     )
 
 
-def predict_cg(model: ExactGPModel, X: torch.Tensor, dtype: torch.dtype, cg: CGSettings, return_std: bool,
-               return_cov: bool, include_noise: bool):
+def predict_cg(
+    model: ExactGPModel,
+    X: torch.Tensor,
+    dtype: torch.dtype,
+    cg: CGSettings,
+    return_std: bool,
+    return_cov: bool,
+    include_noise: bool,
+):
     """GPyTorch's prediction (``fast_pred_var`` off, so variances are solved for) in the training dtype, in chunks
     of test points whose (chunk x n) temporaries stay under ~256 MB. Returns float64 tensors."""
     likelihood = model.likelihood

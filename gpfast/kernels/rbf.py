@@ -67,14 +67,33 @@ class ScaleRBFKernel(ScaleKernel):
     ``torch.distributed``; see :mod:`gpfast.kernels.distributed`).
     """
 
-    def __init__(self, ard_num_dims=None, batch_shape=None, active_dims=None, lengthscale_prior=None,
-                 lengthscale_constraint=None, eps: float = 1e-6, outputscale_prior=None, outputscale_constraint=None,
-                 matrix_free_threshold: int | None = None, distributed: bool = False, **kwargs):
-        base = RBFKernel(ard_num_dims=ard_num_dims, batch_shape=batch_shape, active_dims=active_dims,
-                         lengthscale_prior=lengthscale_prior, lengthscale_constraint=lengthscale_constraint, eps=eps,
-                         matrix_free_threshold=matrix_free_threshold, distributed=distributed)
-        super().__init__(base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint,
-                         **kwargs)
+    def __init__(
+        self,
+        ard_num_dims=None,
+        batch_shape=None,
+        active_dims=None,
+        lengthscale_prior=None,
+        lengthscale_constraint=None,
+        eps: float = 1e-6,
+        outputscale_prior=None,
+        outputscale_constraint=None,
+        matrix_free_threshold: int | None = None,
+        distributed: bool = False,
+        **kwargs,
+    ):
+        base = RBFKernel(
+            ard_num_dims=ard_num_dims,
+            batch_shape=batch_shape,
+            active_dims=active_dims,
+            lengthscale_prior=lengthscale_prior,
+            lengthscale_constraint=lengthscale_constraint,
+            eps=eps,
+            matrix_free_threshold=matrix_free_threshold,
+            distributed=distributed,
+        )
+        super().__init__(
+            base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint, **kwargs
+        )
 
     def forward(self, x1, x2, last_dim_is_batch: bool = False, diag: bool = False, **params):
         if last_dim_is_batch:  # rare mode: the plain composition

@@ -39,8 +39,15 @@ class ExactGPModel(gpytorch.models.ExactGP):
             matrix-free.
     """
 
-    def __init__(self, train_x: torch.Tensor, train_y: torch.Tensor, likelihood, ard: bool = True,
-                 kernel: str = "gpfast", distributed: bool = False):
+    def __init__(
+        self,
+        train_x: torch.Tensor,
+        train_y: torch.Tensor,
+        likelihood,
+        ard: bool = True,
+        kernel: str = "gpfast",
+        distributed: bool = False,
+    ):
         super().__init__(train_x, train_y, likelihood)
         custom = isinstance(kernel, gpytorch.kernels.Kernel)
         if not custom and kernel not in KERNELS:
