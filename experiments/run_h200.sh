@@ -2,7 +2,10 @@
 # The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
 # Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
 # Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, bench_matmul_rhs, scaling1m, dist1, dist2, distfit,
-#         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>)
+#         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>),
+#         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
+#         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
+#         engine1m
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -42,6 +45,19 @@ for st in "$@"; do
         --sizes ${DIST_SIZES:-1000000 2000000} --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log" ;;
     distfit) timeout 60 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 \
              --solver cg --device cuda --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -6 "$OUT/distfit.log" ;;
+    tests_engine) CUDA_VISIBLE_DEVICES=$G timeout 300 python -m pytest tests/test_train.py tests/test_operator.py -q -m cuda \
+             -p no:cacheprovider > "$OUT/tests_engine.log" 2>&1; tail -15 "$OUT/tests_engine.log" ;;
+    engine_uci_a|engine_uci_b|engine_uci_c)
+      case "$st" in engine_uci_a) sets="pol elevators bike kin40k" ;; engine_uci_b) sets="protein keggdirected" ;;
+                    *) sets="keggundirected" ;; esac
+      stem="uci_engine_$(echo $sets | tr ' ' _)_bc"
+      CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-540} python -m experiments.uci_table --data-dir .data/uci \
+        --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --datasets $sets --rows gpytorch+gpfast gpfast \
+        --stem "$stem" --out "$OUT" > "$OUT/$stem.log" 2>&1; tail -16 "$OUT/$stem.log" ;;
+    stored_product) CUDA_VISIBLE_DEVICES=$G timeout 180 python -m experiments.bench_stored_product --n 36000 --t 11 \
+             --reps 20 --out "$OUT" > "$OUT/stored_product.log" 2>&1; tail -10 "$OUT/stored_product.log" ;;
+    engine1m) CUDA_VISIBLE_DEVICES=$G timeout 540 python -m experiments.engine_step --n 1000000 --d 8 --steps 3 \
+             --out "$OUT" > "$OUT/engine1m.log" 2>&1; tail -12 "$OUT/engine1m.log" ;;
     uci:*)
       IFS=: read -r _ sets rows <<< "$st"
       rows=${rows:-gpytorch,gpytorch+gpfast,gpfast}

@@ -5,14 +5,21 @@ alpha = K̂^{-1} r (Rasmussen and Williams 2006, Eq. 5.9):
 
     d/dtheta = -1/2 alpha^T (dK̂/dtheta) alpha + 1/2 tr(K̂^{-1} dK̂/dtheta).
 
-The trace is a Hutchinson estimate over probes z_i ~ N(0, P) with their solves u_i = K̂^{-1} z_i and partners
-w_i = P^{-1} z_i: tr(K̂^{-1} A) = E[u_i^T A w_i] for any A, because E[w_i u_i^T] = P^{-1} P K̂^{-1}. So for the
-kernel's lengthscale and outputscale everything is one fused bilinear backward of ``sum(G * (K V))`` with
+The trace is a Hutchinson estimate over Rademacher probes z_i with their solves u_i = K̂^{-1} z_i:
+tr(K̂^{-1} A) = E[u_i^T A z_i] for any A (E[z z^T] = I). So for the kernel's lengthscale and outputscale
+everything is one fused bilinear backward of ``sum(G * (K V))`` with
 
-    G = [-1/2 alpha, 1/(2s) u_1 ... u_s],   V = [alpha, w_1 ... w_s],
+    G = [-1/2 alpha, 1/(2s) u_1 ... u_s],   V = [alpha, z_1 ... z_s],
 
-and the rest is closed form: d/dnoise = -1/2 |alpha|^2 + 1/(2s) sum_i u_i^T w_i (dK̂/dnoise = I) and
-d/dmean = -sum(alpha).
+and the rest is closed form: d/dnoise = -1/2 |alpha|^2 + 1/(2s) sum_i u_i^T z_i (dK̂/dnoise = I) and
+d/dmean = -sum(alpha). The functions take the probes' partners W in general (W = Z here).
+
+Measured alternatives (per-probe relative spread of the trace estimates, concrete and yacht, float64, 200-400
+probes, at hyperparameters from the start to the end of a fit): Gaussian probes match Rademacher ones on the
+lengthscales and are 2-4x noisier on the noise and outputscale; probes z ~ N(0, P) with partners P^{-1} z (as
+GPyTorch) are up to 2x noisier on the lengthscales at small noise; and P as a control variate
+(tr(K̂^{-1} A) = tr(P^{-1} A) + E[z^T (K̂^{-1} - P^{-1}) A z]) helps only at large noise and is 2-4x worse at the
+small noise of a fitted model, because P^{-1} = 1/noise off the span of its rank-k factor.
 """
 
 from __future__ import annotations
