@@ -118,8 +118,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ``preconditioner_size``), for comparisons. The choice is stored in ``trainer_``.
     trainer_options : dict or None, default=None
         Settings of gpfast's engine, keys of :class:`gpfast.train.EngineSettings` (``num_probes``,
-        ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``refresh_every``,
-        ``refresh_lengthscale_change``, ``product``, ``memory_fraction``); ``None`` keeps its defaults. The
+        ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``rebuild_every``,
+        ``rebuild_lengthscale_change``, ``resample_every``, ``warm_start``, ``product``, ``memory_fraction``; the
+        defaults and the measurements behind them are documented there); ``None`` keeps its defaults. The
         GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
 
     Attributes
