@@ -148,8 +148,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Who took the training steps on the full data (see ``trainer``).
     cg_iterations_, cg_residuals_ : list of int, list of float, or None
         With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (the data
-        column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS evaluates several times per step);
-        None otherwise.
+        column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS
+        evaluates several times per step); None otherwise.
     history_data_fit_, history_log_det_estimate_ : list of float or None
         With ``trainer_ == "gpfast"``: the two parts of the loss at each evaluation, ``history_ = data_fit +
         log_det_estimate + log(2 pi) / 2``: the data-fit term ``(y - m)^T K^-1 (y - m) / (2n)`` from the solve
