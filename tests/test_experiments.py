@@ -90,3 +90,18 @@ def test_bench_cpu_writes_its_table(tmp_path):
     assert cov["shape"] == "(2,30,20,3)" and (mm["n"], mm["d"], mm["t"]) == (40, 3, 5)
     assert all(v > 0 for k, v in {**cov, **mm}.items() if k.endswith("_ms"))
     assert "GPyTorch fwd+bwd" in (tmp_path / "b.md").read_text()
+
+
+def test_engine_step_and_stored_product_scripts_write_their_tables(tmp_path):
+    """experiments/engine_step.py and bench_stored_product.py at tiny CPU sizes (the H200 stages run them at 1M
+    points and n = 36k)."""
+    from experiments import bench_stored_product, engine_step
+
+    engine_step.main(["--n", "300", "--d", "3", "--steps", "2", "--device", "cpu", "--out", str(tmp_path),
+                      "--option", "preconditioner_rank=20", "--option", "product=matrix_free"])
+    row = json.loads((tmp_path / "engine_step.json").read_text())["rows"][0]
+    assert row["product"] == "matrix_free" and len(row["step_s"]) == 2 and row["median_step_s"] > 0
+    assert len(row["cg_iterations"]) == 3 and all(p >= i for p, i in zip(row["products"], row["cg_iterations"]))
+    bench_stored_product.main(["--n", "200", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "bench_stored_product.json").read_text())
+    assert out["best"] in {r["layout"] for r in out["rows"]} and all(r["rel_err"] < 1e-5 for r in out["rows"])
