@@ -281,9 +281,15 @@ class Engine:
 
 
 class _State:
-    """What one run carries from step to step."""
+    """What one run carries from step to step: everything a resumable fit (issue 16) has to checkpoint besides
+    the model, the optimiser and the EngineRecord. The probes Z (or the RNG state they were drawn from, with
+    ``drawn_at``) and the warm starts x are the engine's only large state (n x (1 + s) each); the preconditioner
+    is a deterministic function of the hyperparameters at its build (``l_build`` and the outputscale, at step
+    ``built_at``), so rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det
+    carry the log-determinant's path integral."""
 
     def __init__(self):
+        self.s = 0  # the number of probes
         self.pc: Preconditioner | None = None
         self.built_at = 0
         self.l_build: torch.Tensor | None = None
