@@ -268,7 +268,9 @@ def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
                 opt.step()
         runs.append((losses, engine.finish().cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
     tol = 1e-9 if dtype == F64 else 1e-3
-    assert runs[0][1] == runs[1][1]
+    # GEMM and fused-product rounding differ in float32: a solve on the edge of its tolerance may take one more step
+    slack = 0 if dtype == F64 else 1
+    assert all(abs(a - b) <= slack for a, b in zip(runs[0][1], runs[1][1])), (runs[0][1], runs[1][1])
     assert max(abs(a - b) for a, b in zip(runs[0][0], runs[1][0])) < tol
     assert rel_err(runs[0][2], runs[1][2]) < tol
 
