@@ -106,8 +106,8 @@ def test_gradient_matches_exact_within_its_standard_error(device):
     k = 0
     for p, t in zip(raw, nat):
         m = t.numel()
-        chain = torch.autograd.grad(t.sum(), p, retain_graph=True)[0].reshape(-1) if p is not nat[-1] else 1.0
-        assert torch.allclose(p.grad.reshape(-1), got[k : k + m] * chain / 500, rtol=1e-12, atol=0)
+        chain = torch.autograd.grad(t.sum(), p, retain_graph=True)[0].reshape(-1).cpu() if p is not nat[-1] else 1.0
+        assert torch.allclose(p.grad.reshape(-1).cpu(), got[k : k + m] * chain / 500, rtol=1e-12, atol=0)
         k += m
 
 
