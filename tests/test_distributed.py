@@ -122,9 +122,12 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
                 opt.step()
             rec = engine.finish()
             rows = engine.product.rows
-            engine_runs[f"{product}-{name}"] = (losses, rec.cg_iterations,
-                                                model.covar_module.base_kernel.lengthscale.tolist(),
-                                                [rows.start, rows.stop])
+            engine_runs[f"{product}-{name}"] = (
+                losses,
+                rec.cg_iterations,
+                model.covar_module.base_kernel.lengthscale.tolist(),
+                [rows.start, rows.stop],
+            )
     res["engine"] = engine_runs
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)

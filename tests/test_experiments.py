@@ -97,8 +97,24 @@ def test_engine_step_and_stored_product_scripts_write_their_tables(tmp_path):
     points and n = 36k)."""
     from experiments import bench_stored_product, engine_step
 
-    engine_step.main(["--n", "300", "--d", "3", "--steps", "2", "--device", "cpu", "--out", str(tmp_path),
-                      "--option", "preconditioner_rank=20", "--option", "product=matrix_free"])
+    engine_step.main(
+        [
+            "--n",
+            "300",
+            "--d",
+            "3",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path),
+            "--option",
+            "preconditioner_rank=20",
+            "--option",
+            "product=matrix_free",
+        ]
+    )
     row = json.loads((tmp_path / "engine_step.json").read_text())["rows"][0]
     assert row["product"] == "matrix_free" and len(row["step_s"]) == 2 and row["median_step_s"] > 0
     assert len(row["cg_iterations"]) == 3 and all(p >= i for p, i in zip(row["products"], row["cg_iterations"]))
