@@ -158,6 +158,13 @@ def _output_file(path: str, option: str) -> Path:
     return p
 
 
+def _not_an_input(out: Path, option: str, inputs: dict[str, Path | None]) -> None:
+    """Refuse an output that would overwrite one of the command's own input files."""
+    for name, p in inputs.items():
+        if p is not None and out.resolve() == Path(p).resolve():
+            raise UsageError(f"{option} {out} is also the {name} file; writing it would destroy the input")
+
+
 def _output_folder(path: str, option: str) -> Path:
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
@@ -298,6 +305,9 @@ def _check_fit_args(args) -> None:
             setattr(args, option, _output_file(getattr(args, option), f"--{option}"))
     if args.out and args.save and args.out.resolve() == args.save.resolve():
         parser.error("--out and --save name the same file")
+    for option in ("out", "save"):
+        if getattr(args, option):
+            _not_an_input(getattr(args, option), f"--{option}", {"--csv": args.csv if args.csv else None})
     defaults = {"d": 8, "test": 10000, "split": 0, "pretrain_iter": 10}
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -471,6 +481,8 @@ def cmd_predict(args) -> int:
     model = _input_file(args.model, "--model")
     csv_path = _input_file(args.csv, "--csv")
     out = _output_file(args.out, "--out") if args.out else None
+    if out is not None:
+        _not_an_input(out, "--out", {"--csv": csv_path, "--model": model})
     try:
         gp = ExactGP.load(model, device=args.device)
     except ValueError as exc:

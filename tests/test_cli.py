@@ -209,6 +209,16 @@ ERROR_CASES = [
         "cannot create the folder",
         id="predict-out",
     ),
+    pytest.param(
+        ["predict", "--model", "{model}", "--csv", "{file}", "--out", "{file}"],
+        "--out {file} is also the --csv file",
+        id="predict-out-is-csv",
+    ),
+    pytest.param(
+        ["fit", "--csv", "{file}", "--target", "y", "--save", "{file}"],
+        "--save {file} is also the --csv",
+        id="fit-save-is-csv",
+    ),
     pytest.param(["download", "no_such_set"], "unknown dataset name(s) 'no_such_set'", id="download-unknown"),
     pytest.param(["download", "yacht", "--data-dir", "{file}"], "exists and is not a folder", id="download-dir"),
     pytest.param(["download"], "the following arguments are required: NAME", id="download-no-name"),
@@ -219,7 +229,7 @@ ERROR_CASES = [
 @pytest.mark.parametrize("argv, expected", ERROR_CASES)
 def test_usage_errors_exit_2_without_traceback(argv, expected, files, capsys):
     before = sorted(files["tmp"].rglob("*"))
-    _usage_error([a.format(**files) for a in argv], capsys, expected)
+    _usage_error([a.format(**files) for a in argv], capsys, expected.format(**files))
     assert sorted(files["tmp"].rglob("*")) == before  # nothing written, no folder created
 
 
