@@ -33,8 +33,8 @@ import io
 import math
 import os
 import pickle
+import secrets
 import struct
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -159,24 +159,19 @@ def write_state(state: dict, path, format_version: int = FORMAT_VERSION) -> None
         path.write(payload)
         return
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    # os.open with 0o666 leaves the mode to the umask, as for any file the user writes (mkstemp would give 0600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(head + digest.digest())
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would surprise whoever shares the model
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # ------------------------------------------------------------------------------------------------------------
