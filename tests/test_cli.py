@@ -1,14 +1,18 @@
 """The ``gpfast`` command line and :func:`gpfast.bench.compare.compare` (fast, CPU)."""
 
 import csv
+import io
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+from gpfast import ExactGP
 from gpfast.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +79,461 @@ def test_datasets_lists_shipped(capsys):
 
 
 def test_python_m_gpfast_help():
-    res = subprocess.run([sys.executable, "-m", "gpfast", "--help"], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpfast", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert "compare" in res.stdout and "datasets" in res.stdout and "build" in res.stdout
+
+
+def test_version(capsys):
+    from gpfast import __version__
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith(f"gpfast {__version__} (torch ")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# every error case: `gpfast: error: ...`, exit status 2, no traceback, nothing written, before any work
+# ----------------------------------------------------------------------------------------------------------
+def _usage_error(argv, capsys, expected: str) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, (argv, err)
+    assert "gpfast: error: " in err and expected in err, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A plain file, a folder, a text file posing as a model, and paths under a file (never creatable)."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder\n")
+    fake_model = tmp_path / "fake.gpfast"
+    fake_model.write_text("hello\n")
+    return {
+        "file": str(afile),
+        "dir": str(tmp_path),
+        "under_file": str(afile / "x.json"),
+        "model": str(fake_model),
+        "tmp": tmp_path,
+    }
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")
+
+ERROR_CASES = [
+    pytest.param(
+        ["fit", "--synthetic", "100", "--device", "cuda"], "CUDA is not available", marks=NO_CUDA, id="fit-device-cuda"
+    ),
+    pytest.param(
+        ["fit", "--synthetic", "100", "--device", "tpu"], "expected cpu, cuda or cuda:<index>", id="fit-device-tpu"
+    ),
+    pytest.param(["fit", "--synthetic", "0"], "--synthetic: must be an integer >= 2, got 0", id="synthetic-0"),
+    pytest.param(["fit", "--synthetic", "1"], "--synthetic: must be an integer >= 2, got 1", id="synthetic-1"),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--iters", "-3"], "--iters: must be an integer >= 0, got -3", id="iters-neg"
+    ),
+    pytest.param(["fit", "--dataset", "yacht", "--iters", "x"], "--iters: expected an integer", id="iters-x"),
+    pytest.param(["fit", "--synthetic", "100", "--d", "0"], "--d: must be an integer >= 1, got 0", id="d-0"),
+    pytest.param(["fit", "--synthetic", "100", "--test", "0"], "--test: must be an integer >= 1, got 0", id="test-0"),
+    pytest.param(["fit", "--dataset", "yacht", "--lr", "-1"], "--lr: must be a positive number", id="fit-lr"),
+    pytest.param(["fit", "--dataset", "yacht", "--lr", "nan"], "--lr: must be a positive number", id="fit-lr-nan"),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--split", "10"], "--split: must be one of the 10 fixed splits", id="split"
+    ),
+    pytest.param(["fit", "--dataset", "yacht", "--seed", "-1"], "--seed: must be an integer >= 0", id="seed"),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--pretrain-subset", "1"],
+        "--pretrain-subset: must be an integer",
+        id="pretrain-subset",
+    ),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--pretrain-iter", "3"],
+        "--pretrain-iter applies only with",
+        id="pretrain-iter-alone",
+    ),
+    pytest.param(["fit", "--dataset", "yacht", "--d", "3"], "--d applies only with --synthetic", id="d-with-dataset"),
+    pytest.param(
+        ["fit", "--synthetic", "50", "--split", "1"], "--split applies only with --dataset", id="split-with-synthetic"
+    ),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--target", "y"], "--target applies only with --csv", id="target-without-csv"
+    ),
+    pytest.param(["fit", "--dataset", "yacht", "--synthetic", "10"], "not allowed with argument", id="two-sources"),
+    pytest.param(["fit"], "one of the arguments --csv --dataset --synthetic is required", id="no-source"),
+    pytest.param(["fit", "--dataset", "no_such_set"], "unknown dataset 'no_such_set'", id="unknown-dataset"),
+    pytest.param(
+        ["fit", "--synthetic", "50", "--distributed", "--solver", "cholesky"],
+        "--distributed runs the matrix-free CG solver",
+        id="distributed-cholesky",
+    ),
+    pytest.param(
+        ["fit", "--dataset", "yacht", "--out", "{under_file}"], "cannot create the folder", id="out-under-file"
+    ),
+    pytest.param(["fit", "--dataset", "yacht", "--out", "{dir}"], "is a folder; give a file name", id="out-is-dir"),
+    pytest.param(["fit", "--dataset", "yacht", "--save", "{under_file}"], "--save", id="save-under-file"),
+    pytest.param(["fit", "--csv", "{dir}/missing.csv", "--target", "y"], "missing.csv: no such file", id="csv-missing"),
+    pytest.param(["fit", "--csv", "{file}"], "--csv needs --target COLUMN", id="csv-no-target"),
+    pytest.param(
+        ["compare", "--dataset", "yacht", "--lr", "-1", "--out", "{dir}/new"],
+        "--lr: must be a positive",
+        id="compare-lr",
+    ),
+    pytest.param(
+        ["compare", "--dataset", "yacht", "--iters", "0", "--out", "{dir}/new"],
+        "--iters: must be an integer >= 1",
+        id="compare-iters",
+    ),
+    pytest.param(
+        ["compare", "--dataset", "yacht", "--device", "cuda", "--out", "{dir}/new"],
+        "CUDA is not available",
+        marks=NO_CUDA,
+        id="compare-cuda",
+    ),
+    pytest.param(["compare", "--dataset", "yacht", "--out", "{file}"], "exists and is not a folder", id="compare-out"),
+    pytest.param(
+        ["predict", "--model", "{dir}/none.gpfast", "--csv", "{file}"],
+        "none.gpfast: no such file",
+        id="predict-no-model",
+    ),
+    pytest.param(
+        ["predict", "--model", "{model}", "--csv", "{file}"],
+        "not a gpfast model file: it is a text file",
+        id="predict-text-model",
+    ),
+    pytest.param(["predict", "--model", "{model}", "--csv", "{dir}"], "--csv", id="predict-csv-is-dir"),
+    pytest.param(
+        ["predict", "--model", "{model}", "--csv", "{file}", "--out", "{under_file}"],
+        "cannot create the folder",
+        id="predict-out",
+    ),
+    pytest.param(
+        ["predict", "--model", "{model}", "--csv", "{file}", "--out", "{file}"],
+        "--out {file} is also the --csv file",
+        id="predict-out-is-csv",
+    ),
+    pytest.param(
+        ["fit", "--csv", "{file}", "--target", "y", "--save", "{file}"],
+        "--save {file} is also the --csv",
+        id="fit-save-is-csv",
+    ),
+    pytest.param(["download", "no_such_set"], "unknown dataset name(s) 'no_such_set'", id="download-unknown"),
+    pytest.param(["download", "yacht", "--data-dir", "{file}"], "exists and is not a folder", id="download-dir"),
+    pytest.param(["download"], "the following arguments are required: NAME", id="download-no-name"),
+    pytest.param([], "the following arguments are required: COMMAND", id="no-command"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", ERROR_CASES)
+def test_usage_errors_exit_2_without_traceback(argv, expected, files, capsys):
+    before = sorted(files["tmp"].rglob("*"))
+    _usage_error([a.format(**files) for a in argv], capsys, expected.format(**files))
+    assert sorted(files["tmp"].rglob("*")) == before  # nothing written, no folder created
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fit", "--synthetic", "1"],
+        ["fit", "--synthetic", "100", "--device", "cuda"],
+        ["compare", "--dataset", "yacht", "--lr", "-1"],
+    ],
+    ids=["synthetic-1", "cuda", "lr"],
+)
+def test_usage_errors_in_a_real_process(argv, tmp_path):
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = subprocess.run(
+        [sys.executable, "-m", "gpfast", *argv, *(["--out", str(tmp_path / "o")] if "compare" in argv else [])],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines()[-1].startswith("gpfast: error: ") and "Traceback" not in res.stderr
+    assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fitting a CSV file, then predicting, matches the Python API
+# ----------------------------------------------------------------------------------------------------------
+def _write_csv(path, header, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return str(path)
+
+
+def _cell(v) -> str:
+    return repr(float(v))  # the shortest text that reads back to the same float64
+
+
+def _table(seed=0, n=40):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(0, 10, (n, 3)) * [1.0, 0.1, 100.0]
+    y = np.sin(X[:, 0]) + 5 * X[:, 1] + 0.01 * X[:, 2] + 0.1 * rng.standard_normal(n) + 50
+    return X, y
+
+
+FIT_ARGS = ["--iters", "8", "--seed", "3", "--device", "cpu", "--quiet"]
+
+
+def test_csv_fit_then_predict_matches_the_python_api(tmp_path, capsys):
+    X, y = _table()
+    Xt, _ = _table(seed=1, n=7)
+    train = _write_csv(
+        tmp_path / "train.csv",
+        ["name", "a", "b", "price", "c"],
+        [[f"house {i}", *map(_cell, x[:2]), _cell(t), _cell(x[2])] for i, (x, t) in enumerate(zip(X, y))],
+    )
+    # new rows: the inputs in another order, no target, an extra text column
+    new = _write_csv(
+        tmp_path / "new.csv", ["c", "note", "a", "b"], [[_cell(x[2]), "?", _cell(x[0]), _cell(x[1])] for x in Xt]
+    )
+    model, out, pred = tmp_path / "models" / "m.gpfast", tmp_path / "res" / "fit.json", tmp_path / "pred" / "p.csv"
+    rc = main(
+        [
+            "fit",
+            "--csv",
+            train,
+            "--target",
+            "price",
+            "--features",
+            "a",
+            "b",
+            "c",
+            *FIT_ARGS,
+            "--save",
+            str(model),
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["n_train"] == 40 and result["d"] == 3 and result["features"] == ["a", "b", "c"]
+    assert result["startup_s"] > 0 and result["train_s"] > 0 and "rmse_std" not in result
+    capsys.readouterr()
+    assert main(["predict", "--model", str(model), "--csv", new, "--out", str(pred)]) == 0
+    assert "7 row(s)" in capsys.readouterr().err
+    with open(pred) as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["mean", "std"] and len(rows) == 8
+    mean, std = np.array(rows[1:], dtype=np.float64).T
+
+    gp = ExactGP(max_iter=8, random_state=3, device="cpu", verbose=False).fit(X, y)
+    m_ref, s_ref = gp.predict(Xt, return_std=True)
+    np.testing.assert_allclose(mean, m_ref, rtol=1e-12)
+    np.testing.assert_allclose(std, s_ref, rtol=1e-12)
+    assert result["final_loss"] == pytest.approx(gp.history_[-1], rel=1e-12)
+    assert result["noise"] == pytest.approx(gp.noise_, rel=1e-12)
+
+    # the saved model is the Python API's too, with its column names
+    loaded = ExactGP.load(model)
+    assert list(loaded.feature_names_in_) == ["a", "b", "c"]
+    # to stdout, the same numbers
+    assert main(["predict", "--model", str(model), "--csv", new, "--quiet"]) == 0
+    assert capsys.readouterr().out == pred.read_text()
+
+
+def test_csv_every_other_column_is_an_input_by_default(tmp_path, capsys):
+    X, y = _table(n=12)
+    train = _write_csv(tmp_path / "t.csv", ["y", "x0", "x1", "x2"], [[_cell(t), *map(_cell, x)] for x, t in zip(X, y)])
+    assert main(["fit", "--csv", train, "--target", "y", "--iters", "2", "--device", "cpu", "--quiet"]) == 0
+    assert "['x0', 'x1', 'x2']" in capsys.readouterr().out
+
+
+def test_predict_with_a_model_saved_from_arrays_needs_features(tmp_path, capsys):
+    X, y = _table(n=12)
+    gp = ExactGP(max_iter=2, device="cpu", verbose=False).fit(X, y)
+    gp.save(tmp_path / "m.gpfast")
+    new = _write_csv(tmp_path / "n.csv", ["p", "q", "r", "target"], [[*map(_cell, x), "0"] for x in X[:3]])
+    _usage_error(
+        ["predict", "--model", str(tmp_path / "m.gpfast"), "--csv", new],
+        capsys,
+        "takes 3 input(s) and does not know their names",
+    )
+    rc = main(["predict", "--model", str(tmp_path / "m.gpfast"), "--csv", new, "--features", "p", "q", "r"])
+    assert rc == 0
+    mean = np.array([r[0] for r in list(csv.reader(io.StringIO(capsys.readouterr().out)))[1:]], dtype=float)
+    np.testing.assert_allclose(mean, gp.predict(X[:3]), rtol=1e-12)
+
+
+CSV_CASES = [
+    (
+        "a,b,y\n1,2,3\n4,5,6\n",
+        ["--target", "price"],
+        "no target column 'price' in its header; its columns are 'a', 'b', 'y'",
+    ),
+    ("a,b,y\n1,2,3\n4,oops,6\n", ["--target", "y"], "column 'b' holds 'oops' on line 3, which is not a number"),
+    ("a,b,y\n1,2,3\n4,,6\n", ["--target", "y"], "column 'b' is empty on line 3 (a missing value)"),
+    ("a,b,y\n1,2,3\n4,nan,6\n", ["--target", "y"], "column 'b' holds 'nan' on line 3, which is not a finite number"),
+    ("a,b,y\n1,2,3\n4,5,x\n", ["--target", "y"], "column 'y' holds 'x' on line 3"),
+    ("id,a,y\nr1,1,3\nr2,4,6\n", ["--target", "y"], "column 'id' holds no numbers (line 2: 'r1')"),
+    ("a,b,y\n1,2,3\n", ["--target", "y"], "has 1 data row(s); fitting a GP needs at least 2"),
+    ("a,b,y\n", ["--target", "y"], "has 0 data row(s)"),
+    ("", ["--target", "y"], "is empty: expected a header row"),
+    ("a,b,y\n1,2,3\n4,5\n", ["--target", "y"], "line 3: 2 field(s), but the header has 3 columns"),
+    ("a,a,y\n1,2,3\n4,5,6\n", ["--target", "y"], "column name(s) 'a' appear more than once"),
+    ("a,,y\n1,2,3\n4,5,6\n", ["--target", "y"], "empty column name(s) at position(s) [2]"),
+    ("a;b;y\n1;2;3\n4;5;6\n", ["--target", "y"], "a single column holding semicolons; gpfast reads comma-separated"),
+    ("y\n1\n2\n", ["--target", "y"], "no input columns: its only column is the target 'y'"),
+    ("a,b,y\n1,2,3\n4,5,6\n", ["--target", "y", "--features", "a", "z"], "no feature column 'z'"),
+    ("a,b,y\n1,2,3\n4,5,6\n", ["--target", "y", "--features", "a", "y"], "the target column 'y' is also named"),
+]
+
+
+@pytest.mark.parametrize("text, args, expected", CSV_CASES)
+def test_csv_errors(tmp_path, capsys, text, args, expected):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    err = _usage_error(
+        [
+            "fit",
+            "--csv",
+            str(path),
+            *args,
+            "--iters",
+            "1",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--save",
+            str(tmp_path / "m.gpfast"),
+        ],
+        capsys,
+        expected,
+    )
+    assert str(path) in err
+    assert not (tmp_path / "m.gpfast").exists()
+
+
+def test_csv_quotes_bom_and_blank_lines(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    path.write_bytes('\ufeff"a, first",b,y\n\n1,2,3\n4,5,6\n7,8,10\n'.encode())
+    assert main(["fit", "--csv", str(path), "--target", "y", "--iters", "1", "--device", "cpu", "--quiet"]) == 0
+    assert "['a, first', 'b']" in capsys.readouterr().out
+
+
+def test_predict_errors(tmp_path, capsys):
+    X, y = _table(n=12)
+    train = _write_csv(tmp_path / "t.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    model = tmp_path / "m.gpfast"
+    assert (
+        main(
+            ["fit", "--csv", train, "--target", "y", "--iters", "1", "--device", "cpu", "--quiet", "--save", str(model)]
+        )
+        == 0
+    )
+    new = _write_csv(tmp_path / "n.csv", ["a", "c"], [["1", "2"]])
+    _usage_error(["predict", "--model", str(model), "--csv", new], capsys, "no model input column 'b'")
+    new = _write_csv(tmp_path / "n.csv", ["a", "b", "c"], [])
+    _usage_error(["predict", "--model", str(model), "--csv", new], capsys, "has a header but no data rows")
+    new = _write_csv(tmp_path / "n.csv", ["a", "b", "c"], [["1", "x", "2"]])
+    _usage_error(["predict", "--model", str(model), "--csv", new], capsys, "column 'b' holds 'x' on line 2")
+    _usage_error(
+        ["predict", "--model", str(model), "--csv", new, "--features", "c", "b", "a"],
+        capsys,
+        "reads them by name; leave --features out",
+    )
+    damaged = bytearray(model.read_bytes())
+    damaged[-10] ^= 1
+    model.write_bytes(bytes(damaged))
+    _usage_error(["predict", "--model", str(model), "--csv", new], capsys, "the file is corrupt")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fit on synthetic data: output folders created, times without start-up
+# ----------------------------------------------------------------------------------------------------------
+def test_fit_synthetic_creates_the_output_folder(tmp_path, capsys):
+    out = tmp_path / "new" / "deeper" / "fit.json"
+    rc = main(
+        [
+            "fit",
+            "--synthetic",
+            "60",
+            "--d",
+            "2",
+            "--test",
+            "10",
+            "--iters",
+            "2",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    result = json.loads(out.read_text())
+    assert result["n_train"] == 60 and result["n_test"] == 10 and result["d"] == 2
+    for key in ("startup_s", "train_s", "predict_s", "rmse_std", "nll_std"):
+        assert math.isfinite(result[key]), key
+    assert "train_s and predict_s exclude it" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# download, from a local copy (no network)
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def local_source(monkeypatch):
+    """gpfast.datasets.download fetching from the copies shipped in the package (file://)."""
+    import functools
+
+    from gpfast import datasets
+
+    base = (REPO / "gpfast" / "data").as_uri()
+    monkeypatch.setattr(datasets, "download", functools.partial(datasets.download, base_url=base))
+    return base
+
+
+def test_download_into_data_dir(tmp_path, capsys, local_source):
+    target = tmp_path / "uci"
+    assert main(["download", "yacht", "energy", "--data-dir", str(target), "--quiet"]) == 0
+    for name in ("yacht", "energy"):
+        assert (target / name / "data.csv.gz").is_file() and (target / name / "test_mask.csv.gz").is_file()
+    assert str(target) in capsys.readouterr().out
+
+
+def test_failed_download_exits_1_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    import functools
+
+    from gpfast import datasets
+
+    monkeypatch.setattr(
+        datasets, "download", functools.partial(datasets.download, base_url=(tmp_path / "empty").as_uri())
+    )
+    target = tmp_path / "uci"
+    assert main(["download", "yacht", "--data-dir", str(target), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpfast: error: download failed:") and "Traceback" not in err
+    assert not target.exists()
+
+
+@pytest.mark.slow
+def test_csv_fit_then_predict_in_real_processes(tmp_path):
+    """The same round trip through `python -m gpfast` processes: the saved file is all that passes between them."""
+    X, y = _table(n=20)
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    model = tmp_path / "m.gpfast"
+
+    def run(*argv):
+        res = subprocess.run(
+            [sys.executable, "-m", "gpfast", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    run("fit", "--csv", train, "--target", "y", *FIT_ARGS, "--save", str(model))
+    out = run("predict", "--model", str(model), "--csv", train, "--quiet")
+    mean, std = np.array([r for r in csv.reader(io.StringIO(out))][1:], dtype=np.float64).T
+    m_ref, s_ref = (
+        ExactGP(max_iter=8, random_state=3, device="cpu", verbose=False).fit(X, y).predict(X, return_std=True)
+    )
+    np.testing.assert_allclose(mean, m_ref, rtol=1e-12)
+    np.testing.assert_allclose(std, s_ref, rtol=1e-12)

@@ -1,0 +1,174 @@
+"""A user's own data as a CSV table, for ``gpfast fit --csv`` and ``gpfast predict``: numeric columns picked by
+name from a file with a header row, and predictions written back as CSV.
+
+The file is comma-separated (quotes as the :mod:`csv` module reads them, a UTF-8 byte-order mark skipped), with
+one header row of distinct, non-empty column names; blank lines are skipped. Every value in a column that is used
+must be a finite number; columns that are not used may hold anything. Each problem raises ``ValueError`` naming
+the file, the line, the column and the value seen.
+
+Example::
+
+    table = read_csv_table("houses.csv")
+    X = table.numeric(table.features(target="price"))     # (n_rows, n_features) float64
+    y = table.numeric(["price"])[:, 0]
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+
+__all__ = ["CSVTable", "read_csv_table", "write_predictions"]
+
+
+@dataclass(frozen=True)
+class CSVTable:
+    """The cells of a CSV file, as read: ``columns`` (header names) and ``rows`` (lists of strings, with the file's
+    line number of each row in ``lines``)."""
+
+    path: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    lines: tuple[int, ...]
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows)
+
+    def check_columns(self, names: Sequence[str], what: str = "column") -> None:
+        """Raise ValueError listing the ``names`` that the header lacks."""
+        missing = [c for c in names if c not in self.columns]
+        if missing:
+            raise ValueError(
+                f"{self.path}: no {what}{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} in its "
+                f"header; its columns are {_names(self.columns)}."
+            )
+
+    def features(self, target: str | None = None, features: Sequence[str] | None = None) -> list[str]:
+        """The input columns: ``features`` when given, else every column but ``target``. Checked to exist, to be
+        distinct and not to include the target."""
+        if target is not None:
+            self.check_columns([target], "target column")
+        if features is None:
+            names = [c for c in self.columns if c != target]
+        else:
+            names = list(features)
+            self.check_columns(names, "feature column")
+            repeated = sorted({c for c in names if names.count(c) > 1})
+            if repeated:
+                raise ValueError(
+                    f"{self.path}: feature column(s) {', '.join(map(repr, repeated))} named more than once."
+                )
+            if target is not None and target in names:
+                raise ValueError(f"{self.path}: the target column {target!r} is also named as a feature.")
+        if not names:
+            raise ValueError(f"{self.path}: no input columns: its only column is the target {target!r}.")
+        return names
+
+    def numeric(self, names: Sequence[str], hint: str = "fix or drop those rows") -> np.ndarray:
+        """The named columns as a float64 array of shape (n_rows, len(names)); ValueError at the first cell that
+        is empty, not a number or not finite (with a count of all such cells, and ``hint`` on what to do)."""
+        idx = [self.columns.index(c) for c in names]
+        out = np.empty((self.n_rows, len(idx)), dtype=np.float64)
+        bad = [0] * len(idx)
+        first = None
+        for r, row in enumerate(self.rows):
+            for j, i in enumerate(idx):
+                text = row[i].strip()
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = None
+                if value is None or not math.isfinite(value):
+                    bad[j] += 1
+                    if first is None:
+                        first = (self.lines[r], j, text, value)
+                    continue
+                out[r, j] = value
+        if first is not None:
+            line, j, text, value = first
+            column = names[j]
+            if value is None and text and bad[j] == self.n_rows > 1:
+                problem = f"holds no numbers (line {line}: {text!r})"
+            elif text == "":
+                problem = f"is empty on line {line} (a missing value)"
+            elif value is None:
+                problem = f"holds {text!r} on line {line}, which is not a number"
+            else:
+                problem = f"holds {text!r} on line {line}, which is not a finite number"
+            others = sum(bad) - (bad[j] if problem.startswith("holds no numbers") else 1)
+            more = f"; {others} more such cell(s) in the columns used" if others else ""
+            raise ValueError(
+                f"{self.path}: column {column!r} {problem}{more}. gpfast reads numeric columns only: {hint}."
+            )
+        return out
+
+
+def _names(columns, limit: int = 12) -> str:
+    shown = ", ".join(map(repr, columns[:limit]))
+    return shown + (f" and {len(columns) - limit} more" if len(columns) > limit else "")
+
+
+def read_csv_table(path) -> CSVTable:
+    """Read a comma-separated file with a header row (see the module docstring); ValueError for a file that is
+    empty, has no data rows, repeated or empty column names, or rows of the wrong length."""
+    path = str(path)
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        try:
+            records = list(_rows(f))
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a readable CSV text file ({exc}).") from None
+    if not records:
+        raise ValueError(f"{path} is empty: expected a header row of column names, then one row per sample.")
+    header_line, header = records[0]
+    columns = tuple(c.strip() for c in header)
+    if len(columns) == 1:
+        for sep, name in ((";", "semicolons"), ("\t", "tabs")):
+            if sep in columns[0]:
+                raise ValueError(
+                    f"{path}: its header {header[0]!r} is a single column holding {name}; gpfast reads "
+                    f"comma-separated files."
+                )
+    empty = [i + 1 for i, c in enumerate(columns) if not c]
+    if empty:
+        raise ValueError(
+            f"{path}, line {header_line}: the header row has empty column name(s) at position(s) "
+            f"{empty}; every column needs a name."
+        )
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(
+            f"{path}, line {header_line}: column name(s) {', '.join(map(repr, repeated))} appear more "
+            f"than once in the header."
+        )
+    rows, lines = [], []
+    for line, row in records[1:]:
+        if len(row) != len(columns):
+            raise ValueError(f"{path}, line {line}: {len(row)} field(s), but the header has {len(columns)} columns.")
+        rows.append(tuple(row))
+        lines.append(line)
+    return CSVTable(path, columns, tuple(rows), tuple(lines))
+
+
+def _rows(f: IO[str]):
+    """(line number, fields) of every row but blank lines (a row of empty fields, ``,,``, is kept: it is a row of
+    missing values)."""
+    reader = csv.reader(f)
+    start = 1
+    for row in reader:
+        if len(row) > 1 or (row and row[0].strip()):
+            yield start, row
+        start = reader.line_num + 1
+
+
+def write_predictions(out: IO[str], mean: np.ndarray, std: np.ndarray) -> None:
+    """Write ``mean,std`` with a header, one row per prediction, each value in full precision (``repr``)."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["mean", "std"])
+    for m, s in zip(np.asarray(mean, dtype=np.float64).tolist(), np.asarray(std, dtype=np.float64).tolist()):
+        writer.writerow([repr(m), repr(s)])
