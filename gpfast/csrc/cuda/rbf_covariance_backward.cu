@@ -1,0 +1,100 @@
+// CUDA launchers for rbf_covariance_backward. Device code: backward_rows.cuh (and legacy_kernels.cuh).
+#include "backward_host.h"
+
+namespace gpfast {
+namespace cuda {
+
+namespace {
+
+// legacy_kernels.cuh's fused backward (GPFAST_BWD=legacy), float32 sums.
+Grads covariance_backward_legacy(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2,
+                                 const at::Tensor& lengthscale, const at::Tensor& outputscale, int D) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  const at::Tensor z1 = prescale(x1, lengthscale, D), z2 = prescale(x2, lengthscale, D);
+  const at::Tensor s = outputscale.contiguous();
+  const int cpl = D <= 8 ? 4 : (D == 16 ? 2 : 1);  // columns per lane: bounded by registers
+  const int64_t cols_per_warp = 32 * cpl;
+  const int nwarps = static_cast<int>(std::min<int64_t>(kBwdMaxWarps, ceil_div(m, cols_per_warp)));
+  const int64_t strips = ceil_div(m, nwarps * cols_per_warp);
+  int64_t rowblocks = std::clamp<int64_t>(ceil_div(8 * sm_count(), strips * B), 1, ceil_div(n, kBwdRows));
+  const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kBwdRows) * kBwdRows;
+  rowblocks = ceil_div(n, rows_per_block);
+  TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535, "rbf_covariance_backward: shape too large");
+  auto opts = x1.options();
+  at::Tensor part_a = at::empty({strips, B, n, D}, opts);
+  at::Tensor part_b = at::empty({rowblocks, B, m, D}, opts);
+  at::Tensor part_l = at::empty({rowblocks, strips, B, D}, opts);
+  at::Tensor part_s = at::empty({rowblocks, strips, B}, opts);
+  const bool vec = cpl == 4 && (m % 4 == 0) && aligned16(G.data_ptr());
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_legacy", [&] {
+    CovBwdArgs<scalar_t> a{G.data_ptr<scalar_t>(),      z1.data_ptr<scalar_t>(),     z2.data_ptr<scalar_t>(),
+                           s.data_ptr<scalar_t>(),      part_a.data_ptr<scalar_t>(), part_b.data_ptr<scalar_t>(),
+                           part_l.data_ptr<scalar_t>(), part_s.data_ptr<scalar_t>(), n,
+                           m,                           B,                           rows_per_block,
+                           static_cast<int>(strips),    static_cast<int>(rowblocks)};
+    with_feature_bucket(D, [&](auto dc) {
+      constexpr int kD = decltype(dc)::value;
+      constexpr int kCpl = kD <= 8 ? 4 : (kD == 16 ? 2 : 1);
+      if (vec)
+        cov_bwd_kernel<scalar_t, kD, kCpl, true><<<grid, nwarps * 32, 0, current_stream()>>>(a);
+      else
+        cov_bwd_kernel<scalar_t, kD, kCpl, false><<<grid, nwarps * 32, 0, current_stream()>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  const at::Tensor l = lengthscale.unsqueeze(1);
+  const at::Tensor A = part_a.sum(0).narrow(2, 0, d), Bc = part_b.sum(0).narrow(2, 0, d);
+  const at::Tensor L = part_l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d), S = part_s.sum(at::IntArrayRef{0, 1});
+  return {-A / l, Bc / l, L / lengthscale, S};
+}
+
+}  // namespace
+
+Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                               const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
+  check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance_backward");
+  const c10::cuda::CUDAGuard guard(x1.device());
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m,
+              "rbf_covariance_backward: grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
+  if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
+  TORCH_CHECK(B <= 65535, "rbf_covariance_backward: at most 65535 batch entries on CUDA, got ", B);
+  const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
+  const int D = feature_bucket(d);
+  if (D != 0 && env_is("GPFAST_BWD", "legacy"))
+    return masked(covariance_backward_legacy(G, x1, x2, lengthscale, outputscale, D), x1, x_grads);
+  if (D == 0)
+    return dense_backward(x1, x2, lengthscale, outputscale, x_grads,
+                          [&](int64_t i, int64_t r) { return G.narrow(1, i, r).to(at::kDouble); });
+
+  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
+  const at::Tensor s = outputscale.contiguous();
+  Grads out;
+  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_backward_cuda", [&] {
+    const scalar_t* g = G.data_ptr<scalar_t>();
+    with_feature_bucket(D, [&](auto dc) {
+      constexpr int kD = decltype(dc)::value;
+      if (x_grads) {
+        // pass 1 over the rows of x1 (G read along its rows), pass 2 over the rows of x2 (G read down its columns)
+        const RowPassSums p = row_pass<scalar_t, kD, 0, true, false>(p1, p2, ls, s, g, n * m, m, 1, nullptr,
+                                                                      nullptr, true);
+        const RowPassSums q = row_pass<scalar_t, kD, 0, false, false>(p2, p1, ls, s, g, n * m, 1, m, nullptr,
+                                                                       nullptr, true);
+        out = finish_grads(p1, p2, ls, p, q, true);
+      } else {
+        const RowPassSums p = row_pass<scalar_t, kD, 0, true, true>(p1, p2, ls, s, g, n * m, m, 1, nullptr,
+                                                                     nullptr, false);
+        out = finish_grads(p1, p2, ls, p, std::nullopt, false);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace gpfast
+
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("rbf_covariance_backward", &gpfast::cuda::covariance_backward_cuda);
+}
