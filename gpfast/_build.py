@@ -70,12 +70,8 @@ def load(verbose: bool = False) -> None:
         # -fno-trapping-math lets the CPU kernels' selects (exp's underflow cut-off) become vector blends; no
         # result changes, since nothing here unmasks floating-point traps
         cflags = ["-O3", "-std=c++17", "-fopenmp", "-fno-trapping-math"]
-        cuda_flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v"] if verbose else [
-            "-O3",
-            "-std=c++17",
-            "--use_fast_math",
-            "-lineinfo",
-        ]
+        # no -std for nvcc: torch adds the standard its headers need (C++20 in torch 2.13, warnings under C++17)
+        cuda_flags = ["-O3", "--use_fast_math", "-lineinfo"] + (["-Xptxas=-v"] if verbose else [])
         if with_cuda:
             os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list()
         try:

@@ -135,9 +135,10 @@ __global__ void __launch_bounds__(kKvThreads) kv_fwd_kernel(const KvFwdArgs<T> a
         bool near = false;
 #pragma unroll
         for (int r = 0; r < TM; ++r) {
-          T q = b1[r] + b2;
+          T q = yr[r][0] * y2[0];  // the dot product first, then the biases (see covariance_forward.cuh)
 #pragma unroll
-          for (int k = 0; k < D; ++k) q = fma(yr[r][k], y2[k], q);
+          for (int k = 1; k < D; ++k) q = fma(yr[r][k], y2[k], q);
+          q = (q + b1[r]) + b2;
           e[r] = q;
           near |= q >= thr[r];
         }

@@ -32,19 +32,13 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
       const bool vec = (m * sizeof(scalar_t)) % vec_bytes == 0 && aligned(out.data_ptr(), vec_bytes);
       CovStreamArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
                                 s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n,
-                                m,                       static_cast<int>(d),      rows_per_block};
+                                m,                       static_cast<int>(d),      rows_per_block,
+                                vec};
       const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
-      auto launch = [&](auto expand_c, auto vec_c) {
-        constexpr bool kExpand = decltype(expand_c)::value && sizeof(scalar_t) == 4;
-        cov_fwd_stream_kernel<scalar_t, kD, kCpl, kExpand, decltype(vec_c)::value>
-            <<<grid, kFwdThreads, 0, current_stream()>>>(a);
-      };
-      using True = std::true_type;
-      using False = std::false_type;
-      if (expand)
-        vec ? launch(True{}, True{}) : launch(True{}, False{});
+      if (expand && sizeof(scalar_t) == 4)
+        cov_fwd_stream_kernel<scalar_t, kD, kCpl, sizeof(scalar_t) == 4><<<grid, kFwdThreads, 0, current_stream()>>>(a);
       else
-        vec ? launch(False{}, True{}) : launch(False{}, False{});
+        cov_fwd_stream_kernel<scalar_t, kD, kCpl, false><<<grid, kFwdThreads, 0, current_stream()>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
