@@ -29,8 +29,16 @@ def run_all():
         # K @ V: every right-hand-side bucket, and few rows against many columns (column splits)
         for legacy in (False, True):
             os.environ["GPFAST_MATMUL"] = "legacy" if legacy else ""
-            for B, n, m, d, t in [(2, 67, 131, 3, 1), (1, 130, 70, 8, 11), (1, 33, 300, 16, 12), (1, 40, 45, 29, 16),
-                                  (1, 20, 30, 5, 17), (1, 9, 2000, 8, 8), (1, 25, 40, 32, 33), (1, 7, 9, 40, 3)]:
+            for B, n, m, d, t in [
+                (2, 67, 131, 3, 1),
+                (1, 130, 70, 8, 11),
+                (1, 33, 300, 16, 12),
+                (1, 40, 45, 29, 16),
+                (1, 20, 30, 5, 17),
+                (1, 9, 2000, 8, 8),
+                (1, 25, 40, 32, 33),
+                (1, 7, 9, 40, 3),
+            ]:
                 x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
                 x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
                 v = torch.randn(B, m, t, device=dev, dtype=dtype)
@@ -39,8 +47,15 @@ def run_all():
         # both backward ops, with and without point gradients, new and legacy kernels
         for legacy in (False, True):
             os.environ["GPFAST_BWD"] = "legacy" if legacy else ""
-            for B, n, m, d, t in [(2, 67, 131, 3, 1), (1, 130, 70, 8, 11), (1, 33, 300, 16, 16), (1, 40, 45, 29, 33),
-                                  (1, 20, 30, 40, 5), (1, 300, 37, 32, 12), (2, 19, 1027, 9, 2)]:
+            for B, n, m, d, t in [
+                (2, 67, 131, 3, 1),
+                (1, 130, 70, 8, 11),
+                (1, 33, 300, 16, 16),
+                (1, 40, 45, 29, 33),
+                (1, 20, 30, 40, 5),
+                (1, 300, 37, 32, 12),
+                (2, 19, 1027, 9, 2),
+            ]:
                 x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
                 x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
                 l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5

@@ -16,11 +16,11 @@ import math
 
 import pytest
 import torch
-
 from conftest import poison_allocator, rel_err
+from test_ops import grads_of, rand_inputs
+
 from gpfast import _reference as ref
 from gpfast import ops
-from test_ops import grads_of, rand_inputs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")]
 
@@ -272,8 +272,9 @@ def test_backward_legacy_kernels_agree(monkeypatch, dtype, shape):
 
 
 @pytest.mark.parametrize("t", KV_T)
-@pytest.mark.parametrize("shape", [((), 600, 900, 8), ((2,), 130, 70, 3), ((), 90, 300, 20), ((), 257, 40, 32),
-                                   ((), 64, 80, 40)])
+@pytest.mark.parametrize(
+    "shape", [((), 600, 900, 8), ((2,), 130, 70, 3), ((), 90, 300, 20), ((), 257, 40, 32), ((), 64, 80, 40)]
+)
 def test_matmul_backward_float32_vs_float64(t, shape):
     batch, n, m, d = shape
     for draw in range(2):
