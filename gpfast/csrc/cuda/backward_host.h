@@ -70,8 +70,8 @@ RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const a
   return out;
 }
 
-// Gradients from the row passes' sums: pass 1 over the rows of x1 (with S, and L unless x_grads), pass 2 over
-// the rows of x2 (x_grads only). With x_grads, L comes from the expansion identity
+// Gradients from the row passes' sums: pass 1 over the rows of x1 (S, and L when it has it), pass 2 over the rows
+// of x2 (x_grads only). Without L from pass 1, L comes from the expansion identity
 //   L = sum_i z1_i A_i + sum_j z2_j A2_j,   z = (x - c) / l for any common centre c,
 // (A2_j = sum_i W_ij (z2_j - z1_i) is pass 2's A), in float64 on the host.
 inline Grads finish_grads(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const RowPassSums& p1,
@@ -80,15 +80,34 @@ inline Grads finish_grads(const at::Tensor& x1, const at::Tensor& x2, const at::
   const auto dtype = x1.scalar_type();
   const at::Tensor l64 = ls.to(at::kDouble), l3 = l64.unsqueeze(1);
   const at::Tensor S = p1.s.sum(at::IntArrayRef{0, 1});
-  if (!x_grads) {
-    const at::Tensor L = p1.l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d);
-    const at::Tensor none = at::empty({0}, x1.options());
-    return {none, none, (L / l64).to(dtype), S.to(dtype)};
+  const at::Tensor none = at::empty({0}, x1.options());
+  at::Tensor A1, A2, L;
+  if (x_grads) A1 = p1.a.sum(0).narrow(2, 0, d), A2 = p2->a.sum(0).narrow(2, 0, d);
+  if (p1.l.defined()) {
+    L = p1.l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d);
+  } else {
+    const at::Tensor X1 = x1.to(at::kDouble), X2 = x2.to(at::kDouble), c = X2.mean(1, true);
+    L = (((X1 - c) / l3) * A1).sum(1) + (((X2 - c) / l3) * A2).sum(1);
   }
-  const at::Tensor A1 = p1.a.sum(0).narrow(2, 0, d), A2 = p2->a.sum(0).narrow(2, 0, d);
-  const at::Tensor X1 = x1.to(at::kDouble), X2 = x2.to(at::kDouble), c = X2.mean(1, true);
-  const at::Tensor L = (((X1 - c) / l3) * A1).sum(1) + (((X2 - c) / l3) * A2).sum(1);
+  if (!x_grads) return {none, none, (L / l64).to(dtype), S.to(dtype)};
   return {(-A1 / l3).to(dtype), (-A2 / l3).to(dtype), (L / l64).to(dtype), S.to(dtype)};
+}
+
+// The row passes of one backward. pass(kS, kL, over_x1, want_a) launches a row pass with the compile-time flags
+// kS and kL (std::bool_constant) over the rows of x1 (over_x1) or of x2, and returns its sums. L comes from pass 1
+// whether or not point gradients are wanted, so both give the same lengthscale gradient bit for bit; at D = 32,
+// where pass 1 cannot hold A and L together, the points' case takes L from the identity instead.
+template <int kD, typename PassFn>
+Grads run_backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, bool x_grads, PassFn&& pass) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if (!x_grads) return finish_grads(x1, x2, ls, pass(Yes{}, Yes{}, true, false), std::nullopt, false);
+  RowPassSums p1;
+  if constexpr (kD <= 16)
+    p1 = pass(Yes{}, Yes{}, true, true);
+  else
+    p1 = pass(Yes{}, No{}, true, true);
+  return finish_grads(x1, x2, ls, p1, pass(No{}, No{}, false, true), true);
 }
 
 // Rows of a dense block of K: bounded so that a block of doubles stays near 512 MB.

@@ -209,15 +209,25 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> 
       }
 #pragma unroll
       for (int r = 0; r < TM; ++r) {
-        double q = b1[r] + b2;
+        // -|z1 - z2|^2 / 2 by the expansion (in double its cancellation costs nothing); one row per thread from
+        // D = 16 on, so the dot product runs in four chains there to keep the FP64 pipe busy
+        double q;
         if constexpr (kReload) {
+          double p[4] = {b1[r] + b2, 0.0, 0.0, 0.0};
 #pragma unroll
           for (int k = 0; k < D; k += 2) {
             const double2 z = *reinterpret_cast<const double2*>(&s_z2[jj][k]);
-            q = fma(z1[r][k], z.x, q);
-            q = fma(z1[r][k + 1], z.y, q);
+            p[k & 3] = fma(z1[r][k], z.x, p[k & 3]);
+            p[(k + 1) & 3] = fma(z1[r][k + 1], z.y, p[(k + 1) & 3]);
           }
+          q = (p[0] + p[1]) + (p[2] + p[3]);
+        } else if constexpr (D >= 16) {
+          double p[4] = {b1[r] + b2, 0.0, 0.0, 0.0};
+#pragma unroll
+          for (int k = 0; k < D; ++k) p[k & 3] = fma(z1[r][k], z2[k], p[k & 3]);
+          q = (p[0] + p[1]) + (p[2] + p[3]);
         } else {
+          q = b1[r] + b2;
 #pragma unroll
           for (int k = 0; k < D; ++k) q = fma(z1[r][k], z2[k], q);
         }

@@ -75,18 +75,12 @@ Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, con
     const scalar_t* g = G.data_ptr<scalar_t>();
     with_feature_bucket(D, [&](auto dc) {
       constexpr int kD = decltype(dc)::value;
-      if (x_grads) {
-        // pass 1 over the rows of x1 (G read along its rows), pass 2 over the rows of x2 (G read down its columns)
-        const RowPassSums p = row_pass<scalar_t, kD, 0, true, false>(p1, p2, ls, s, g, n * m, m, 1, nullptr,
-                                                                      nullptr, true);
-        const RowPassSums q = row_pass<scalar_t, kD, 0, false, false>(p2, p1, ls, s, g, n * m, 1, m, nullptr,
-                                                                       nullptr, true);
-        out = finish_grads(p1, p2, ls, p, q, true);
-      } else {
-        const RowPassSums p = row_pass<scalar_t, kD, 0, true, true>(p1, p2, ls, s, g, n * m, m, 1, nullptr,
-                                                                     nullptr, false);
-        out = finish_grads(p1, p2, ls, p, std::nullopt, false);
-      }
+      // pass 1 over the rows of x1 (G read along its rows), pass 2 over the rows of x2 (G read down its columns)
+      out = run_backward<kD>(p1, p2, ls, x_grads, [&](auto with_s, auto with_l, bool over_x1, bool want_a) {
+        constexpr bool kS = decltype(with_s)::value, kL = decltype(with_l)::value;
+        return over_x1 ? row_pass<scalar_t, kD, 0, kS, kL>(p1, p2, ls, s, g, n * m, m, 1, nullptr, nullptr, want_a)
+                       : row_pass<scalar_t, kD, 0, kS, kL>(p2, p1, ls, s, g, n * m, 1, m, nullptr, nullptr, want_a);
+      });
     });
   });
   return out;

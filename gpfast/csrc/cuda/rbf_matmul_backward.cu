@@ -96,17 +96,13 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
         constexpr int kD = decltype(dc)::value, kTC = decltype(tc)::value;
         if constexpr (sizeof(scalar_t) == 8 && (kTC == 12 || kTC == 16)) {
           TORCH_CHECK(false, "gpfast: internal error, no float64 kernel for ", kTC, " columns");
-        } else if (x_grads) {
-          // pass 1: rows of x1, weights G_i . V_j; pass 2: rows of x2, weights V_j . G_i
-          const RowPassSums p = row_pass<scalar_t, kD, kTC, true, false>(p1, p2, ls, s, nullptr, 0, 0, 0, &G, &V,
-                                                                          true);
-          const RowPassSums q = row_pass<scalar_t, kD, kTC, false, false>(p2, p1, ls, s, nullptr, 0, 0, 0, &V, &G,
-                                                                           true);
-          out = finish_grads(p1, p2, ls, p, q, true);
         } else {
-          const RowPassSums p = row_pass<scalar_t, kD, kTC, true, true>(p1, p2, ls, s, nullptr, 0, 0, 0, &G, &V,
-                                                                         false);
-          out = finish_grads(p1, p2, ls, p, std::nullopt, false);
+          // pass 1: rows of x1, weights G_i . V_j; pass 2: rows of x2, weights V_j . G_i
+          out = run_backward<kD>(p1, p2, ls, x_grads, [&](auto with_s, auto with_l, bool over_x1, bool want_a) {
+            constexpr bool kS = decltype(with_s)::value, kL = decltype(with_l)::value;
+            return over_x1 ? row_pass<scalar_t, kD, kTC, kS, kL>(p1, p2, ls, s, nullptr, 0, 0, 0, &G, &V, want_a)
+                           : row_pass<scalar_t, kD, kTC, kS, kL>(p2, p1, ls, s, nullptr, 0, 0, 0, &V, &G, want_a);
+          });
         }
       });
     });
