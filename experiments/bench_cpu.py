@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import md_table, write_results  # noqa: E402
-
-from gpfast import _reference, ops  # noqa: E402
+from experiments import RESULTS
+from gpfast import _reference, ops
+from gpfast.bench.report import md_table, write_results
 
 COV_SHAPES = [(16, 512, 128, 8), (1, 4000, 4000, 8), (1, 4000, 4000, 32)]
 MATMUL_SHAPES = [(8000, 8, 16), (8000, 8, 1)]
@@ -111,7 +107,7 @@ def main(argv=None):
                                  r["matmul_fwd_bwd_gpfast_ms"]] for r in mrows])
     header = (f"CPU op timings, float32, {torch.get_num_threads()} threads: median ms of {args.reps} runs after a "
               "warm-up (time.perf_counter)")
-    write_results(args.stem, header, table, [*rows, *mrows])
+    print(write_results(RESULTS, args.stem, header, table, [*rows, *mrows]))
 
 
 if __name__ == "__main__":

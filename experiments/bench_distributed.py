@@ -1,4 +1,4 @@
-"""K @ V split over GPUs with torch.distributed: ``torchrun --nproc-per-node=K experiments/bench_distributed.py``.
+"""K @ V split over GPUs with torch.distributed: ``torchrun --nproc-per-node=K -m experiments.bench_distributed``.
 
 Each rank computes its block of rows of K(x, x) @ V (d=8, t=16) and the blocks are all-gathered, as
 :class:`gpfast.distributed.DistributedRBFLinearOperator` does inside CG. Median wall time (CUDA-synchronised,
@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import RESULTS, git_rev, machine, today  # noqa: E402
-
-from gpfast import distributed  # noqa: E402
-from gpfast.distributed import DistributedRBFLinearOperator  # noqa: E402
+from experiments import RESULTS
+from gpfast.bench.timing import git_rev, machine, today
+from gpfast.kernels import RBFLinearOperator, distributed
 
 
 def train_iteration(n: int, device) -> dict:
@@ -70,7 +66,7 @@ def main(argv=None):
         x = torch.randn(n, 8, generator=g).to(device)
         v = torch.randn(n, 16, generator=g).to(device)
         l, s = torch.full((1, 8), 1.0, device=device), torch.tensor(1.0, device=device)
-        op = DistributedRBFLinearOperator(x, x, l, s)
+        op = RBFLinearOperator(x, x, l, s, distributed=True)
         times = []
         for i in range(args.reps + 1):
             torch.cuda.synchronize()
@@ -80,8 +76,15 @@ def main(argv=None):
             torch.cuda.synchronize()
             if i:
                 times.append(time.perf_counter() - t0)
-        row = {"n": n, "gpus": k, "kv_s": statistics.median(times), "machine": machine(), "date": today(),
-               "commit": git_rev(), "checksum": float(out[:1000].double().sum())}
+        row = {
+            "n": n,
+            "gpus": k,
+            "kv_s": statistics.median(times),
+            "machine": machine(),
+            "date": today(),
+            "commit": git_rev(),
+            "checksum": float(out[:1000].double().sum()),
+        }
         del op, out, v
         if args.train_iter:
             row.update(train_iteration(n, device))

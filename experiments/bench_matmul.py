@@ -11,15 +11,13 @@ instead of the product of --sizes and --t. Writes experiments/results/STEM.{md,j
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import EXP_RATE, cuda_time_ms, md_table, write_results
-
+from experiments import RESULTS
 from gpfast import _reference, ops
+from gpfast.bench.report import md_table, write_results
+from gpfast.bench.timing import EXP_RATE, cuda_time_ms
 
 FP32_RATE = 67e12
 
@@ -135,7 +133,7 @@ def main(argv=None):
         ],
         [[r.get(c, "–") for c in cols] for r in rows],
     )
-    write_results(args.stem, "Matrix-free K @ V (fused, never stores K)", table, rows)
+    print(write_results(RESULTS, args.stem, "Matrix-free K @ V (fused, never stores K)", table, rows))
 
 
 if __name__ == "__main__":

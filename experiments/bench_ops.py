@@ -1,6 +1,6 @@
 """Micro-benchmark of the fused covariance op against eager PyTorch, torch.compile and GPyTorch.
 
-Run on a GPU: ``python experiments/bench_ops.py``. Times are medians of CUDA-event timings after warm-up;
+Run on a GPU: ``python -m experiments.bench_ops``. Times are medians of CUDA-event timings after warm-up;
 ``floor`` is the larger of the bytes the forward must move (inputs read once, K written once) over the 4.27 TB/s
 copy bandwidth measured on the H200 and its n m exponentials at 16 per SM per clock. The forward is timed with the
 kernel each shape gets by default and with each one forced (GPFAST_COV_FWD: differences, norm expansion, and the two
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import COPY_BW, EXP_RATE, cuda_time_ms, graph_time_ms, md_table, write_results
-
+from experiments import RESULTS
 from gpfast import _reference, ops
+from gpfast.bench.report import md_table, write_results
+from gpfast.bench.timing import COPY_BW, EXP_RATE, cuda_time_ms, graph_time_ms
 
 SHAPES = [(16, 512, 128, 8), (1, 16384, 16384, 8), (4, 8192, 8192, 32), (1, 40000, 40000, 8)]
 
@@ -163,9 +161,8 @@ def main(argv=None):
             f"- {r['shape']}: fwd at {r['gpfast_fwd'] / r['floor_ms']:.2f}x the floor; "
             f"fwd+bwd {speed} faster than GPyTorch"
         )
-    write_results(
-        "bench_ops", "Fused RBF covariance op: forward and forward+backward", table + "\n" + "\n".join(extra), rows
-    )
+    title = "Fused RBF covariance op: forward and forward+backward"
+    print(write_results(RESULTS, "bench_ops", title, table + "\n" + "\n".join(extra), rows))
 
 
 if __name__ == "__main__":

@@ -2,15 +2,14 @@
 
 import json
 import sys
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from experiments import RESULTS
 
 
 def main() -> None:
@@ -24,8 +23,12 @@ def main() -> None:
         v = r.get(k)
         return v if isinstance(v, (int, float)) else np.nan
 
-    series = [("floor_ms", "forward memory floor"), ("gpfast_fwd_bwd", "gpfast fwd+bwd"),
-              ("compile_fwd_bwd", "torch.compile fwd+bwd"), ("gpytorch_fwd_bwd", "GPyTorch fwd+bwd")]
+    series = [
+        ("floor_ms", "forward memory floor"),
+        ("gpfast_fwd_bwd", "gpfast fwd+bwd"),
+        ("compile_fwd_bwd", "torch.compile fwd+bwd"),
+        ("gpytorch_fwd_bwd", "GPyTorch fwd+bwd"),
+    ]
     for i, (k, name) in enumerate(series):
         ax[0].bar(x + (i - 1.5) * w, [val(r, k) for r in rows], w, label=name)
     ax[0].set_yscale("log")

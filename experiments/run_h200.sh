@@ -26,20 +26,20 @@ for st in "$@"; do
              > "$OUT/tests_dist.log" 2>&1; tail -15 "$OUT/tests_dist.log" ;;
     sanitize)
       for tool in memcheck racecheck; do
-        CUDA_VISIBLE_DEVICES=$G timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 python experiments/sanitize_ops.py \
+        CUDA_VISIBLE_DEVICES=$G timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops \
           > "$OUT/sanitize_$tool.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/sanitize_$tool.log"
       done ;;
-    bench_ops) CUDA_VISIBLE_DEVICES=$G timeout 150 python experiments/bench_ops.py --reps 5 > "$OUT/bench_ops.log" 2>&1
+    bench_ops) CUDA_VISIBLE_DEVICES=$G timeout 150 python -m experiments.bench_ops --reps 5 > "$OUT/bench_ops.log" 2>&1
                tail -14 "$OUT/bench_ops.log" ;;
-    bench_matmul) CUDA_VISIBLE_DEVICES=$G timeout 120 python experiments/bench_matmul.py --sizes 40000 200000 1000000 \
+    bench_matmul) CUDA_VISIBLE_DEVICES=$G timeout 120 python -m experiments.bench_matmul --sizes 40000 200000 1000000 \
                   --reps 3 > "$OUT/bench_matmul.log" 2>&1; tail -8 "$OUT/bench_matmul.log" ;;
-    bench_matmul_rhs) CUDA_VISIBLE_DEVICES=$G timeout 200 python experiments/bench_matmul.py --sizes 40000 \
+    bench_matmul_rhs) CUDA_VISIBLE_DEVICES=$G timeout 200 python -m experiments.bench_matmul --sizes 40000 \
                   --t 16 64 256 1024 4000 --reps 3 --stem bench_matmul_rhs > "$OUT/bench_matmul_rhs.log" 2>&1
                   tail -10 "$OUT/bench_matmul_rhs.log" ;;
-    scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python experiments/scaling.py --sizes 1000000 --gpytorch-max 40000 \
+    scaling1m) CUDA_VISIBLE_DEVICES=$G timeout 300 python -m experiments.scaling --sizes 1000000 --gpytorch-max 40000 \
                --reps 1 --keep > "$OUT/scaling.log" 2>&1; tail -12 "$OUT/scaling.log" ;;
     dist1|dist2) k=${st#dist}; vis=$G; [ "$k" = 2 ] && vis=${CUDA_VISIBLE_DEVICES:-0,1}
-      CUDA_VISIBLE_DEVICES=$vis timeout ${DIST_TIMEOUT:-400} torchrun --nproc-per-node=$k --master-port=2960$k experiments/bench_distributed.py \
+      CUDA_VISIBLE_DEVICES=$vis timeout ${DIST_TIMEOUT:-400} torchrun --nproc-per-node=$k --master-port=2960$k -m experiments.bench_distributed \
         --sizes ${DIST_SIZES:-1000000 2000000} --reps 1 --train-iter > "$OUT/dist$k.log" 2>&1; tail -4 "$OUT/dist$k.log" ;;
     distfit) timeout 60 torchrun --nproc-per-node=2 --master-port=29603 -m gpfast fit --dataset yacht --iters 5 \
              --solver cg --device cuda --distributed --quiet > "$OUT/distfit.log" 2>&1; tail -6 "$OUT/distfit.log" ;;
@@ -48,7 +48,7 @@ for st in "$@"; do
       rows=${rows:-gpytorch,gpytorch+gpfast,gpfast}
       letters=$(echo ",$rows," | sed -e 's/,gpytorch+gpfast,/,b,/g; s/,gpytorch,/,a,/g; s/,gpfast,/,c,/g' | tr -d ,)
       stem="uci_${sets//,/_}_${letters}"
-      CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python experiments/uci_table.py --data-dir .data/uci \
+      CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python -m experiments.uci_table --data-dir .data/uci \
         --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
         > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;
     kernels)
@@ -71,12 +71,12 @@ for st in "$@"; do
       krun 200 "$OUT/kernels_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       tail -4 "$OUT/kernels_tests.log"
       for tool in memcheck racecheck; do
-        krun 90 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python experiments/sanitize_ops.py
+        krun 90 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
         rc=$?; echo "$tool rc=$rc" | tee -a "$OUT/kernels_sanitize.log"; echo "$tool rc=$rc" >> "$OUT/kernels_sanitize.rc"
       done
       tail -6 "$OUT/kernels_sanitize.log"
-      krun 100 "$OUT/kernels_bench.log" python experiments/bench_ops.py --quick --reps 5; echo "bench_ops rc=$?"
-      krun 150 "$OUT/kernels_bench.log" python experiments/bench_matmul.py --cases 1000000:16 36000:11 36000:12 \
+      krun 100 "$OUT/kernels_bench.log" python -m experiments.bench_ops --quick --reps 5; echo "bench_ops rc=$?"
+      krun 150 "$OUT/kernels_bench.log" python -m experiments.bench_matmul --cases 1000000:16 36000:11 36000:12 \
         --backward --reps 3; echo "bench_matmul rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json experiments/results/bench_matmul.md \
         experiments/results/bench_matmul.json "$OUT/" 2>/dev/null

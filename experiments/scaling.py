@@ -12,26 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import gpytorch
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench import RESULTS, git_rev, machine, md_table, today, write_results  # noqa: E402
-
-from gpfast.datasets import synthetic  # noqa: E402
-from gpfast.compare import make_gpytorch_model  # noqa: E402
+from experiments import RESULTS
+from gpfast.bench.report import md_table, write_results
+from gpfast.bench.timing import git_rev, machine, today
+from gpfast.datasets import synthetic
+from gpfast.models import ExactGPModel
 
 
 def iteration_time(which: str, n: int, d: int, reps: int):
     X, y = synthetic(n, d, seed=0)
     x, yt = torch.as_tensor(X, device="cuda"), torch.as_tensor(y, device="cuda")
     # the same model as rows (a) and (b) of `gpfast compare`; only the kernel differs
-    model, lik = make_gpytorch_model(x, yt, d, "gpytorch" if which == "gpytorch" else "gpfast")
-    model, lik = model.cuda(), lik.cuda()
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(x, yt, lik, kernel="gpytorch" if which == "gpytorch" else "gpfast").cuda()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     torch.cuda.reset_peak_memory_stats()
@@ -55,9 +53,12 @@ def main(argv=None):
     parser.add_argument("--gpytorch-max", type=int, default=60000, help="largest n tried with stock GPyTorch")
     parser.add_argument("--d", type=int, default=8)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the rows of experiments/results/scaling.json for sizes not run now (each row "
-                             "names its machine, date and commit)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the rows of experiments/results/scaling.json for sizes not run now (each row "
+        "names its machine, date and commit)",
+    )
     parser.add_argument("--plot-only", action="store_true", help="run nothing: redraw scaling.png from the JSON")
     args = parser.parse_args(argv)
     rows = []
@@ -83,10 +84,11 @@ def main(argv=None):
             rows.append(row)
             print(row, flush=True)
     rows.sort(key=lambda r: (r["n"], r["kernel"]))
-    table = md_table(["n", "kernel", "s / iteration", "peak GPU GB", "date", "commit"],
-                     [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"], r.get("date"), r.get("commit")]
-                      for r in rows])
-    write_results("scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows)
+    table = md_table(
+        ["n", "kernel", "s / iteration", "peak GPU GB", "date", "commit"],
+        [[r["n"], r["kernel"], r["s_per_iter"], r["peak_gb"], r.get("date"), r.get("commit")] for r in rows],
+    )
+    print(write_results(RESULTS, "scaling", "Exact-GP training iteration vs n (synthetic, d=8, float32)", table, rows))
     plot(rows)
 
 
@@ -100,8 +102,11 @@ def plot(rows: list[dict]) -> None:
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for which, style in (("gpfast", "o-"), ("gpytorch", "s--")):
-        pts = [(r["n"], r["s_per_iter"], r["peak_gb"]) for r in rows
-               if r["kernel"] == which and isinstance(r["s_per_iter"], float)]
+        pts = [
+            (r["n"], r["s_per_iter"], r["peak_gb"])
+            for r in rows
+            if r["kernel"] == which and isinstance(r["s_per_iter"], float)
+        ]
         if pts:
             ax[0].loglog([p[0] for p in pts], [p[1] for p in pts], style, label=which)
             ax[1].loglog([p[0] for p in pts], [p[2] for p in pts], style, label=which)
@@ -112,8 +117,9 @@ def plot(rows: list[dict]) -> None:
     dist = RESULTS / "bench_distributed.json"
     if dist.exists():
         one_gpu = [r for r in json.loads(dist.read_text()) if r.get("gpus") == 1 and "train_iter_s" in r]
-        pts = sorted((r["n"], r["train_iter_s"], r.get("train_peak_gb_max_rank", r.get("train_peak_gb")))
-                     for r in one_gpu)
+        pts = sorted(
+            (r["n"], r["train_iter_s"], r.get("train_peak_gb_max_rank", r.get("train_peak_gb"))) for r in one_gpu
+        )
         dates |= {str(r.get("date")) for r in one_gpu}
         if pts:
             label = "gpfast, 1 iteration without warm-up (bench_distributed.py, 1 GPU)"
@@ -125,11 +131,13 @@ def plot(rows: list[dict]) -> None:
     ax[1].set_ylabel("peak GPU memory (GB)")
     ax[0].legend(fontsize=7, loc="upper left")  # the memory panel uses the same markers
     machines = sorted({str(r.get("machine")) for r in rows})
-    fig.suptitle(f"Exact-GP training iteration, synthetic d=8, float32 - {'; '.join(machines)}, "
-                 f"{', '.join(sorted(dates))}",
-                 fontsize=8)
+    fig.suptitle(
+        f"Exact-GP training iteration, synthetic d=8, float32 - {'; '.join(machines)}, {', '.join(sorted(dates))}",
+        fontsize=8,
+    )
     fig.tight_layout()
     fig.savefig(RESULTS / "scaling.png", dpi=110)
+
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """UCI table: stock GPyTorch vs GPyTorch + gpfast kernel vs gpfast.ExactGP on the Wang et al. (2019) sets.
 
-    python experiments/uci_table.py --data-dir ~/uci --device cuda --splits 0 1 2 --iters 50
+    python -m experiments.uci_table --data-dir ~/uci --device cuda --splits 0 1 2 --iters 50
 
 Writes ``experiments/results/uci_table.{md,json,csv,png}`` (machine and date in each). Rows of
 :func:`gpfast.compare.compare`: (a) ``gpytorch``, (b) ``gpytorch+gpfast``, (c) ``gpfast``; speed-ups are
@@ -17,19 +17,16 @@ then fine-tuning, and its own preprocessing), so compare with care.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from _bench import RESULTS, git_rev, md_table, today  # noqa: E402
-
-from gpfast.compare import ROWS, compare, machine_name  # noqa: E402
+from experiments import RESULTS
+from gpfast.bench.compare import ROWS, compare
+from gpfast.bench.report import md_table, write_csv
+from gpfast.bench.timing import git_rev, machine, today
 
 DATASETS = ("pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggundirected")
 
@@ -213,7 +210,7 @@ def main(argv=None) -> int:
             (out / f"{args.stem}.json").write_text(
                 json.dumps({"commit": git_rev(), "partial": True, "rows": all_rows}, indent=2, default=str))
 
-    mach, date = machine_name(args.device), today()
+    mach, date = machine(args.device), today()
     if args.merge:  # the machine and dates the rows were measured on, not this one
         mach = "; ".join(sorted({str(r.get("machine")) for r in all_rows}))
         date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
@@ -225,12 +222,7 @@ def main(argv=None) -> int:
     (out / f"{args.stem}.json").write_text(
         json.dumps({**meta, "summary": summary, "rows": all_rows}, indent=2, default=str))
     if all_rows:
-        keys = list(dict.fromkeys(k for r in all_rows for k in r))
-        with open(out / f"{args.stem}.csv", "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=keys)
-            wr.writeheader()
-            for r in all_rows:
-                wr.writerow({k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()})
+        write_csv(all_rows, out / f"{args.stem}.csv")
     table = to_markdown(summary)
     text = (f"# UCI: stock GPyTorch (a) vs GPyTorch + gpfast kernel (b) vs gpfast.ExactGP (c)\n\n"
             f"Machine: {mach}. Date: {date}. Commit: {meta['commit']}. {args.iters} Adam steps (lr {args.lr}), "

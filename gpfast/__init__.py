@@ -4,9 +4,8 @@ Public API: :class:`gpfast.ExactGP` (scikit-learn-style estimator), :mod:`gpfast
 the fused op), :mod:`gpfast.ops` (the fused ops), :mod:`gpfast.models` and :mod:`gpfast.datasets`.
 """
 
-__version__ = "0.1.0"
+from gpfast import datasets, kernels, ops
+from gpfast._version import __version__
+from gpfast.estimator import ExactGP
 
-from gpfast import datasets, kernels, ops  # noqa: E402
-from gpfast.estimator import ExactGP  # noqa: E402
-
-__all__ = ["ExactGP", "kernels", "ops", "datasets", "__version__"]
+__all__ = ["ExactGP", "__version__", "datasets", "kernels", "ops"]

@@ -11,116 +11,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 PROG = "gpfast"
-
-# (column title, key, format)
-TABLE_COLUMNS = (
-    ("row", "row", "{}"),
-    ("solver", "solver", "{}"),
-    ("train s", "train_s", "{:.3f}"),
-    ("s/iter", "s_per_iter", "{:.4f}"),
-    ("predict s", "predict_s", "{:.3f}"),
-    ("RMSE std", "rmse_std", "{:.4f}"),
-    ("RMSE orig", "rmse_orig", "{:.4g}"),
-    ("NLL std", "nll_std", "{:.4f}"),
-    ("NLL orig", "nll_orig", "{:.4f}"),
-    ("peak mem", "peak_mem_bytes", None),
-    ("status", "status", "{}"),
-)
-
-CSV_FIELDS = (
-    "dataset", "split", "row", "status", "solver", "train_solver", "n_train", "n_test", "d", "iters", "lr", "seed",
-    "device", "dtype", "train_s", "s_per_iter", "predict_s", "total_s", "rmse_std", "rmse_orig", "nll_std", "nll_orig",
-    "peak_mem_bytes", "mem_kind", "final_loss", "init_lengthscale", "init_outputscale", "init_noise", "init_mean",
-    "machine", "date",
-)
-
-
-def _fmt_bytes(n) -> str:
-    if n is None:
-        return "-"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
-def format_table(rows: Sequence[dict]) -> str:
-    """A plain-text table of the comparison rows."""
-    header = [c[0] for c in TABLE_COLUMNS]
-    body = []
-    for r in rows:
-        line = []
-        for _title, key, fmt in TABLE_COLUMNS:
-            v = r.get(key)
-            if key == "peak_mem_bytes":
-                line.append(_fmt_bytes(v))
-            elif v is None or (isinstance(v, float) and math.isnan(v)):
-                line.append("-")
-            else:
-                line.append(fmt.format(v))
-        body.append(line)
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    out += ["  ".join(v.ljust(w) for v, w in zip(b, widths)) for b in body]
-    return "\n".join(out)
-
-
-def write_csv(rows: Sequence[dict], path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(CSV_FIELDS), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (json.dumps(v) if isinstance(v, (list, tuple)) else v) for k, v in r.items()})
-
-
-def plot_rows(rows: Sequence[dict], path: Path, title: str) -> None:
-    """Bar charts of train + predict time, RMSE and NLL (standardised units) per row."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = [r["row"] for r in rows]
-    x = list(range(len(rows)))
-
-    def val(r, k):
-        v = r.get(k)
-        return float(v) if isinstance(v, (int, float)) and v is not None and math.isfinite(v) else 0.0
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    train = [val(r, "train_s") for r in rows]
-    pred = [val(r, "predict_s") for r in rows]
-    axes[0].bar(x, train, label="train")
-    axes[0].bar(x, pred, bottom=train, label="predict")
-    axes[0].set_ylabel("seconds")
-    axes[0].set_title("time (train + predict)")
-    axes[0].legend()
-    axes[1].bar(x, [val(r, "rmse_std") for r in rows], color="tab:green")
-    axes[1].set_title("test RMSE (standardised)")
-    axes[2].bar(x, [val(r, "nll_std") for r in rows], color="tab:red")
-    axes[2].set_title("test NLL (standardised)")
-    for ax in axes:
-        ax.set_xticks(x)
-        ax.set_xticklabels(names, rotation=15)
-    for i, r in enumerate(rows):
-        if r.get("status") != "ok":
-            for ax in axes:
-                ax.text(i, 0, str(r.get("status"))[:12], ha="center", va="bottom", color="black", fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
 
 # ------------------------------------------------------------------------------------------------------------
 # subcommands
@@ -134,7 +29,8 @@ def _error(msg: str) -> int:
 
 def cmd_compare(args) -> int:
     from gpfast import datasets
-    from gpfast.compare import compare
+    from gpfast.bench.compare import compare
+    from gpfast.bench.report import CSV_FIELDS, format_table, plot_rows, write_csv
 
     try:
         data = datasets.load_uci(args.dataset, split=args.split, data_dir=args.data_dir)
@@ -159,15 +55,19 @@ def cmd_compare(args) -> int:
     meta = {"dataset": args.dataset, "split": args.split, "machine": rows[0]["machine"], "date": rows[0]["date"],
             "iters": args.iters, "lr": args.lr, "device": args.device, "seed": args.seed}
     stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
-    write_csv(rows, stem.with_suffix(".csv"))
+    write_csv(rows, stem.with_suffix(".csv"), CSV_FIELDS)
     title = (f"{args.dataset} split {args.split} (n={data.n_train}, d={data.d}), {args.iters} Adam steps\n"
              f"{meta['machine']}, {meta['date'][:10]}")
-    plot_rows(rows, stem.with_suffix(".png"), title)
+    try:
+        plot_rows(rows, stem.with_suffix(".png"), title)
+        wrote = f"{stem}.csv, {stem}.json, {stem}.png"
+    except ImportError:
+        wrote = f"{stem}.csv, {stem}.json (no plot: matplotlib is missing; pip install 'gpfast[bench]')"
     print(f"{args.dataset} split {args.split}: n_train={data.n_train}, n_test={data.n_test}, d={data.d}; "
           f"{args.iters} Adam steps, lr {args.lr}, seed {args.seed}")
     print(f"machine: {meta['machine']}; date: {meta['date']}; memory: {rows[0].get('mem_kind')}")
     print(format_table(rows))
-    print(f"wrote {stem}.csv, {stem}.json, {stem}.png")
+    print(f"wrote {wrote}")
     return 0 if all(r.get("status") == "ok" for r in rows) else 1
 
 
@@ -204,7 +104,7 @@ def cmd_fit(args) -> int:
         return _fit_and_report(args, args.device, rank0=True)
     import torch.distributed as dist
 
-    from gpfast import distributed
+    from gpfast.kernels import distributed
 
     owns_group = not dist.is_initialized()
     # --device cpu keeps a distributed run on the CPUs (gloo) even where GPUs exist
@@ -222,15 +122,14 @@ def cmd_fit(args) -> int:
 
 
 def _fit_and_report(args, device, rank0: bool) -> int:
-    import json
-    import math
     import time
 
-    import numpy as np
     import torch
 
     from gpfast import datasets
     from gpfast.estimator import ExactGP
+    from gpfast.kernels import distributed
+    from gpfast.metrics import regression_metrics
 
     if args.synthetic:
         data = datasets.synthetic_split(args.synthetic, args.test, args.d, noise=0.1, seed=args.seed)
@@ -253,16 +152,14 @@ def _fit_and_report(args, device, rank0: bool) -> int:
     t1 = now()
     mean, std = gp.predict(data.X_test, return_std=True)
     t2 = now()
-    y = data.y_test
-    rmse = float(np.sqrt(np.mean((mean - y) ** 2)))
-    nll = float(np.mean(0.5 * np.log(2 * math.pi * std**2) + 0.5 * (y - mean) ** 2 / std**2))
+    scores = regression_metrics(mean, std**2, data.y_test)
     result = {
         "data": f"synthetic n={args.synthetic} d={args.d}" if args.synthetic else f"{args.dataset} split {args.split}",
         "n_train": int(data.n_train), "n_test": int(data.n_test), "d": int(data.d), "iters": args.iters,
         "solver": gp.solver_, "train_solver": getattr(gp, "train_solver_", gp.solver_),
-        "ranks": (__import__("gpfast.distributed").distributed.world_size() if args.distributed else 1),
+        "ranks": distributed.world_size() if args.distributed else 1,
         "device": str(gp.device_), "train_s": t1 - t0, "s_per_iter": (t1 - t0) / max(gp.n_iter_, 1),
-        "predict_s": t2 - t1, "rmse_std": rmse, "nll_std": nll,
+        "predict_s": t2 - t1, "rmse_std": scores["rmse_std"], "nll_std": scores["nll_std"],
         "peak_gb": torch.cuda.max_memory_allocated() / 1e9 if on_cuda else None,
         "final_loss": gp.history_[-1] if gp.history_ else None,
     }
@@ -334,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.func(args)
 

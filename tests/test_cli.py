@@ -1,4 +1,4 @@
-"""The ``gpfast`` command line and :func:`gpfast.compare.compare` (fast, CPU)."""
+"""The ``gpfast`` command line and :func:`gpfast.bench.compare.compare` (fast, CPU)."""
 
 import csv
 import json

@@ -1,14 +1,22 @@
 """Tests of gpfast.datasets: finding, loading, standardising, synthetic data and (offline) download."""
 
 import gzip
+import hashlib
+import http.server
+import inspect
 import re
 import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gpfast import datasets as D
+from gpfast.datasets import downloads
+from gpfast.datasets import synthetic_data
 
 SHARED_UCI = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "uci"
 needs_shared = pytest.mark.skipif(not (SHARED_UCI / "pol" / "data.csv.gz").is_file(), reason=f"no {SHARED_UCI}")
@@ -102,7 +110,7 @@ def test_missing_file_message_lists_folders(no_data_env, tmp_path):
     msg = str(info.value)
     assert "'pol'" in msg
     assert str(tmp_path / "nowhere" / "pol") in msg
-    assert str(Path(D.__file__).parent / "data" / "pol") in msg
+    assert str(D.SHIPPED_DIR / "pol") in msg
     assert "--data-dir" in msg and "GPFAST_DATA" in msg and "download(" in msg
 
 
@@ -233,7 +241,7 @@ def test_synthetic_statistics():
     np.testing.assert_allclose(np.std(y_noisy - y), 0.5, rtol=0.05)
     # Smooth: a small step in x moves f(x) by little (f has lengthscale ~1.5 and std 1).
     X0, f0 = D.synthetic(2000, 4, noise=0.0, seed=0, dtype=np.float64)
-    W, b, a, c = D._synthetic_function(4, 1.5, np.random.SeedSequence(0).spawn(3)[0])
+    W, b, a, c = synthetic_data._synthetic_function(4, 1.5, np.random.SeedSequence(0).spawn(3)[0])
     f = np.sin(X0 @ W.T + b) @ a - c
     np.testing.assert_allclose(f, f0, atol=1e-12)
     f_step = np.sin((X0 + 0.01) @ W.T + b) @ a - c
@@ -252,53 +260,191 @@ def test_synthetic_split():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Download (offline, through file:// URLs)
+# Download (offline: a local HTTP server, or file:// URLs, serving copies of the shipped sets)
 # ---------------------------------------------------------------------------------------------------------------
 
+SHIPPED_DIR = D.SHIPPED_DIR
 
-def _mirror(tmp_path: Path, names) -> str:
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(folder: Path) -> set[str]:
+    """Every file and folder below ``folder``, hidden ones included: what a download left behind."""
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")} if folder.exists() else set()
+
+
+def _mirror(tmp_path: Path, names) -> Path:
     src = tmp_path / "mirror"
     for name in names:
-        shutil.copytree(Path(D.__file__).parent / "data" / name, src / name)
-    return src.as_uri()
+        shutil.copytree(SHIPPED_DIR / name, src / name)
+    return src
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An HTTP server on localhost serving ``tmp_path/mirror``; ``.requests`` lists the paths asked for."""
+    root = tmp_path / "mirror"
+    root.mkdir(exist_ok=True)
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, format, *args):
+            requests.append(self.path)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.requests = requests
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_pins_cover_every_default_file_and_match_the_shipped_copies():
+    pins = downloads._pinned_sha256()
+    for name in D.UCI_NAMES:
+        assert f"{name}/test_mask.csv.gz" in pins, name
+        if name not in D.LARGE_UCI_NAMES:
+            assert f"{name}/data.csv.gz" in pins, name
+    assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in pins.values())
+    for name in D.SHIPPED:
+        for f in ("data.csv.gz", "test_mask.csv.gz"):
+            assert pins[f"{name}/{f}"] == _sha256(SHIPPED_DIR / name / f)
+
+
+@needs_shared
+def test_pins_match_the_shared_copies():
+    pins = downloads._pinned_sha256()
+    present = [rel for rel in pins if (SHARED_UCI / rel).is_file()]
+    assert len(present) >= 2 * (len(D.UCI_NAMES) - len(D.LARGE_UCI_NAMES))
+    for rel in present:
+        assert _sha256(SHARED_UCI / rel) == pins[rel], rel
+
+
+def test_download_over_http(no_data_env, tmp_path, server):
+    _mirror(tmp_path, ["yacht", "energy"])
+    data_dir = D.download(tmp_path / "dl", names=["yacht", "energy"], base_url=server.url, progress=False)
+    assert data_dir == tmp_path / "dl"
+    expected = {"yacht", "energy"} | {f"{n}/{f}" for n in ("yacht", "energy") for f in (D.DATA_FILE, D.MASK_FILE)}
+    assert _files(data_dir) == expected  # nothing else: no temporary files or folders
+    for rel in expected - {"yacht", "energy"}:
+        assert (data_dir / rel).read_bytes() == (SHIPPED_DIR / rel).read_bytes()
+        (data_dir / "probe").touch()
+        assert (data_dir / rel).stat().st_mode & 0o777 == (data_dir / "probe").stat().st_mode & 0o777  # not 0600
+        (data_dir / "probe").unlink()
+    assert D.find_dataset("yacht", data_dir) == data_dir / "yacht"
+    ds = D.load_uci("energy", data_dir=data_dir)
+    assert ds.n_train + ds.n_test == D.UCI_SIZES["energy"][0]
+
+    # Present files that match their checksum are not fetched again; overwrite=True fetches them anyway.
+    server.requests.clear()
+    D.download(data_dir=data_dir, names="yacht", base_url=server.url, progress=False)
+    assert server.requests == []
+    D.download(data_dir=data_dir, names="yacht", base_url=server.url, progress=False, overwrite=True)
+    assert sorted(server.requests) == ["/yacht/data.csv.gz", "/yacht/test_mask.csv.gz"]
+    # A damaged local file is replaced.
+    (data_dir / "yacht" / D.DATA_FILE).write_bytes(b"damaged")
+    server.requests.clear()
+    D.download(data_dir=data_dir, names="yacht", base_url=server.url, progress=False)
+    assert server.requests == ["/yacht/data.csv.gz"]
+    assert (data_dir / "yacht" / D.DATA_FILE).read_bytes() == (SHIPPED_DIR / "yacht" / D.DATA_FILE).read_bytes()
 
 
 def test_download_file_url(no_data_env, tmp_path):
-    base = _mirror(tmp_path, ["yacht", "energy"])
-    dest = D.download(dest=tmp_path / "dl", names=["yacht", "energy"], base_url=base, progress=False)
-    assert dest == tmp_path / "dl"
-    for name in ("yacht", "energy"):
-        for f in ("data.csv.gz", "test_mask.csv.gz"):
-            assert (dest / name / f).read_bytes() == (Path(D.__file__).parent / "data" / name / f).read_bytes()
-    assert not list(dest.rglob("*.part"))  # no temporary files left behind
-    assert D.find_dataset("yacht", dest) == dest / "yacht"
-    ds = D.load_uci("energy", data_dir=dest)
-    assert ds.n_train + ds.n_test == D.UCI_SIZES["energy"][0]
+    base = _mirror(tmp_path, ["yacht"]).as_uri()
+    data_dir = D.download(tmp_path / "dl", names=["yacht"], base_url=base, progress=False)
+    assert _files(data_dir) == {"yacht", "yacht/data.csv.gz", "yacht/test_mask.csv.gz"}
+    with pytest.raises(FileNotFoundError, match="base_url"):
+        D.download(tmp_path / "dl", names=["energy"], base_url=base, progress=False)
+    assert _files(data_dir) == {"yacht", "yacht/data.csv.gz", "yacht/test_mask.csv.gz"}
 
 
-def test_download_default_dest_and_progress(no_data_env, tmp_path, monkeypatch):
-    base = _mirror(tmp_path, ["yacht"])
+def test_download_default_data_dir_and_progress(no_data_env, tmp_path, monkeypatch, server, capsys):
+    _mirror(tmp_path, ["yacht"])
     monkeypatch.setenv("GPFAST_DATA", str(tmp_path / "env"))
-    assert D.download(names="yacht", base_url=base + "/", progress=True) == tmp_path / "env"
+    assert D.download(names="yacht", base_url=server.url + "/", progress=True) == tmp_path / "env"
     assert (tmp_path / "env" / "yacht" / "data.csv.gz").is_file()
     assert D.find_dataset("yacht") == tmp_path / "env" / "yacht"
+    assert "yacht/data.csv.gz" in capsys.readouterr().err  # the progress bar names the file
 
 
-def test_download_errors(no_data_env, tmp_path):
-    base = _mirror(tmp_path, ["yacht"])
+def test_dest_is_a_deprecated_alias_of_data_dir(no_data_env, tmp_path, server):
+    _mirror(tmp_path, ["yacht"])
+    with pytest.warns(FutureWarning, match="data_dir"):
+        out = D.download(dest=tmp_path / "dl", names=["yacht"], base_url=server.url, progress=False)
+    assert out == tmp_path / "dl" and (out / "yacht" / D.DATA_FILE).is_file()
+    with pytest.raises(TypeError, match="data_dir"):
+        D.download(tmp_path / "a", dest=tmp_path / "b", names=["yacht"], base_url=server.url, progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert next(iter(inspect.signature(D.download).parameters)) == "data_dir"
+
+
+def test_checksum_mismatch_names_the_file_and_leaves_nothing(no_data_env, tmp_path, server):
+    mirror = _mirror(tmp_path, ["yacht"])
+    # Another gzip file (as if changed upstream, or a wrong mirror); the mask is fine and arrives first.
+    with gzip.open(mirror / "yacht" / D.DATA_FILE, "wt") as f:
+        f.write("1,2,3\n")
+    seen = _sha256(mirror / "yacht" / D.DATA_FILE)
+    expected = downloads._pinned_sha256()["yacht/data.csv.gz"]
+    target = tmp_path / "new" / "dl"
+    with pytest.raises(ValueError) as info:
+        D.download(target, names=["yacht"], base_url=server.url, progress=False)
+    msg = str(info.value)
+    assert "yacht/data.csv.gz" in msg and f"expected {expected}" in msg and f"got {seen}" in msg
+    assert not (tmp_path / "new").exists()  # no empty folder, not even the parent it created
+    # Into a folder that exists and holds a good copy: overwrite fails and leaves both files as they were.
+    good = tmp_path / "good"
+    shutil.copytree(SHIPPED_DIR / "yacht", good / "yacht")
+    before = _files(good)
+    with pytest.raises(ValueError, match="SHA-256"):
+        D.download(good, names=["yacht"], base_url=server.url, progress=False, overwrite=True)
+    assert _files(good) == before
+    for f in (D.DATA_FILE, D.MASK_FILE):
+        assert (good / "yacht" / f).read_bytes() == (SHIPPED_DIR / "yacht" / f).read_bytes()
+
+
+def test_download_errors(no_data_env, tmp_path, server):
+    _mirror(tmp_path, ["yacht"])
     with pytest.raises(ValueError, match="unknown"):
-        D.download(dest=tmp_path / "dl", names=["nope"], base_url=base, progress=False)
-    with pytest.raises(FileNotFoundError):
-        D.download(dest=tmp_path / "dl", names=["energy"], base_url=base, progress=False)
-    # Not a gzip file (e.g. a Git LFS pointer): refused, nothing left in place.
+        D.download(tmp_path / "dl", names=["nope"], base_url=server.url, progress=False)
+    with pytest.raises(FileNotFoundError, match="404"):
+        D.download(tmp_path / "dl", names=["energy"], base_url=server.url, progress=False)
+    assert not (tmp_path / "dl").exists()
+    # A Git LFS pointer (or an HTML page) in place of the file: refused by its checksum, nothing left in place.
     (tmp_path / "mirror" / "pol").mkdir()
     (tmp_path / "mirror" / "pol" / "test_mask.csv.gz").write_text("version https://git-lfs.github.com/spec/v1\n")
-    with pytest.raises(ValueError, match="gzip"):
-        D.download(dest=tmp_path / "dl", names=["pol"], base_url=base, progress=False)
-    assert not any((tmp_path / "dl" / "pol").iterdir())
+    with pytest.raises(ValueError, match="pol/test_mask.csv.gz"):
+        D.download(tmp_path / "dl", names=["pol"], base_url=server.url, progress=False)
+    assert not (tmp_path / "dl").exists()
+
+
+def test_unpinned_file_downloads_with_a_warning(no_data_env, tmp_path, server, monkeypatch):
+    _mirror(tmp_path, ["yacht"])
+    pins = downloads._pinned_sha256()
+    del pins["yacht/data.csv.gz"]
+    monkeypatch.setattr(downloads, "_pinned_sha256", lambda: pins)
+    with pytest.warns(UserWarning, match="yacht/data.csv.gz has no pinned SHA-256"):
+        D.download(tmp_path / "dl", names=["yacht"], base_url=server.url, progress=False)
+    assert (tmp_path / "dl" / "yacht" / D.DATA_FILE).is_file()
 
 
 def test_download_offline_message(no_data_env, tmp_path):
     # A port nothing listens on: connection refused, as when offline; never touches the network.
     with pytest.raises(ConnectionError, match="offline"):
-        D.download(dest=tmp_path / "dl", names=["yacht"], base_url="http://127.0.0.1:9", progress=False, timeout=5)
+        D.download(tmp_path / "dl", names=["yacht"], base_url="http://127.0.0.1:9", progress=False, timeout=5)
+    assert not (tmp_path / "dl").exists()
+
+
+def test_pooch_is_imported_only_by_download(monkeypatch, tmp_path):
+    code = "import sys, gpfast, gpfast.datasets; assert 'pooch' not in sys.modules, 'pooch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+    monkeypatch.setitem(sys.modules, "pooch", None)  # as where pooch is not installed
+    with pytest.raises(ImportError, match="pip install pooch"):
+        D.download(tmp_path / "dl", names=["yacht"], progress=False)
+    assert not (tmp_path / "dl").exists()

@@ -15,8 +15,10 @@ import torch.multiprocessing as mp
 from conftest import rel_err
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-BACKENDS = ["gloo", pytest.param("nccl", marks=[pytest.mark.cuda,
-                                                pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])]
+BACKENDS = [
+    "gloo",
+    pytest.param("nccl", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")]),
+]
 
 
 def _worker(rank, world, init_file, out_dir, backend="gloo"):
@@ -26,8 +28,8 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
     dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-    from gpfast.distributed import DistributedRBFLinearOperator, row_range
     from gpfast.kernels import RBFLinearOperator
+    from gpfast.kernels.distributed import row_range
     from gpfast.models import ExactGPModel
 
     res = {"rank": rank}
@@ -37,7 +39,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
     l = (torch.rand(1, 5, **f64) + 0.5).requires_grad_()
     s = torch.tensor(1.3, **f64, requires_grad=True)
     v, u = torch.randn(190, 7, **f64), torch.randn(301, 7, **f64)
-    dop, op = DistributedRBFLinearOperator(x1, x2, l, s), RBFLinearOperator(x1, x2, l, s)
+    dop, op = RBFLinearOperator(x1, x2, l, s, distributed=True), RBFLinearOperator(x1, x2, l, s)
     # the distributed products must compute only this rank's rows (a fallback to the whole matrix would also
     # match the single-process numbers)
     from gpfast import ops as gops
@@ -87,14 +89,20 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
             model.eval(), lik.eval()
             with torch.no_grad(), gpytorch.settings.fast_pred_var(False), gpytorch.settings.eval_cg_tolerance(1e-8):
                 pred = lik(model(xt))
-                runs[name] = (losses, pred.mean.tolist(), pred.variance.tolist(),
-                              model.covar_module.base_kernel.lengthscale.tolist(), grads0)
+                runs[name] = (
+                    losses,
+                    pred.mean.tolist(),
+                    pred.variance.tolist(),
+                    model.covar_module.base_kernel.lengthscale.tolist(),
+                    grads0,
+                )
     res["fit"] = runs
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_processes(tmp_path, backend):
     mp.spawn(_worker, args=(2, str(tmp_path / "init"), str(tmp_path), backend), nprocs=2, join=True)
@@ -122,8 +130,11 @@ def test_two_processes(tmp_path, backend):
     assert r0["fit"]["dist"] == r1["fit"]["dist"]  # every rank took identical steps
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not TWO_GPUS, reason="needs two GPUs")])],
+)
 def test_torchrun_fit_two_ranks(tmp_path, device):
     """`torchrun --nproc-per-node=2 -m gpfast fit --distributed` (gloo on CPUs, NCCL on GPUs) matches one process."""
     import subprocess
@@ -131,12 +142,33 @@ def test_torchrun_fit_two_ranks(tmp_path, device):
 
     common = ["fit", "--dataset", "yacht", "--iters", "3", "--solver", "cg", "--device", device, "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
-    single = subprocess.run([sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
-                            capture_output=True, text=True, env=env, timeout=300)
+    single = subprocess.run(
+        [sys.executable, "-m", "gpfast", *common, "--out", str(tmp_path / "one.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr
-    multi = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone",
-                            "-m", "gpfast", *common, "--distributed", "--out", str(tmp_path / "two.json")],
-                           capture_output=True, text=True, env=env, timeout=300)
+    multi = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--standalone",
+            "-m",
+            "gpfast",
+            *common,
+            "--distributed",
+            "--out",
+            str(tmp_path / "two.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert multi.returncode == 0, multi.stderr[-3000:]
     one, two = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert two["ranks"] == 2 and one["ranks"] == 1

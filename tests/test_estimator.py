@@ -17,8 +17,9 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-import gpfast.estimator as est_mod
+import gpfast.estimator.solver as est_mod
 from gpfast.estimator import ExactGP
+from gpfast.models import ExactGPModel
 
 F64 = torch.float64
 BIG = 10**9
@@ -177,16 +178,6 @@ def _load_uci(name):
         return data[~test, :-1], data[~test, -1], data[test, :-1], data[test, -1]
 
 
-class _PlainGP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, likelihood):
-        super().__init__(x, y, likelihood)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=x.shape[1]))
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def _plain_gpytorch_rmse(X, y, Xt, yt, iters):
     xm, xs = X.mean(0), X.std(0)
     xs[xs == 0] = 1.0
@@ -194,7 +185,7 @@ def _plain_gpytorch_rmse(X, y, Xt, yt, iters):
     x = torch.from_numpy((X - xm) / xs)
     t = torch.from_numpy((y - ym) / ys)
     lik = gpytorch.likelihoods.GaussianLikelihood().to(F64)
-    model = _PlainGP(x, t, lik).to(F64)
+    model = ExactGPModel(x, t, lik, kernel="gpytorch").to(F64)
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
@@ -572,7 +563,7 @@ def test_save_load_round_trip(tmp_path, solver, dtype):
     np.testing.assert_array_equal(s2, s)
     # the file holds only plain data
     state = torch.load(path, weights_only=True)
-    assert state["version"] and state["solver_"] == solver
+    assert state["format_version"] == 1 and state["gpfast_version"] and state["solver_"] == solver
     # ... and a loaded estimator can be refitted
     gp2.fit(X, y)
 
@@ -583,12 +574,15 @@ def test_load_refuses_unknown_or_missing_version(tmp_path, fitted):
     gp.save(path)
     state = torch.load(path, weights_only=True)
     bad = tmp_path / "bad.pt"
-    torch.save({**state, "version": "99.0"}, bad)
+    torch.save({**state, "format_version": 99, "gpfast_version": "9.9"}, bad)
+    with pytest.raises(ValueError, match=r"written in gpfast file format 99 \(by gpfast 9.9\).*reads formats 0 to 1"):
+        ExactGP.load(bad)
+    state.pop("format_version")
+    torch.save({**state, "version": "99.0"}, bad)  # a file of the old layout, from an unknown version
     with pytest.raises(ValueError, match=r"saved by gpfast version '99.0'.*readable versions"):
         ExactGP.load(bad)
-    state.pop("version")
     torch.save(state, bad)
-    with pytest.raises(ValueError, match="has no 'version' entry"):
+    with pytest.raises(ValueError, match="has no 'format_version' \\(or legacy 'version'\\) entry"):
         ExactGP.load(bad)
     torch.save({"something": 1}, bad)
     with pytest.raises(ValueError, match="not a gpfast.ExactGP file"):
@@ -665,8 +659,25 @@ def test_auto_trains_with_cg_above_the_training_cap_but_predicts_exactly(monkeyp
     assert exact.train_solver_ == "cholesky"
     # the prediction is the exact posterior at gp's hyperparameters: the Cholesky fit, given gp's model, agrees
     exact.model_.load_state_dict(gp.model_.state_dict())
-    exact._predictor = None
+    exact._posterior = None
     m1, s1 = gp.predict(Xt, return_std=True)
     m2, s2 = exact.predict(Xt, return_std=True)
     np.testing.assert_allclose(m1, m2, rtol=1e-10)
     np.testing.assert_allclose(s1, s2, rtol=1e-10)
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_files_saved_by_gpfast_0_1_0_still_load(solver):
+    """Files written by gpfast 0.1.0 (commit 59b13e5, tests/data) load and predict what that version predicted."""
+    import json
+
+    data = Path(__file__).resolve().parent / "data"
+    expected = json.loads((data / f"exactgp_0.1.0_{solver}.json").read_text())
+    gp = ExactGP.load(data / f"exactgp_0.1.0_{solver}.pt")
+    assert gp.solver_ == solver
+    m, s = gp.predict(np.asarray(expected["X_test"]), return_std=True)
+    np.testing.assert_allclose(gp.lengthscale_, expected["lengthscale"], rtol=1e-12)
+    # the Cholesky posterior is recomputed in float64: equal to rounding; CG predictions are GPyTorch's solves
+    tol = 1e-10 if solver == "cholesky" else 1e-6
+    np.testing.assert_allclose(m, expected["mean"], rtol=tol, atol=tol)
+    np.testing.assert_allclose(s, expected["std"], rtol=tol, atol=tol)

@@ -1,21 +1,38 @@
 """experiments/uci_table.py's --merge: rows of separate runs joined into one table, mixtures refused."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-import uci_table  # noqa: E402
+from experiments import uci_table
 
 
 def _row(dataset, row, train_s, predict_s, rmse, **kw):
-    base = {"dataset": dataset, "split": 0, "row": row, "n_train": 100, "d": 3, "iters": 50, "lr": 0.1, "seed": 0,
-            "device": "cuda", "machine": "GPU X", "date": "2026-11-30T00:00:00", "status": "ok", "solver": "s",
-            "train_s": train_s, "predict_s": predict_s, "total_s": train_s + predict_s,
-            "s_per_iter": train_s / 50, "rmse_std": rmse, "rmse_orig": rmse, "nll_std": 0.1, "nll_orig": 0.1,
-            "peak_mem_bytes": 2**20, "mem_kind": "cuda_max_allocated"}
+    base = {
+        "dataset": dataset,
+        "split": 0,
+        "row": row,
+        "n_train": 100,
+        "d": 3,
+        "iters": 50,
+        "lr": 0.1,
+        "seed": 0,
+        "device": "cuda",
+        "machine": "GPU X",
+        "date": "2026-11-30T00:00:00",
+        "status": "ok",
+        "solver": "s",
+        "train_s": train_s,
+        "predict_s": predict_s,
+        "total_s": train_s + predict_s,
+        "s_per_iter": train_s / 50,
+        "rmse_std": rmse,
+        "rmse_orig": rmse,
+        "nll_std": 0.1,
+        "nll_orig": 0.1,
+        "peak_mem_bytes": 2**20,
+        "mem_kind": "cuda_max_allocated",
+    }
     return {**base, **kw}
 
 
@@ -25,11 +42,15 @@ def _write(path, rows, commit):
 
 
 def test_merge_joins_runs_and_computes_speedups(tmp_path):
-    f1 = _write(tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5), _row("pol", "gpfast", 1.0, 1.0, 0.4)],
-                "c1")
+    f1 = _write(
+        tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5), _row("pol", "gpfast", 1.0, 1.0, 0.4)], "c1"
+    )
     # a later file wins for the same (dataset, split, row)
-    f2 = _write(tmp_path / "b.json", [_row("pol", "gpytorch+gpfast", 4.0, 2.0, 0.45),
-                                      _row("pol", "gpfast", 1.5, 0.5, 0.3)], "c2")
+    f2 = _write(
+        tmp_path / "b.json",
+        [_row("pol", "gpytorch+gpfast", 4.0, 2.0, 0.45), _row("pol", "gpfast", 1.5, 0.5, 0.3)],
+        "c2",
+    )
     uci_table.main(["--merge", f1, f2, "--out", str(tmp_path), "--stem", "m", "--note", "hello"])
     out = json.loads((tmp_path / "m.json").read_text())
     assert out["commit"] == "c1, c2" and out["machine"] == "GPU X" and out["date"] == "2026-11-30"
@@ -59,7 +80,7 @@ def test_merge_of_nothing_is_a_clear_error(tmp_path):
 
 def test_bench_cpu_writes_its_table(tmp_path):
     """experiments/bench_cpu.py at tiny sizes: every timing is measured (positive) and the table names the machine."""
-    import bench_cpu
+    from experiments import bench_cpu
 
     stem = str(tmp_path / "b")  # an absolute stem lands outside experiments/results
     bench_cpu.main(["--reps", "1", "--cov-shapes", "2,30,20,3", "--matmul-shapes", "40,3,5", "--stem", stem])

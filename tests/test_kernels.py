@@ -11,6 +11,7 @@ from gpytorch.test.base_kernel_test_case import BaseKernelTestCase
 
 from conftest import DEVICES, rel_err
 from gpfast.kernels import RBFKernel, ScaleRBFKernel
+from gpfast.models import ExactGPModel
 
 
 class TestRBFKernelMixin(BaseKernelTestCase, unittest.TestCase):
@@ -68,7 +69,9 @@ def test_parity_with_gpytorch_float64(device, scaled, ard, batch_shape):
     diag2 = ours(x1, x1b, diag=True)
     assert rel_err(diag2, theirs(x1, x1b, diag=True)) < 1e-12
     assert rel_err(diag2, ours(x1, x1b).to_dense().diagonal(dim1=-2, dim2=-1)) < 1e-12
-    assert diag2.max() - diag2.min() > 1e-3 * diag2.abs().max() > 0  # not a constant (random lengthscales can make it tiny)
+    assert (
+        diag2.max() - diag2.min() > 1e-3 * diag2.abs().max() > 0
+    )  # not a constant (random lengthscales can make it tiny)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -85,8 +88,11 @@ def test_parity_with_gpytorch_float32(device, scaled):
         K = k(a, b).to_dense()
         return [K, *torch.autograd.grad((K * w.to(dtype)).sum(), [a, b, *k.parameters()])]
 
-    got, theirs32, want = value_and_grads(ours, torch.float32), value_and_grads(theirs, torch.float32), \
-        value_and_grads(ref64, torch.float64)
+    got, theirs32, want = (
+        value_and_grads(ours, torch.float32),
+        value_and_grads(theirs, torch.float32),
+        value_and_grads(ref64, torch.float64),
+    )
     for g, t, r in zip(got, theirs32, want):
         assert rel_err(g, r) <= 2 * rel_err(t, r) + 1e-6  # as close to float64 as GPyTorch's own float32
         assert rel_err(g, r) < 5e-5  # and float32-accurate outright (GPyTorch's own error reaches 1e-4 here)
@@ -95,8 +101,9 @@ def test_parity_with_gpytorch_float32(device, scaled):
 def test_state_dict_round_trip_and_pickle():
     # float64: GPyTorch's float32 path (|a|^2 + |b|^2 - 2ab) alone can be 1e-4 off for random hyperparameters
     ours, theirs = random_pair(True, torch.Size([3]), torch.float64, "cpu", True)
-    back = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=4, batch_shape=torch.Size([3])),
-                                        batch_shape=torch.Size([3])).double()
+    back = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(ard_num_dims=4, batch_shape=torch.Size([3])), batch_shape=torch.Size([3])
+    ).double()
     back.load_state_dict(ours.state_dict())
     assert set(back.state_dict()) == set(ours.state_dict())
     x = torch.randn(3, 10, 4, dtype=torch.float64)
@@ -114,8 +121,7 @@ def test_input_gradients_flow():
 
 
 def test_active_dims_and_priors():
-    k = ScaleRBFKernel(ard_num_dims=2, active_dims=(0, 2),
-                       lengthscale_prior=gpytorch.priors.GammaPrior(3.0, 6.0))
+    k = ScaleRBFKernel(ard_num_dims=2, active_dims=(0, 2), lengthscale_prior=gpytorch.priors.GammaPrior(3.0, 6.0))
     x = torch.randn(12, 4)
     ref = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=2, active_dims=(0, 2)))
     ref.load_state_dict(k.state_dict(), strict=False)
@@ -123,21 +129,11 @@ def test_active_dims_and_priors():
     assert any("lengthscale_prior" in name for name, *_ in k.named_priors())
 
 
-class _GP(gpytorch.models.ExactGP):
-    def __init__(self, x, y, lik, kernel):
-        super().__init__(x, y, lik)
-        self.mean_module = gpytorch.means.ConstantMean()
-        self.covar_module = kernel
-
-    def forward(self, x):
-        return gpytorch.distributions.MultivariateNormal(self.mean_module(x), self.covar_module(x))
-
-
 def gp_loss_grads_preds(kernel, x, y, xt, dtype):
     torch.manual_seed(1)
     lik = gpytorch.likelihoods.GaussianLikelihood()
     lik.noise = 0.05  # a well-conditioned system, so CG converges to its tolerance
-    model = _GP(x, y, lik, kernel).to(dtype)
+    model = ExactGPModel(x, y, lik, kernel=kernel).to(dtype)
     model.train(), lik.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
     loss = -mll(model(x), y)
@@ -149,6 +145,7 @@ def gp_loss_grads_preds(kernel, x, y, xt, dtype):
     return loss.detach(), grads, mean, var
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cholesky", "cg"])
 def test_exact_gp_same_as_gpytorch(mode):
     torch.manual_seed(0)
@@ -158,11 +155,18 @@ def test_exact_gp_same_as_gpytorch(mode):
     xt = torch.randn(50, 3, dtype=torch.float64)
     settings = [gpytorch.settings.max_cholesky_size(10**6 if mode == "cholesky" else 0)]
     if mode == "cg":
-        settings += [gpytorch.settings.cg_tolerance(1e-6), gpytorch.settings.max_cg_iterations(2000),
-                     gpytorch.settings.num_trace_samples(8), gpytorch.settings.deterministic_probes(True),
-                     gpytorch.settings.eval_cg_tolerance(1e-8)]
+        settings += [
+            gpytorch.settings.cg_tolerance(1e-6),
+            gpytorch.settings.max_cg_iterations(2000),
+            gpytorch.settings.num_trace_samples(8),
+            gpytorch.settings.deterministic_probes(True),
+            gpytorch.settings.eval_cg_tolerance(1e-8),
+        ]
     out = []
-    for kern in (ScaleRBFKernel(ard_num_dims=3), gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3))):
+    for kern in (
+        ScaleRBFKernel(ard_num_dims=3),
+        gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3)),
+    ):
         with torch.no_grad():
             kern.base_kernel.lengthscale = torch.tensor([0.7, 1.2, 2.0])
             kern.outputscale = 1.3

@@ -3,4 +3,4 @@
 from gpfast.kernels.operator import RBFLinearOperator
 from gpfast.kernels.rbf import MATRIX_FREE_THRESHOLD, RBFKernel, ScaleRBFKernel
 
-__all__ = ["RBFKernel", "ScaleRBFKernel", "RBFLinearOperator", "MATRIX_FREE_THRESHOLD"]
+__all__ = ["MATRIX_FREE_THRESHOLD", "RBFKernel", "RBFLinearOperator", "ScaleRBFKernel"]

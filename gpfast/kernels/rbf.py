@@ -19,14 +19,6 @@ def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> 
     return x1.shape[-2] * x2.shape[-2] > limit
 
 
-def _operator(distributed: bool):
-    if distributed:  # rows of every product split over the ranks of torch.distributed's default group
-        from gpfast.distributed import DistributedRBFLinearOperator
-
-        return DistributedRBFLinearOperator
-    return RBFLinearOperator
-
-
 def _last_dim_as_batch(x1, x2, lengthscale):
     # (..., n, d) -> (..., d, n, 1), lengthscale folded into the points as GPyTorch does for this mode
     z1 = x1.div(lengthscale).transpose(-1, -2).unsqueeze(-1)
@@ -59,7 +51,8 @@ class RBFKernel(Kernel):
             z1, z2 = _last_dim_as_batch(x1, x2, lengthscale)
             return ops.rbf_covariance(z1, z2, 1.0, 1.0, diag=diag, check_values=False)
         if not diag and (self.distributed or _use_operator(x1, x2, self.matrix_free_threshold)):
-            return _operator(self.distributed)(x1, x2, lengthscale, torch.ones((), dtype=x1.dtype, device=x1.device))
+            ones = torch.ones((), dtype=x1.dtype, device=x1.device)
+            return RBFLinearOperator(x1, x2, lengthscale, ones, distributed=self.distributed)
         return ops.rbf_covariance(x1, x2, lengthscale, 1.0, diag=diag, check_values=False)
 
 
@@ -71,17 +64,36 @@ class ScaleRBFKernel(ScaleKernel):
     those of both: ``ard_num_dims``, ``batch_shape``, ``active_dims``, ``lengthscale_prior``,
     ``lengthscale_constraint``, ``eps``, ``outputscale_prior``, ``outputscale_constraint``,
     ``matrix_free_threshold``, and ``distributed`` (always matrix-free, rows split over the ranks of
-    ``torch.distributed``; see :mod:`gpfast.distributed`).
+    ``torch.distributed``; see :mod:`gpfast.kernels.distributed`).
     """
 
-    def __init__(self, ard_num_dims=None, batch_shape=None, active_dims=None, lengthscale_prior=None,
-                 lengthscale_constraint=None, eps: float = 1e-6, outputscale_prior=None, outputscale_constraint=None,
-                 matrix_free_threshold: int | None = None, distributed: bool = False, **kwargs):
-        base = RBFKernel(ard_num_dims=ard_num_dims, batch_shape=batch_shape, active_dims=active_dims,
-                         lengthscale_prior=lengthscale_prior, lengthscale_constraint=lengthscale_constraint, eps=eps,
-                         matrix_free_threshold=matrix_free_threshold, distributed=distributed)
-        super().__init__(base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint,
-                         **kwargs)
+    def __init__(
+        self,
+        ard_num_dims=None,
+        batch_shape=None,
+        active_dims=None,
+        lengthscale_prior=None,
+        lengthscale_constraint=None,
+        eps: float = 1e-6,
+        outputscale_prior=None,
+        outputscale_constraint=None,
+        matrix_free_threshold: int | None = None,
+        distributed: bool = False,
+        **kwargs,
+    ):
+        base = RBFKernel(
+            ard_num_dims=ard_num_dims,
+            batch_shape=batch_shape,
+            active_dims=active_dims,
+            lengthscale_prior=lengthscale_prior,
+            lengthscale_constraint=lengthscale_constraint,
+            eps=eps,
+            matrix_free_threshold=matrix_free_threshold,
+            distributed=distributed,
+        )
+        super().__init__(
+            base, outputscale_prior=outputscale_prior, outputscale_constraint=outputscale_constraint, **kwargs
+        )
 
     def forward(self, x1, x2, last_dim_is_batch: bool = False, diag: bool = False, **params):
         if last_dim_is_batch:  # rare mode: the plain composition
@@ -89,5 +101,5 @@ class ScaleRBFKernel(ScaleKernel):
         lengthscale, outputscale = self.base_kernel.lengthscale, self.outputscale
         base = self.base_kernel
         if not diag and (base.distributed or _use_operator(x1, x2, base.matrix_free_threshold)):
-            return _operator(base.distributed)(x1, x2, lengthscale, outputscale)
+            return RBFLinearOperator(x1, x2, lengthscale, outputscale, distributed=base.distributed)
         return ops.rbf_covariance(x1, x2, lengthscale, outputscale, diag=diag, check_values=False)

@@ -1,13 +1,6 @@
-"""GPyTorch models and exact float64 Cholesky routines."""
+"""The GPyTorch model, and the exact float64 GP posterior by Cholesky factorisation."""
 
-from .cholesky import CholeskyError, CholeskyJitterWarning, CholeskyPredictor, exact_mll, robust_cholesky
-from .exact_gp import ExactGPModel
+from gpfast.models.exact_posterior import CholeskyError, CholeskyJitterWarning, ExactPosterior, robust_cholesky
+from gpfast.models.gp import KERNELS, ExactGPModel
 
-__all__ = [
-    "ExactGPModel",
-    "CholeskyPredictor",
-    "CholeskyError",
-    "CholeskyJitterWarning",
-    "exact_mll",
-    "robust_cholesky",
-]
+__all__ = ["KERNELS", "CholeskyError", "CholeskyJitterWarning", "ExactGPModel", "ExactPosterior", "robust_cholesky"]

@@ -1,4 +1,4 @@
-"""Exact float64 Cholesky routines for a GP on a dense covariance matrix.
+"""The exact GP posterior: float64 Cholesky factorisation of a dense training covariance.
 
 These are the textbook algorithms (Rasmussen & Williams, *Gaussian Processes for Machine Learning*, 2006,
 Algorithm 2.1), written in torch so that they run on the GPU as well as the CPU. Everything is computed in
@@ -8,31 +8,30 @@ likelihood, posterior mean and variance) for hyperparameters that may have been 
 * :func:`robust_cholesky` factors ``A = L L^T`` with ``torch.linalg.cholesky_ex`` and, when that fails,
   retries with a growing jitter on the diagonal (1e-8 .. 1e-4 times the mean diagonal), warning with the
   jitter it used, and raising :class:`CholeskyError` when it still fails.
-* :func:`exact_mll` is the log marginal likelihood ``log N(y | mean, K + noise I)`` divided by n, i.e. the
-  *average per data point*, the same normalisation as GPyTorch's ``ExactMarginalLogLikelihood``.
-* :class:`CholeskyPredictor` factors ``K + noise I`` once, then gives the posterior mean, variance and
-  (optionally) full covariance at test points from their cross-covariances ``K_*`` in bounded-memory chunks.
+* :class:`ExactPosterior` factors ``K + noise I`` once, then gives the exact log marginal likelihood and the
+  posterior mean, variance and (optionally) full covariance at test points from their cross-covariances ``K_*``
+  in bounded-memory chunks.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Sequence
+from typing import Union
 
 import torch
 
 __all__ = [
+    "DEFAULT_JITTERS",
     "CholeskyError",
     "CholeskyJitterWarning",
-    "DEFAULT_JITTERS",
+    "ExactPosterior",
     "robust_cholesky",
-    "exact_mll",
-    "CholeskyPredictor",
 ]
 
 #: Relative jitters tried in turn (times the mean of the diagonal) when the plain factorisation fails.
-DEFAULT_JITTERS: Tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4)
+DEFAULT_JITTERS: tuple[float, ...] = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4)
 
 # Upper bound on the size (in bytes) of the (n, chunk) float64 temporaries used to solve for test points.
 _CHUNK_BYTES = 256 * 2**20
@@ -56,7 +55,7 @@ def robust_cholesky(
     A: torch.Tensor,
     jitters: Sequence[float] = DEFAULT_JITTERS,
     overwrite: bool = False,
-) -> Tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, float]:
     """Lower Cholesky factor of the symmetric matrix ``A`` (n, n), in float64.
 
     Tries the plain factorisation first; if it fails, adds ``jitter * mean(diag(A))`` to the diagonal for each
@@ -124,49 +123,10 @@ def _residual(y: torch.Tensor, mean: TensorLike) -> torch.Tensor:
     return y - _as_f64(mean, y.device)
 
 
-def exact_mll(
-    K: torch.Tensor,
-    y: torch.Tensor,
-    noise: TensorLike,
-    mean: TensorLike = 0.0,
-    jitters: Sequence[float] = DEFAULT_JITTERS,
-) -> torch.Tensor:
-    """Exact log marginal likelihood of a GP, **averaged per data point**, in float64.
-
-    Rasmussen & Williams Algorithm 2.1 with ``L = cholesky(K + noise I)``, ``alpha = L^T \\ (L \\ (y - mean))``::
-
-        log p(y) = -0.5 (y - mean)^T alpha - sum(log diag L) - n/2 log(2 pi)
-
-    and the return value is ``log p(y) / n``, the same normalisation as GPyTorch's
-    ``ExactMarginalLogLikelihood`` (so ``-exact_mll(...)`` is comparable with its training loss). Multiply by
-    ``n`` for the total.
-
-    Args:
-        K: noise-free prior covariance of the training points (n, n).
-        y: targets (n,) or (n, 1).
-        noise: Gaussian noise variance (scalar, or a (n,) tensor for heteroscedastic noise).
-        mean: prior mean (scalar or (n,)).
-
-    Returns:
-        0-dim float64 tensor.
-    """
-    r = _residual(y, mean)
-    n = r.shape[0]
-    if K.shape != (n, n):
-        raise ValueError(f"K must have shape ({n}, {n}) to match y, got {tuple(K.shape)}")
-    A = K.to(torch.float64, copy=True)
-    A.diagonal().add_(_as_f64(noise, A.device))
-    L, _ = robust_cholesky(A, jitters=jitters, overwrite=True)
-    del A
-    alpha = _cho_solve(L, r)
-    total = -0.5 * (r @ alpha) - L.diagonal().log().sum() - 0.5 * n * math.log(2 * math.pi)
-    return total / n
-
-
-class CholeskyPredictor:
+class ExactPosterior:
     """Exact GP posterior from a dense training covariance, factored once in float64.
 
-    ``CholeskyPredictor(K_train, y, noise, mean)`` factors ``K_train + noise I = L L^T`` (with jitter retries,
+    ``ExactPosterior(K_train, y, noise, mean)`` factors ``K_train + noise I = L L^T`` (with jitter retries,
     see :func:`robust_cholesky`) and stores ``L`` and ``alpha = (K_train + noise I)^{-1} (y - mean)``.
     :meth:`predict` then returns, for test points with cross-covariances ``K_* = k(X_train, X_test)``
     (n, n_test) and prior variances ``k_** = diag k(X_test, X_test)`` (n_test,)::
@@ -234,10 +194,10 @@ class CholeskyPredictor:
     def predict(
         self,
         K_star: torch.Tensor,
-        k_star_star: Optional[torch.Tensor] = None,
+        k_star_star: torch.Tensor | None = None,
         return_var: bool = False,
         include_noise: bool = False,
-        K_star_star: Optional[torch.Tensor] = None,
+        K_star_star: torch.Tensor | None = None,
         return_cov: bool = False,
     ):
         """Posterior at test points.
@@ -290,11 +250,11 @@ class CholeskyPredictor:
         kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         x_train: torch.Tensor,
         x_test: torch.Tensor,
-        prior_var: Union[float, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]],
+        prior_var: float,
         return_var: bool = False,
         return_cov: bool = False,
         include_noise: bool = False,
-        chunk_size: Optional[int] = None,
+        chunk_size: int | None = None,
     ):
         """Like :meth:`predict`, forming ``K_*`` chunk by chunk with ``kernel(x_train, x_test_chunk)``.
 
@@ -304,8 +264,7 @@ class CholeskyPredictor:
             kernel: ``kernel(a, b)`` returns the (len(a), len(b)) float64 covariance.
             x_train: (n, d) training inputs in the units ``kernel`` expects.
             x_test: (n_test, d) test inputs.
-            prior_var: prior variance ``k(x, x)``: a constant (stationary kernel), an (n_test,) tensor, or a
-                callable ``prior_var(x_chunk) -> (chunk,)``.
+            prior_var: prior variance ``k(x, x)`` of the (stationary) kernel.
             chunk_size: test points per chunk (default :meth:`chunk_size`).
         """
         n_test = x_test.shape[0]
@@ -321,12 +280,7 @@ class CholeskyPredictor:
             if not return_var:
                 means.append(self.predict(K_star))
                 continue
-            if callable(prior_var):
-                kss = prior_var(xc)
-            elif torch.is_tensor(prior_var) and prior_var.dim() > 0:
-                kss = prior_var[s : s + step]
-            else:
-                kss = torch.full((xc.shape[0],), float(prior_var), dtype=torch.float64, device=self.device)
+            kss = torch.full((xc.shape[0],), float(prior_var), dtype=torch.float64, device=self.device)
             m, v = self.predict(K_star, kss, return_var=True, include_noise=include_noise)
             means.append(m)
             variances.append(v)

@@ -1,0 +1,261 @@
+"""Head-to-head comparison of stock GPyTorch, GPyTorch with gpfast's kernel, and ``gpfast.ExactGP``.
+
+Rows (same standardised data and split, same initial hyperparameters, same number of Adam steps, same seed,
+float32):
+
+* ``"gpytorch"``: :class:`gpfast.models.ExactGPModel` with ``kernel="gpytorch"`` (stock ``ConstantMean`` +
+  ``ScaleKernel(RBFKernel(ard_num_dims=d))``, ``GaussianLikelihood``), ``ExactMarginalLogLikelihood``, ``Adam``
+  and GPyTorch's default settings; predictions ``likelihood(model(X_test))`` in eval mode (no ``fast_pred_var``).
+* ``"gpytorch+gpfast"``: the same model and loop with only the kernel swapped for
+  :class:`gpfast.kernels.ScaleRBFKernel` (``kernel="gpfast"``).
+* ``"gpfast"``: :class:`gpfast.ExactGP` on the same (already standardised) data, ``standardize=False``.
+
+Every row starts from the initial hyperparameters it is given (default: GPyTorch's, :func:`default_init`).
+
+Example::
+
+    from gpfast.bench.compare import compare
+    rows = compare("yacht", iters=50, device="cpu")
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Sequence
+
+import gpytorch
+import numpy as np
+import torch
+
+from gpfast.bench.timing import PeakMemory, machine, now, sync
+from gpfast.estimator import ExactGP
+from gpfast.estimator.training import train
+from gpfast.metrics import regression_metrics
+from gpfast.models import ExactGPModel
+
+__all__ = ["ROWS", "compare", "default_init"]
+
+ROWS: tuple[str, ...] = ("gpytorch", "gpytorch+gpfast", "gpfast")
+_KERNEL = {"gpytorch": "gpytorch", "gpytorch+gpfast": "gpfast"}
+
+
+def default_init(d: int) -> dict[str, object]:
+    """GPyTorch's default initial hyperparameters for d inputs (standardised units), read off a fresh model."""
+    model = ExactGPModel(
+        torch.zeros(2, d), torch.zeros(2), gpytorch.likelihoods.GaussianLikelihood(), kernel="gpytorch"
+    )
+    cov = model.covar_module
+    return {
+        "init_lengthscale": [float(v) for v in cov.base_kernel.lengthscale.detach().reshape(-1)],
+        "init_outputscale": float(cov.outputscale.detach()),
+        "init_noise": float(model.likelihood.noise.detach().reshape(-1)[0]),
+        "init_mean": float(model.mean_module.constant.detach().reshape(-1)[0]),
+    }
+
+
+def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(X, y, likelihood, kernel=_KERNEL[name]).to(device=device, dtype=torch.float32)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
+        model.covar_module.outputscale = torch.tensor(init["init_outputscale"], device=device)
+        model.likelihood.noise = torch.tensor(init["init_noise"], device=device)
+        model.mean_module.constant.fill_(init["init_mean"])
+
+    sync(device)
+    t0 = time.perf_counter()
+    losses = train(model, iters, None, None, "adam", lr, None, torch.float32, f"{name} fit", verbose)
+    sync(device)
+    train_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model.eval()
+    likelihood.eval()
+    with torch.no_grad():
+        pred = likelihood(model(Xt))
+        mean, var = pred.mean, pred.variance
+    sync(device)
+    predict_s = time.perf_counter() - t0
+    info = {"final_loss": losses[-1] if losses else float("nan"), "solver": "gpytorch defaults"}
+    return info, train_s, predict_s, mean.double().cpu().numpy(), var.double().cpu().numpy()
+
+
+def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
+    gp = ExactGP(
+        max_iter=iters,
+        lr=lr,
+        device=device,
+        random_state=seed,
+        verbose=verbose,
+        standardize=False,
+        lengthscale_init=np.asarray(init["init_lengthscale"], dtype=np.float64),
+        outputscale_init=init["init_outputscale"],
+        noise_init=init["init_noise"],
+    )
+    sync(device)
+    t0 = time.perf_counter()
+    gp.fit(X, y)
+    sync(device)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    mean, std = gp.predict(Xt, return_std=True)
+    sync(device)
+    predict_s = time.perf_counter() - t0
+    mean = torch.as_tensor(mean).double().cpu().numpy()
+    var = torch.as_tensor(std).double().cpu().numpy() ** 2
+    info = {
+        "final_loss": gp.history_[-1] if gp.history_ else float("nan"),
+        "solver": str(gp.solver_),
+        "train_solver": str(gp.train_solver_),
+    }
+    return info, train_s, predict_s, mean, var
+
+
+def _run_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
+    if name == "gpfast":
+        return _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init)
+    return _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init)
+
+
+def compare(
+    dataset,
+    split: int = 0,
+    iters: int = 50,
+    lr: float = 0.1,
+    device: str = "cpu",
+    data_dir=None,
+    seed: int = 0,
+    rows: Sequence[str] = ROWS,
+    verbose: bool = True,
+    warmup: bool = True,
+    init: dict[str, object] | None = None,
+) -> list[dict]:
+    """Train and evaluate the rows of :data:`ROWS` on one split of a data set.
+
+    Parameters
+    ----------
+    dataset : str or gpfast.datasets.Dataset
+        Name for :func:`gpfast.datasets.load_uci` (standardised split), or an already loaded (standardised) split.
+    split, data_dir :
+        Passed to :func:`gpfast.datasets.load_uci`.
+    iters, lr :
+        Adam steps and learning rate, the same for every row.
+    device : {"cpu", "cuda"}
+    seed : int
+        ``torch.manual_seed`` before each row (``random_state`` of ``ExactGP``).
+    rows : sequence of str
+        A subset of :data:`ROWS`.
+    verbose : bool
+        Progress bars and ``ExactGP``'s messages.
+    warmup : bool
+        Before the timed runs, run every row once, untimed, for one step on at most 64 training points, so that
+        one-off costs (lazy imports, loading the compiled ops, allocator start-up) fall on no row.
+    init : dict or None
+        The initial hyperparameters of every row, in standardised units (keys ``init_lengthscale`` (list of d),
+        ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
+
+    Returns
+    -------
+    list of dict
+        One dict per row with the data set, the row name, ``train_s``, ``s_per_iter``, ``predict_s``,
+        ``total_s``, ``rmse_std``/``rmse_orig``, ``nll_std``/``nll_orig`` (:mod:`gpfast.metrics`, NLL of the
+        Gaussian predictive with the noisy variance, per test point), ``peak_mem_bytes`` and ``mem_kind``, the
+        initial hyperparameters, ``status`` (``"ok"``, ``"OOM"`` or ``"error: ..."``), the machine and date.
+        Metrics of a failed row are ``None``.
+    """
+    from gpfast import datasets as _ds
+
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise ValueError(f"unknown row(s) {unknown}; known rows: {', '.join(ROWS)}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    data = _ds.load_uci(dataset, split=split, data_dir=data_dir) if isinstance(dataset, str) else dataset
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available; use --device cpu")
+
+    X = torch.as_tensor(np.asarray(data.X_train), dtype=torch.float32, device=dev).contiguous()
+    y = torch.as_tensor(np.asarray(data.y_train).reshape(-1), dtype=torch.float32, device=dev).contiguous()
+    Xt = torch.as_tensor(np.asarray(data.X_test), dtype=torch.float32, device=dev).contiguous()
+    y_test = np.asarray(data.y_test, dtype=np.float64).reshape(-1)
+    d = X.shape[1]
+    init = default_init(d) if init is None else init
+    common = {
+        "dataset": getattr(data, "name", str(dataset)),
+        "split": int(getattr(data, "split", split)),
+        "n_train": int(X.shape[0]),
+        "n_test": int(Xt.shape[0]),
+        "d": int(d),
+        "iters": int(iters),
+        "lr": float(lr),
+        "seed": int(seed),
+        "device": str(dev),
+        "dtype": "float32",
+        "machine": machine(dev),
+        "date": now(),
+        **init,
+    }
+
+    if warmup:
+        nw = min(64, X.shape[0])
+        for name in rows:
+            try:
+                _run_row(name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init)
+            except Exception:  # the timed run reports the error
+                pass
+        gc.collect()
+
+    results: list[dict] = []
+    for name in rows:
+        row = dict(common, row=name)
+        try:
+            with PeakMemory(dev) as mem:
+                info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init)
+            row.update(info)
+            row.update(
+                status="ok",
+                train_s=train_s,
+                s_per_iter=train_s / iters if iters else float("nan"),
+                predict_s=predict_s,
+                total_s=train_s + predict_s,
+                **regression_metrics(mean, var, y_test, float(data.y_std)),
+                peak_mem_bytes=mem.peak,
+                mem_kind=mem.kind,
+            )
+        except torch.OutOfMemoryError as exc:
+            row.update(_failed("OOM", dev))
+            if verbose:
+                print(f"{name}: out of memory ({str(exc).splitlines()[0]})", file=sys.stderr)
+        except Exception as exc:  # one failing row should not lose the others
+            row.update(_failed(f"error: {type(exc).__name__}: {exc}", dev))
+            if verbose:
+                print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        results.append(row)
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def _failed(status: str, dev: torch.device) -> dict:
+    keys = (
+        "train_s",
+        "s_per_iter",
+        "predict_s",
+        "total_s",
+        "rmse_std",
+        "rmse_orig",
+        "nll_std",
+        "nll_orig",
+        "peak_mem_bytes",
+    )
+    out = {k: None for k in keys}
+    out["status"] = status
+    out["mem_kind"] = "cuda_max_allocated" if dev.type == "cuda" else "cpu_rss_peak_increase"
+    return out

@@ -1,0 +1,449 @@
+"""``gpfast.ExactGP``: a scikit-learn style estimator for exact GP regression on gpfast's fused RBF kernel.
+
+Example::
+
+    from gpfast import ExactGP
+
+    gp = ExactGP(max_iter=50).fit(X_train, y_train)          # numpy or torch, on the GPU when there is one
+    mean, std = gp.predict(X_test, return_std=True)            # std of the noisy target y, in y's units
+    gp.score(X_test, y_test)                                   # R^2
+    gp.save("gp.pt"); gp2 = ExactGP.load("gp.pt")
+
+Model: ``y = f(x) + eps``, ``f ~ GP(c, s * exp(-0.5 |(x - x') / l|^2))``, ``eps ~ N(0, noise)``, fitted on
+standardised data (:mod:`gpfast.standardize`: each input column and the target centred and scaled to unit
+variance with the training statistics); the fitted hyperparameters are reported back in the original units
+(``lengthscale_``, ``outputscale_``, ``noise_``, ``constant_mean_``). This class orchestrates; the parts live
+beside it: argument checks (:mod:`~gpfast.estimator.params`), input handling (:mod:`~gpfast.estimator.inputs`),
+the solver rule (:mod:`~gpfast.estimator.solver`), the training loop (:mod:`~gpfast.estimator.training`),
+prediction (:mod:`~gpfast.estimator.prediction`) and save files (:mod:`~gpfast.estimator.persistence`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import warnings
+
+import gpytorch
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.metrics import r2_score
+from sklearn.utils.validation import check_is_fitted
+
+from gpfast.estimator import params as _params
+from gpfast.estimator import persistence, prediction
+from gpfast.estimator import solver as _solver
+from gpfast.estimator.inputs import validate_X, validate_y
+from gpfast.estimator.training import CGSettings, mll_estimate, train
+from gpfast.models import ExactGPModel, ExactPosterior
+from gpfast.standardize import column_stats
+
+__all__ = ["ExactGP"]
+
+logger = logging.getLogger(__name__)
+
+
+class ExactGP(RegressorMixin, BaseEstimator):
+    """Exact Gaussian-process regression with a scaled RBF kernel, scikit-learn style.
+
+    Parameters
+    ----------
+    solver : {"auto", "cholesky", "cg"}, default="auto"
+        Linear-algebra backend (see :mod:`gpfast.estimator.solver`). ``"auto"`` picks ``"cholesky"`` when three
+        float64 n x n matrices fit in the device's free memory and ``n <= AUTO_CHOLESKY_MAX_N`` (100k on CUDA,
+        10k on CPU), else ``"cg"``. The choice is stored in ``solver_``.
+    optimizer : {"adam", "lbfgs"}, default="adam"
+        ``torch.optim.Adam``, or ``torch.optim.LBFGS`` (strong-Wolfe line search, one L-BFGS iteration per
+        ``max_iter`` step, so each step costs a few loss evaluations).
+    lr : float, default=0.1
+        Learning rate (Adam), or initial step length (L-BFGS).
+    max_iter : int, default=50
+        Optimisation steps on the full data. ``0`` keeps the initial hyperparameters.
+    tol : float or None, default=None
+        Stop early once ``|loss_i - loss_{i-1}| / max(|loss_{i-1}|, 1) < tol`` for 5 consecutive iterations
+        (relative change, absolute when the loss is below 1 in magnitude). ``None`` runs all ``max_iter``.
+    ard : bool, default=True
+        One lengthscale per feature (automatic relevance determination) or a single shared one.
+    noise_init, outputscale_init : float or None, default=None
+        Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None`` keeps GPyTorch's
+        initialisation (``softplus(0) ~= 0.693`` in standardised units). The noise is at least 1e-4 in
+        standardised units (GPyTorch's ``GaussianLikelihood`` constraint).
+    lengthscale_init : float, array of shape (n_features,) or None, default=None
+        Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
+        acts on the standardised inputs, so it must be a float in standardised units. ``None`` keeps
+        GPyTorch's initialisation (0.693 in standardised units).
+    standardize : bool, default=True
+        Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
+        fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
+        them); the initial values are then in those units.
+    pretrain_subset : int or None, default=None
+        Wang et al. (2019) schedule: first train ``pretrain_iter`` steps on a random subset of this many
+        points, then ``max_iter`` steps on all the data. ``None`` (or a subset >= n) skips pretraining.
+    pretrain_iter : int, default=10
+        Steps on the subset when ``pretrain_subset`` is set.
+    device : str, torch.device or None, default=None
+        ``None`` picks ``"cuda"`` when available, else ``"cpu"``.
+    dtype : {"float32", "float64"} or torch.dtype, default="float32"
+        Training (and CG prediction) precision. The Cholesky predictions and the exact log marginal
+        likelihood are always computed in float64. (A string default keeps ``get_params`` to plain types.)
+    random_state : int, RandomState instance or None, default=None
+        Seeds torch (CPU and CUDA, inside ``torch.random.fork_rng`` so the global generators are left alone)
+        for the subset draw and the CG probe vectors: equal seeds give identical ``history_``.
+    verbose : bool, default=True
+        Print the solver choice and show a tqdm progress bar with the loss.
+    cg_tolerance : float, default=1.0
+        CG residual tolerance during training (GPyTorch's default; the loss only needs rough solves).
+    eval_cg_tolerance : float, default=0.01
+        CG residual tolerance for predictions.
+    max_cg_iterations : int, default=1000
+        Maximum CG iterations.
+    preconditioner_size : int, default=15
+        Rank of the pivoted-Cholesky preconditioner used by CG (0 disables it). 15 is GPyTorch's default; Wang et
+        al. (2019) used 100 for their largest sets, where fewer CG iterations pay for the costlier preconditioner.
+    distributed : bool, default=False
+        Split every covariance product by rows over the ranks of an initialised ``torch.distributed`` process
+        group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
+        then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
+        rank's GPU (or the CPU with the gloo backend).
+
+    Attributes
+    ----------
+    X_train_, y_train_ : torch.Tensor
+        Standardised training inputs (n, d) and targets (n,), float64, on ``device_``.
+    x_mean_, x_std_ : numpy.ndarray of shape (n_features,)
+        Input standardisation (std 1 for constant columns; 0 and 1 with ``standardize=False``).
+    y_mean_, y_std_ : float
+        Target standardisation.
+    model_ : gpfast.models.ExactGPModel
+        The trained GPyTorch model (in ``dtype``, on ``device_``, in eval mode).
+    likelihood_ : gpytorch.likelihoods.GaussianLikelihood
+    solver_ : {"cholesky", "cg"}
+        How predictions are made (and, for explicit solvers, training too).
+    train_solver_ : {"cholesky", "cg"}
+        How the training steps were taken (differs from ``solver_`` only under ``solver="auto"``).
+    device_ : torch.device
+    history_ : list of float
+        Training loss (negative marginal log likelihood per data point, standardised units) per step on the
+        full data; ``pretrain_history_`` the same on the subset.
+    n_iter_ : int
+        Steps taken on the full data.
+    log_marginal_likelihood_ : float
+        Log marginal likelihood of the standardised targets (total, not per point; comparable to
+        scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the
+        fitted hyperparameters. Exact (float64 Cholesky) whenever the ``"auto"`` rule allows a Cholesky (memory
+        and ``AUTO_CHOLESKY_MAX_N``), whichever solver trained; otherwise GPyTorch's stochastic CG/Lanczos
+        estimate. ``log_marginal_likelihood_method_`` says which (``"cholesky"`` or ``"cg_estimate"``).
+    lengthscale_ : numpy.ndarray of shape (n_features,)
+        Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).
+    outputscale_, noise_ : float
+        Kernel variance and noise variance in the units of y squared.
+    constant_mean_ : float
+        Prior mean in the units of y.
+    n_features_in_ : int
+    feature_names_in_ : numpy.ndarray
+        Only when X was a DataFrame with string column names.
+    """
+
+    def __init__(
+        self,
+        solver: str = "auto",
+        optimizer: str = "adam",
+        lr: float = 0.1,
+        max_iter: int = 50,
+        tol: float | None = None,
+        ard: bool = True,
+        noise_init: float | None = None,
+        outputscale_init: float | None = None,
+        lengthscale_init=None,
+        standardize: bool = True,
+        pretrain_subset: int | None = None,
+        pretrain_iter: int = 10,
+        device=None,
+        dtype="float32",
+        random_state=None,
+        verbose: bool = True,
+        cg_tolerance: float = 1.0,
+        eval_cg_tolerance: float = 0.01,
+        max_cg_iterations: int = 1000,
+        preconditioner_size: int = 15,
+        distributed: bool = False,
+    ):
+        self.solver = solver
+        self.optimizer = optimizer
+        self.lr = lr
+        self.max_iter = max_iter
+        self.tol = tol
+        self.ard = ard
+        self.noise_init = noise_init
+        self.outputscale_init = outputscale_init
+        self.lengthscale_init = lengthscale_init
+        self.standardize = standardize
+        self.pretrain_subset = pretrain_subset
+        self.pretrain_iter = pretrain_iter
+        self.device = device
+        self.dtype = dtype
+        self.random_state = random_state
+        self.verbose = verbose
+        self.cg_tolerance = cg_tolerance
+        self.eval_cg_tolerance = eval_cg_tolerance
+        self.max_cg_iterations = max_cg_iterations
+        self.preconditioner_size = preconditioner_size
+        self.distributed = distributed
+
+    # ------------------------------------------------------------------------------------------------------
+    # fit
+    # ------------------------------------------------------------------------------------------------------
+    def fit(self, X, y):
+        """Standardise the data, train the hyperparameters, and (Cholesky solver) factor the covariance.
+
+        ``X``: (n, d) numpy array, array-like or torch tensor; ``y``: (n,) or (n, 1). Every argument is
+        validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit intact.
+        """
+        input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
+        try:
+            fitted = self._fit(X, y)
+        except BaseException:
+            for k in ("n_features_in_", "feature_names_in_"):  # validate_data records these up front
+                self.__dict__.pop(k, None)
+            self.__dict__.update(input_attrs)
+            raise
+        self.__dict__.update(fitted)
+        self._set_hyperparameter_attributes(prediction.hyperparameters_float64(self.model_))
+        return self
+
+    def _fit(self, X, y) -> dict[str, object]:
+        """Everything ``fit`` does, in locals; returns the fitted attributes."""
+        settings = _params.resolve(self)
+        Xt, _ = validate_X(self, X, reset=True)
+        n, d = Xt.shape
+        yt = validate_y(y, n)
+        if n < 2:
+            raise ValueError(f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to "
+                             f"fit a GP.")
+        x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
+        inits = _params.initial_values(self, d, x_std.cpu(), y_std)
+        device, dtype = settings.device, settings.dtype
+        free = _solver.free_memory_bytes(device)
+        choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
+        subset = self._subset_size(n)
+        cg = self._cg_settings()
+
+        msg = (f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training steps with "
+               f"{choice.train_solver}, device={device}, dtype={dtype}")
+        logger.info(msg)
+        if self.verbose:
+            print(msg, file=sys.stderr)
+
+        Xs = ((Xt - x_mean) / x_std).to(device)
+        ys = ((yt - y_mean) / y_std).to(device)
+        with self._seeded(settings.seed, device):
+            likelihood = gpytorch.likelihoods.GaussianLikelihood()
+            Xd, yd = Xs.to(dtype), ys.to(dtype)
+            pretrain_history = []
+            if subset is not None:
+                gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
+                idx = torch.randperm(n, generator=gen)[:subset].to(device)
+                model = ExactGPModel(Xd[idx], yd[idx], likelihood, ard=bool(self.ard),
+                                     distributed=settings.distributed)
+            else:
+                model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
+            model = model.to(device=device, dtype=dtype)
+            self._initialise(model, inits, device, dtype)
+            train_kw = dict(cg=cg, optimizer=settings.optimizer, lr=self.lr, tol=self.tol, dtype=dtype,
+                            verbose=bool(self.verbose))
+            if subset is not None:
+                sub_solver = self.solver if self.solver != "auto" else \
+                    _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver
+                pretrain_history = train(model, self.pretrain_iter, sub_solver,
+                                         desc=f"gpfast pretrain ({subset} pts, {sub_solver})", **train_kw)
+                model.set_train_data(inputs=Xd, targets=yd, strict=False)
+            history = train(model, self.max_iter, choice.train_solver, desc=f"gpfast fit ({choice.train_solver})",
+                            **train_kw)
+            model.eval()
+            likelihood.eval()
+            posterior = None
+            if choice.exact_feasible:
+                posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
+                lml, lml_method = float(posterior.log_marginal_likelihood()), "cholesky"
+                if choice.solver != "cholesky":
+                    posterior = None
+            else:
+                lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
+        return dict(
+            device_=device, X_train_=Xs, y_train_=ys, x_mean_=x_mean.cpu().numpy(), x_std_=x_std.cpu().numpy(),
+            y_mean_=y_mean, y_std_=y_std, model_=model, likelihood_=likelihood, solver_=choice.solver,
+            train_solver_=choice.train_solver, history_=history, pretrain_history_=pretrain_history,
+            n_iter_=len(history), log_marginal_likelihood_=lml, log_marginal_likelihood_method_=lml_method,
+            _posterior=posterior,
+        )
+
+    def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
+        """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
+        d = Xt.shape[1]
+        if not self.standardize:
+            zeros = torch.zeros(d, dtype=torch.float64, device=Xt.device)
+            return zeros, torch.ones_like(zeros), 0.0, 1.0
+        xs = column_stats(Xt)
+        const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
+        if const_cols:
+            warnings.warn(
+                f"X has constant column(s) at index {const_cols} (zero variance over the {n} training points); "
+                f"they carry no information for fitting and are only centred (std set to 1).",
+                UserWarning,
+                stacklevel=4,
+            )
+        ys = column_stats(yt)
+        if bool(ys.constant[0]):
+            warnings.warn(
+                f"y is constant (all {n} values equal {float(yt[0])!r}): the fit can only learn that constant; "
+                f"y is centred but not scaled.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
+
+    def _subset_size(self, n: int) -> int | None:
+        subset = self.pretrain_subset
+        if subset is not None and subset >= n:
+            warnings.warn(f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
+                          UserWarning, stacklevel=4)
+            return None
+        return subset
+
+    def _cg_settings(self) -> CGSettings:
+        return CGSettings(float(self.cg_tolerance), float(self.eval_cg_tolerance), int(self.max_cg_iterations),
+                          int(self.preconditioner_size))
+
+    @staticmethod
+    def _seeded(seed: int | None, device: torch.device):
+        """Seed torch's generators inside ``fork_rng`` (the global ones are left alone), or do nothing."""
+        if seed is None:
+            return contextlib.nullcontext()
+        devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.random.fork_rng(devices=devices))
+        torch.manual_seed(seed)  # also seeds every CUDA device
+        return stack
+
+    @staticmethod
+    def _initialise(model: ExactGPModel, inits, device, dtype) -> None:
+        kw = dict(device=device, dtype=dtype)
+        if inits["noise"] is not None:
+            model.likelihood.noise = inits["noise"].to(**kw)
+        if inits["outputscale"] is not None:
+            model.covar_module.outputscale = inits["outputscale"].to(**kw)
+        if inits["lengthscale"] is not None:
+            model.covar_module.base_kernel.lengthscale = inits["lengthscale"].to(**kw)
+
+    def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:
+        x_std = torch.as_tensor(self.x_std_, dtype=torch.float64)
+        ls = hyp["lengthscale"].detach().cpu().reshape(-1)
+        self.lengthscale_ = (ls * x_std).numpy()  # (1,) broadcasts when ard=False
+        self.outputscale_ = float(hyp["outputscale"]) * self.y_std_**2
+        self.noise_ = float(hyp["noise"]) * self.y_std_**2
+        self.constant_mean_ = float(hyp["mean"]) * self.y_std_ + self.y_mean_
+
+    # ------------------------------------------------------------------------------------------------------
+    # predict / score
+    # ------------------------------------------------------------------------------------------------------
+    def _get_posterior(self) -> ExactPosterior:
+        if getattr(self, "_posterior", None) is None:
+            hyp = prediction.hyperparameters_float64(self.model_)
+            self._posterior = prediction.exact_posterior(self.X_train_, self.y_train_, hyp)
+        return self._posterior
+
+    def predict(self, X, return_std: bool = False, return_cov: bool = False, include_noise: bool = True):
+        """Posterior predictive mean (and std or covariance) at X, in the units of y.
+
+        Parameters
+        ----------
+        X : (n_test, n_features) numpy array, array-like or torch tensor
+        return_std : bool
+            Also return the predictive standard deviation (n_test,).
+        return_cov : bool
+            Also return the predictive covariance (n_test, n_test). At most one of ``return_std`` and
+            ``return_cov``.
+        include_noise : bool, default=True
+            ``True``: std/cov of a new noisy observation ``y* = f(x*) + eps`` (latent variance + ``noise_``),
+            the quantity to compare with held-out targets (and to use in a predictive NLL). ``False``: of the
+            latent function ``f(x*)`` only. (scikit-learn's ``GaussianProcessRegressor`` corresponds to
+            ``True`` when its noise is a ``WhiteKernel`` and to ``False`` when it is ``alpha``.)
+
+        Returns
+        -------
+        mean, or (mean, std), or (mean, cov): numpy float64 arrays for numpy/array-like X, torch tensors on X's
+        device (in X's floating dtype) for a tensor X.
+
+        With ``solver_ == "cholesky"`` the posterior is exact in float64 (factorisation done once in
+        ``fit``, test points processed in chunks); with ``"cg"`` it is GPyTorch's prediction
+        (``fast_pred_var`` off, so variances are solved for, not approximated) in the training dtype.
+        """
+        if return_std and return_cov:
+            raise ValueError("ExactGP.predict: at most one of return_std and return_cov can be True, got both True.")
+        check_is_fitted(self)
+        Xt, info = validate_X(self, X, reset=False)
+        x_mean = torch.as_tensor(self.x_mean_, dtype=torch.float64, device=Xt.device)
+        x_std = torch.as_tensor(self.x_std_, dtype=torch.float64, device=Xt.device)
+        Xs = ((Xt - x_mean) / x_std).to(self.device_)
+        flags = dict(return_std=bool(return_std), return_cov=bool(return_cov), include_noise=bool(include_noise))
+        if self.solver_ == "cholesky":
+            hyp = prediction.hyperparameters_float64(self.model_)
+            res = prediction.predict_exact(self._get_posterior(), self.X_train_, Xs, hyp, **flags)
+        else:
+            dtype = self.model_.covar_module.raw_outputscale.dtype
+            res = prediction.predict_cg(self.model_, Xs, dtype, self._cg_settings(), **flags)
+        if not (return_std or return_cov):
+            return info.out(res * self.y_std_ + self.y_mean_)
+        mean, second = res
+        mean = mean * self.y_std_ + self.y_mean_
+        if return_std:
+            return info.out(mean), info.out(second.clamp(min=0).sqrt() * self.y_std_)
+        return info.out(mean), info.out(second * self.y_std_**2)
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Coefficient of determination R^2 of ``predict(X)`` against y (numpy or torch inputs)."""
+        y_pred = self.predict(X)
+        if torch.is_tensor(y_pred):
+            y_pred = y_pred.detach().cpu().to(torch.float64).numpy()
+        if torch.is_tensor(y):
+            y = y.detach().cpu().to(torch.float64).numpy()
+        if torch.is_tensor(sample_weight):
+            sample_weight = sample_weight.detach().cpu().numpy()
+        y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:
+            y = y.reshape(-1)
+        return float(r2_score(y, y_pred, sample_weight=sample_weight))
+
+    # ------------------------------------------------------------------------------------------------------
+    # persistence
+    # ------------------------------------------------------------------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_posterior", None)  # an n x n float64 factor: rebuilt on the first predict after unpickling
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if "model_" in state:
+            self._posterior = None
+
+    def save(self, path) -> None:
+        """Save the fitted estimator to ``path`` (see :mod:`gpfast.estimator.persistence` for the format)."""
+        persistence.save(self, path)
+
+    @classmethod
+    def load(cls, path, device=None) -> ExactGP:
+        """Rebuild an estimator saved with :meth:`save`; predictions are identical to the saved one's.
+
+        ``device``: where to put it (default: the saved ``device`` parameter; a CUDA estimator loads on the CPU,
+        with a warning, when CUDA is unavailable).
+        """
+        return persistence.load(cls, path, device)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        tags.input_tags.sparse = False
+        return tags

@@ -1,0 +1,128 @@
+"""Input handling for :class:`gpfast.ExactGP`: X and y as float64 tensors, checked, on scikit-learn's public
+``validate_data`` for array-likes (feature names and counts included) and by hand for torch tensors, which stay
+on their device."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from sklearn.exceptions import DataConversionWarning
+from sklearn.utils.validation import check_array, validate_data
+
+__all__ = ["InputInfo", "check_finite", "validate_X", "validate_y"]
+
+
+class InputInfo:
+    """How the user passed X, so that outputs come back the same way (numpy, or torch on the same device)."""
+
+    def __init__(self, is_torch: bool, device: torch.device | None = None, dtype: torch.dtype | None = None):
+        self.is_torch = is_torch
+        self.device = device
+        self.dtype = dtype
+
+    def out(self, t: torch.Tensor):
+        if self.is_torch:
+            dtype = self.dtype if (self.dtype is not None and self.dtype.is_floating_point) else torch.float64
+            return t.detach().to(device=self.device, dtype=dtype)
+        return t.detach().cpu().numpy()
+
+
+def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
+    """X as a float64 (n, d) tensor (on the input's device for tensors, CPU otherwise), finite-checked.
+
+    ``reset=True`` (fit) records ``n_features_in_`` and ``feature_names_in_`` on ``estimator``; ``reset=False``
+    (predict) checks X against them.
+    """
+    if not torch.is_tensor(X):
+        arr = validate_data(
+            estimator, X, reset=reset, dtype=np.float64, ensure_2d=True, ensure_min_samples=1, ensure_all_finite=False
+        )
+        Xt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True, order="C"))
+        check_finite(Xt, "X")
+        return Xt, InputInfo(False)
+    info = InputInfo(True, X.device, X.dtype)
+    if X.layout != torch.strided:
+        raise TypeError(
+            f"X is a sparse torch tensor (layout {X.layout}); ExactGP needs a dense tensor: call X.to_dense()."
+        )
+    if X.is_complex():
+        raise ValueError(f"X is a complex tensor ({X.dtype}); ExactGP needs real values.")
+    if X.dim() != 2:
+        raise ValueError(
+            f"Expected 2D array for X, got a {X.dim()}-D tensor of shape {tuple(X.shape)} instead; X must have "
+            f"shape (n_samples, n_features). Reshape your data using X.reshape(-1, 1) if it has a single feature "
+            f"or X.reshape(1, -1) if it contains a single sample."
+        )
+    if X.shape[1] < 1:
+        raise ValueError(f"X has shape {tuple(X.shape)}: 0 feature(s), a minimum of 1 is required.")
+    if reset:
+        estimator.n_features_in_ = int(X.shape[1])
+        if hasattr(estimator, "feature_names_in_"):
+            del estimator.feature_names_in_
+    elif X.shape[1] != estimator.n_features_in_:
+        raise ValueError(
+            f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting {estimator.n_features_in_} "
+            f"features as input."
+        )
+    Xt = X.detach().to(torch.float64)
+    check_finite(Xt, "X")
+    return Xt, info
+
+
+def validate_y(y, n: int) -> torch.Tensor:
+    """y as a float64 (n,) tensor, finite-checked; a column vector (n, 1) is accepted with scikit-learn's warning."""
+    if y is None:
+        raise ValueError(
+            "ExactGP requires y to be passed, but the target y is None; expected y of shape "
+            "(n_samples,) or (n_samples, 1)."
+        )
+    if torch.is_tensor(y):
+        if y.is_complex():
+            raise ValueError(f"y is a complex tensor ({y.dtype}); ExactGP needs real values.")
+        yt = y.detach().to(torch.float64)
+    else:
+        arr = check_array(
+            y, dtype=np.float64, ensure_2d=False, ensure_min_samples=1, input_name="y", ensure_all_finite=False
+        )
+        yt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
+    if yt.dim() == 2 and yt.shape[1] == 1:
+        warnings.warn(
+            "A column-vector y was passed when a 1d array was expected. Please change the shape of y to "
+            "(n_samples, ), for example using ravel().",
+            DataConversionWarning,
+            stacklevel=3,
+        )
+        yt = yt.reshape(-1)
+    if yt.dim() != 1:
+        raise ValueError(
+            f"y must have shape (n_samples,) or (n_samples, 1), got shape {tuple(yt.shape)}; ExactGP "
+            f"fits a single output."
+        )
+    check_finite(yt, "y")
+    if yt.shape[0] != n:
+        raise ValueError(
+            f"X and y have inconsistent numbers of samples: X has {n} rows but y has {yt.shape[0]} "
+            f"values; expected one target per row of X."
+        )
+    return yt
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    """Raise ValueError naming the count and first index of NaN and infinite values in ``t``."""
+    if t.numel() == 0 or bool(torch.isfinite(t).all()):
+        return
+    nan, inf = torch.isnan(t), torch.isinf(t)
+    parts = []
+    if bool(nan.any()):
+        parts.append(f"{int(nan.sum())} NaN value(s) (first at index {_first_index(nan)})")
+    if bool(inf.any()):
+        parts.append(f"{int(inf.sum())} infinite value(s) (inf/-inf, first at index {_first_index(inf)})")
+    raise ValueError(
+        f"Input {name} contains " + " and ".join(parts) + "; ExactGP needs finite values: drop or impute them first."
+    )
+
+
+def _first_index(mask: torch.Tensor) -> tuple:
+    return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())

@@ -1,0 +1,191 @@
+"""Validation of :class:`gpfast.ExactGP`'s constructor arguments, done at ``fit`` (scikit-learn's rule:
+``__init__`` only stores). Nothing here modifies the estimator."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.utils import check_random_state
+
+__all__ = ["MIN_NOISE", "Settings", "initial_values", "resolve"]
+
+#: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
+MIN_NOISE = 1e-4
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "single": torch.float32,
+    "float64": torch.float64,
+    "double": torch.float64,
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The estimator's arguments, checked and resolved to what the fit uses."""
+
+    optimizer: str
+    dtype: torch.dtype
+    device: torch.device
+    distributed: bool
+    seed: int | None
+
+
+def describe(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
+
+
+def resolve(est) -> Settings:
+    """Check every argument of ``est`` (an ExactGP) and resolve dtype, device and seed."""
+
+    def bad(name, expected):
+        return ValueError(f"ExactGP: invalid {name}={describe(getattr(est, name))}; expected {expected}.")
+
+    if not isinstance(est.solver, str) or est.solver not in ("auto", "cholesky", "cg"):
+        raise bad("solver", "one of 'auto', 'cholesky', 'cg'")
+    if not isinstance(est.optimizer, str) or est.optimizer.lower() not in ("adam", "lbfgs"):
+        raise bad("optimizer", "one of 'adam', 'lbfgs'")
+    if not _is_real(est.lr) or est.lr <= 0:
+        raise bad("lr", "a positive float")
+    if not _is_int(est.max_iter) or est.max_iter < 0:
+        raise bad("max_iter", "an int >= 0")
+    if est.tol is not None and (not _is_real(est.tol) or est.tol < 0):
+        raise bad("tol", "None or a float >= 0")
+    for name in ("ard", "standardize"):
+        if getattr(est, name) not in (True, False):
+            raise bad(name, "True or False")
+    for name in ("noise_init", "outputscale_init"):
+        v = getattr(est, name)
+        if v is not None and (not _is_real(v) or v <= 0):
+            raise bad(name, "None or a positive float")
+    if est.pretrain_subset is not None and (not _is_int(est.pretrain_subset) or est.pretrain_subset < 2):
+        raise bad("pretrain_subset", "None or an int >= 2")
+    if not _is_int(est.pretrain_iter) or est.pretrain_iter < 0:
+        raise bad("pretrain_iter", "an int >= 0")
+    for name in ("cg_tolerance", "eval_cg_tolerance"):
+        if not _is_real(getattr(est, name)) or getattr(est, name) <= 0:
+            raise bad(name, "a positive float")
+    if not _is_int(est.max_cg_iterations) or est.max_cg_iterations < 1:
+        raise bad("max_cg_iterations", "an int >= 1")
+    if not _is_int(est.preconditioner_size) or est.preconditioner_size < 0:
+        raise bad("preconditioner_size", "an int >= 0")
+    if est.verbose not in (True, False, 0, 1):
+        raise bad("verbose", "True or False")
+    return Settings(
+        optimizer=est.optimizer.lower(),
+        dtype=_resolve_dtype(est.dtype, bad),
+        device=_resolve_device(est, bad),
+        distributed=bool(est.distributed),
+        seed=_resolve_seed(est.random_state, bad),
+    )
+
+
+def _resolve_dtype(dt, bad) -> torch.dtype:
+    if isinstance(dt, torch.dtype) and dt in (torch.float32, torch.float64):
+        return dt
+    if isinstance(dt, str) and dt.lower().replace("torch.", "") in _DTYPES:
+        return _DTYPES[dt.lower().replace("torch.", "")]
+    if isinstance(dt, (type, np.dtype)) and np.dtype(dt) in (np.float32, np.float64):
+        return torch.float32 if np.dtype(dt) == np.float32 else torch.float64
+    raise bad("dtype", "'float32', 'float64', torch.float32 or torch.float64")
+
+
+def _resolve_device(est, bad) -> torch.device:
+    if not isinstance(est.distributed, (bool, np.bool_)):
+        raise bad("distributed", "True or False")
+    if est.distributed:
+        import torch.distributed as tdist
+
+        if not (tdist.is_available() and tdist.is_initialized()):
+            raise ValueError(
+                "ExactGP: distributed=True needs an initialised torch.distributed process group: launch with "
+                "`torchrun --nproc-per-node=K ...` and call gpfast.kernels.distributed.init() first."
+            )
+        if est.solver == "cholesky":
+            raise ValueError("ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use "
+                             "'auto' or 'cg').")
+        if est.device is None:
+            nccl = tdist.get_backend() == "nccl"
+            return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    if est.device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(est.device)
+    except (RuntimeError, TypeError, ValueError):
+        raise bad("device", "None, 'cpu', 'cuda', 'cuda:<index>' or a torch.device") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"ExactGP: device={describe(est.device)} but CUDA is not available; use device='cpu' "
+                             f"or device=None.")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise bad("device", f"a CUDA index below {torch.cuda.device_count()}")
+    return device
+
+
+def _resolve_seed(rs, bad) -> int | None:
+    if rs is None:
+        return None
+    if _is_int(rs):
+        if rs < 0:
+            raise bad("random_state", "None, an int >= 0 or a numpy RandomState")
+        return int(rs)
+    if isinstance(rs, np.random.RandomState):
+        return int(check_random_state(rs).randint(0, 2**31 - 1))
+    raise bad("random_state", "None, an int >= 0 or a numpy RandomState")
+
+
+def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, torch.Tensor | None]:
+    """The user's initial hyperparameters in standardised units (float64 CPU tensors, None where not given)."""
+    out: dict[str, torch.Tensor | None] = {"noise": None, "outputscale": None, "lengthscale": None}
+    if est.noise_init is not None:
+        v = float(est.noise_init) / y_std**2
+        if v <= MIN_NOISE:
+            warnings.warn(
+                f"noise_init={est.noise_init!r} is {v:.3g} in standardised units, at or below GPyTorch's lower "
+                f"bound {MIN_NOISE}; using {1.01 * MIN_NOISE:.3g} (standardised) instead.",
+                UserWarning,
+                stacklevel=4,
+            )
+            v = 1.01 * MIN_NOISE
+        out["noise"] = torch.tensor(v, dtype=torch.float64)
+    if est.outputscale_init is not None:
+        out["outputscale"] = torch.tensor(float(est.outputscale_init) / y_std**2, dtype=torch.float64)
+    if est.lengthscale_init is not None:
+        try:
+            ls = np.asarray(est.lengthscale_init, dtype=np.float64)
+        except (TypeError, ValueError):
+            ls = np.array([np.nan])
+        if not est.ard:
+            if ls.size != 1 or not np.isfinite(ls).all() or ls.item() <= 0:
+                raise ValueError(
+                    f"ExactGP: invalid lengthscale_init={describe(est.lengthscale_init)}; with ard=False expected a "
+                    f"single positive float (in standardised input units)."
+                )
+            out["lengthscale"] = torch.tensor(ls.item(), dtype=torch.float64).reshape(1, 1)
+        else:
+            if ls.ndim > 1 or ls.size not in (1, d) or not np.isfinite(ls).all() or (ls <= 0).any():
+                raise ValueError(
+                    f"ExactGP: invalid lengthscale_init={describe(est.lengthscale_init)}; expected a positive float "
+                    f"or an array of {d} positive floats (one per feature, in the units of X)."
+                )
+            ls_t = torch.from_numpy(np.broadcast_to(ls.reshape(-1), (d,)).copy())
+            out["lengthscale"] = (ls_t / x_std).reshape(1, d)
+    return out
