@@ -21,7 +21,9 @@
 namespace gpfast {
 namespace cuda {
 
-constexpr int kFwdThreads = 256, kFwdRows = 32;
+constexpr int kFwdRows = 32;
+// Threads per block: 256, or 128 at D = 32 (about 160 registers a thread: 128-thread blocks fit 3 to an SM, 256 one)
+__host__ __device__ constexpr int fwd_stream_threads(int D) { return D >= 32 ? 128 : 256; }
 // The expansion's near-duplicate threshold (see above). Pairs under it are rare for n >> 1 (the diagonal of
 // K(x, x) and genuine near duplicates), so the branch is rarely taken.
 constexpr float kNearTau = 1.0f / 32.0f;
@@ -55,7 +57,8 @@ __device__ __forceinline__ float kernel_value(float e, float s) { return s * fmi
 __device__ __forceinline__ double kernel_value(double e, double s) { return s * fmin(exp2(e), 1.0); }
 
 template <typename T, int D, int CPL, bool kExpand>
-__global__ void __launch_bounds__(kFwdThreads) cov_fwd_stream_kernel(const CovStreamArgs<T> a) {
+__global__ void __launch_bounds__(fwd_stream_threads(D)) cov_fwd_stream_kernel(const CovStreamArgs<T> a) {
+  constexpr int kFwdThreads = fwd_stream_threads(D);
   // a staged row: y (2y with kExpand) in [0, D), then -|y|^2 and the near-duplicate threshold
   constexpr int kPitch = D + 4;
   __shared__ __align__(16) T s_row[kFwdRows][kPitch];

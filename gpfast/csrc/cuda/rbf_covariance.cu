@@ -22,7 +22,8 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
     with_feature_bucket(D, [&](auto dc) {
       constexpr int kD = decltype(dc)::value;
       constexpr int kCpl = stream_cols_per_lane<scalar_t, kD>();
-      const int64_t strips = ceil_div(m, int64_t(kFwdThreads) * kCpl);
+      constexpr int kThreads = fwd_stream_threads(kD);
+      const int64_t strips = ceil_div(m, int64_t(kThreads) * kCpl);
       int64_t rowblocks = std::clamp<int64_t>(ceil_div(4 * sm_count(), strips * B), 1, ceil_div(n, kFwdRows));
       const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kFwdRows) * kFwdRows;
       rowblocks = ceil_div(n, rows_per_block);
@@ -36,9 +37,9 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
                                 vec};
       const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
       if (expand && sizeof(scalar_t) == 4)
-        cov_fwd_stream_kernel<scalar_t, kD, kCpl, sizeof(scalar_t) == 4><<<grid, kFwdThreads, 0, current_stream()>>>(a);
+        cov_fwd_stream_kernel<scalar_t, kD, kCpl, sizeof(scalar_t) == 4><<<grid, kThreads, 0, current_stream()>>>(a);
       else
-        cov_fwd_stream_kernel<scalar_t, kD, kCpl, false><<<grid, kFwdThreads, 0, current_stream()>>>(a);
+        cov_fwd_stream_kernel<scalar_t, kD, kCpl, false><<<grid, kThreads, 0, current_stream()>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
