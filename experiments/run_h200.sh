@@ -57,6 +57,7 @@ for st in "$@"; do
       # cut to what is left of KERNELS_BUDGET, so that the whole stage stays under one 10-minute call. Files in $OUT:
       # kernels_{build,tests,sanitize,bench}.log and bench_{ops,matmul}.{md,json} (also in experiments/results).
       kb=${KERNELS_BUDGET:-520}; k0=$SECONDS
+      export TORCH_CUDA_ARCH_LIST=9.0  # part of the build's cache key: the tests and benchmarks reuse this build
       kleft() { local l=$(( kb - (SECONDS - k0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
       krun() {  # krun CAP LOG CMD...: run CMD with the smaller of CAP and the budget left, appending to LOG
         local cap; cap=$(kleft "$1"); local logf=$2; shift 2
@@ -64,7 +65,7 @@ for st in "$@"; do
         echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
         CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
       }
-      TORCH_CUDA_ARCH_LIST=9.0 krun 240 "$OUT/kernels_build.log" python -m gpfast.build --verbose \
+      krun 240 "$OUT/kernels_build.log" python -m gpfast.build --verbose \
         || { tail -40 "$OUT/kernels_build.log"; exit 1; }
       echo "ptxas: $(grep -c 'bytes spill stores' "$OUT/kernels_build.log") kernels," \
         "$(grep 'bytes spill stores' "$OUT/kernels_build.log" | grep -vc ' 0 bytes spill stores') with spills"
