@@ -1,8 +1,12 @@
 """Micro-benchmark of the fused covariance op against eager PyTorch, torch.compile and GPyTorch.
 
 Run on a GPU: ``python -m experiments.bench_ops``. Times are medians of CUDA-event timings after warm-up;
-``floor`` is the bytes the forward must move (inputs read once, K written once) over the 4.27 TB/s copy
-bandwidth measured on the H200. Writes experiments/results/bench_ops.{md,json}.
+``floor`` is the larger of the bytes the forward must move (inputs read once, K written once) over the 4.27 TB/s
+copy bandwidth measured on the H200 and its n m exponentials at 16 per SM per clock. The forward is timed with the
+kernel each shape gets by default and with each one forced (GPFAST_COV_FWD: differences, norm expansion, and the two
+legacy kernels); forward+backward with all four gradients and with the hyperparameters' only (the points need no
+gradient: the gradient mask skips their passes). ``--quick`` leaves out eager PyTorch and torch.compile.
+Writes experiments/results/bench_ops.{md,json}.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 from experiments import RESULTS
 from gpfast import _reference, ops
 from gpfast.bench.report import md_table, write_results
-from gpfast.bench.timing import COPY_BW, cuda_time_ms, graph_time_ms
+from gpfast.bench.timing import COPY_BW, EXP_RATE, cuda_time_ms, graph_time_ms
 
 SHAPES = [(16, 512, 128, 8), (1, 16384, 16384, 8), (4, 8192, 8192, 32), (1, 40000, 40000, 8)]
 
@@ -32,25 +36,30 @@ def run_or_oom(fn):
         return "OOM"
 
 
-def bench_shape(B, n, m, d, reps):
+FWD_VARIANTS = ("diff", "expand", "rows", "tile")  # GPFAST_COV_FWD values: the new kernel's two forms, the legacy two
+
+
+def bench_shape(B, n, m, d, reps, quick=False):
     dev = "cuda"
     x1 = torch.randn(B, n, d, device=dev)
     x2 = torch.randn(B, m, d, device=dev)
     l = torch.rand(B, 1, d, device=dev) + 0.5
     s = torch.rand(B, device=dev) + 0.5
     G = torch.randn(B, n, m, device=dev)
-    floor_ms = (4 * B * n * m + 4 * B * (n + m) * d) / COPY_BW * 1e3
+    floor_ms = max((4 * B * n * m + 4 * B * (n + m) * d) / COPY_BW, B * n * m / EXP_RATE) * 1e3
     row = {"shape": f"({B},{n},{m},{d})", "floor_ms": floor_ms}
 
     def fwd(fn):
         return lambda: fn(x1, x2, l, s)
 
-    def fwd_bwd(fn):
-        a, b, c, e = (t.clone().requires_grad_() for t in (x1, x2, l, s))
+    def fwd_bwd(fn, points=True):
+        a, b = (t.clone().requires_grad_(points) for t in (x1, x2))
+        c, e = (t.clone().requires_grad_() for t in (l, s))
+        wrt = (a, b, c, e) if points else (c, e)
 
         def step():
             K = fn(a, b, c, e)
-            torch.autograd.grad(K, (a, b, c, e), G)
+            torch.autograd.grad(K, wrt, G)
 
         return step
 
@@ -58,22 +67,25 @@ def bench_shape(B, n, m, d, reps):
         return ops.rbf_covariance(a, b, c, e, check_values=False)
 
     row["gpfast_fwd"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
-    for variant in ("tile", "rows"):  # the two forward kernels, forced (the default picks one by shape)
+    for variant in FWD_VARIANTS:  # each forward kernel, forced (the default picks one by shape)
         os.environ["GPFAST_COV_FWD"] = variant
         row[f"gpfast_fwd_{variant}"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
     del os.environ["GPFAST_COV_FWD"]
     row["gpfast_fwd_bwd"] = cuda_time_ms(fwd_bwd(gpfast_op), reps=reps)
+    row["gpfast_fwd_bwd_theta"] = cuda_time_ms(fwd_bwd(gpfast_op, points=False), reps=reps)
     if n * m * B <= 2**20:
         row["gpfast_fwd_graph"] = graph_time_ms(fwd(gpfast_op))
-    row["eager_fwd"] = run_or_oom(lambda: cuda_time_ms(fwd(eager), reps=reps))
-    row["eager_fwd_bwd"] = run_or_oom(lambda: cuda_time_ms(fwd_bwd(eager), reps=reps))
-    compiled = torch.compile(eager)
-    row["compile_fwd"] = run_or_oom(lambda: cuda_time_ms(fwd(compiled), reps=reps))
-    row["compile_fwd_bwd"] = run_or_oom(lambda: cuda_time_ms(fwd_bwd(compiled), reps=reps))
+    if not quick:
+        row["eager_fwd"] = run_or_oom(lambda: cuda_time_ms(fwd(eager), reps=reps))
+        row["eager_fwd_bwd"] = run_or_oom(lambda: cuda_time_ms(fwd_bwd(eager), reps=reps))
+        compiled = torch.compile(eager)
+        row["compile_fwd"] = run_or_oom(lambda: cuda_time_ms(fwd(compiled), reps=reps))
+        row["compile_fwd_bwd"] = run_or_oom(lambda: cuda_time_ms(fwd_bwd(compiled), reps=reps))
     import gpytorch
 
-    k = gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=torch.Size([B])),
-                                     batch_shape=torch.Size([B])).to(dev)
+    k = gpytorch.kernels.ScaleKernel(
+        gpytorch.kernels.RBFKernel(ard_num_dims=d, batch_shape=torch.Size([B])), batch_shape=torch.Size([B])
+    ).to(dev)
 
     def gpy(a, b, c, e):  # the hyperparameters are the kernel's own; timing is what matters here
         return k(a, b).to_dense()
@@ -93,26 +105,64 @@ def bench_shape(B, n, m, d, reps):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="leave out eager PyTorch and torch.compile")
+    parser.add_argument("--shapes", nargs="+", help="B,n,m,d shapes (default: the four of the op issue)")
     args = parser.parse_args(argv)
+    shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
     ops.rbf_covariance(torch.randn(2, 2, device="cuda"), torch.randn(2, 2, device="cuda"), 1.0, 1.0)
     rows = []
-    for shape in SHAPES:
-        rows.append(bench_shape(*shape, reps=args.reps))
+    for shape in shapes:
+        rows.append(bench_shape(*shape, reps=args.reps, quick=args.quick))
         print(rows[-1], flush=True)
-    cols = ["shape", "floor_ms", "gpfast_fwd", "gpfast_fwd_tile", "gpfast_fwd_rows", "gpfast_fwd_graph", "gpfast_fwd_bwd", "eager_fwd", "eager_fwd_bwd",
-            "compile_fwd", "compile_fwd_bwd", "gpytorch_fwd", "gpytorch_fwd_bwd"]
-    table = md_table(["shape", "floor", "gpfast fwd", "fwd, tiled kernel", "fwd, row-streaming kernel",
-                      "gpfast fwd (graph replay)", "gpfast fwd+bwd", "eager fwd",
-                      "eager fwd+bwd", "compile fwd", "compile fwd+bwd", "GPyTorch fwd", "GPyTorch fwd+bwd"],
-                     [[r.get(c, "–") for c in cols] for r in rows])
+    cols = [
+        "shape",
+        "floor_ms",
+        "gpfast_fwd",
+        "gpfast_fwd_diff",
+        "gpfast_fwd_expand",
+        "gpfast_fwd_rows",
+        "gpfast_fwd_tile",
+        "gpfast_fwd_graph",
+        "gpfast_fwd_bwd",
+        "gpfast_fwd_bwd_theta",
+        "eager_fwd",
+        "eager_fwd_bwd",
+        "compile_fwd",
+        "compile_fwd_bwd",
+        "gpytorch_fwd",
+        "gpytorch_fwd_bwd",
+    ]
+    table = md_table(
+        [
+            "shape",
+            "floor",
+            "gpfast fwd",
+            "fwd, differences",
+            "fwd, norm expansion",
+            "fwd, legacy rows",
+            "fwd, legacy tiled",
+            "gpfast fwd (graph replay)",
+            "gpfast fwd+bwd",
+            "gpfast fwd+bwd (l, s only)",
+            "eager fwd",
+            "eager fwd+bwd",
+            "compile fwd",
+            "compile fwd+bwd",
+            "GPyTorch fwd",
+            "GPyTorch fwd+bwd",
+        ],
+        [[r.get(c, "–") for c in cols] for r in rows],
+    )
     extra = ["", "All times in ms (median of CUDA-event timings). fwd/floor and GPyTorch-fwd+bwd / gpfast-fwd+bwd:", ""]
     for r in rows:
         gb = r["gpytorch_fwd_bwd"]
         speed = f"{gb / r['gpfast_fwd_bwd']:.1f}x" if isinstance(gb, float) else "n/a"
-        extra.append(f"- {r['shape']}: fwd at {r['gpfast_fwd'] / r['floor_ms']:.2f}x the floor; "
-                     f"fwd+bwd {speed} faster than GPyTorch")
-    print(write_results(RESULTS, "bench_ops", "Fused RBF covariance op: forward and forward+backward", table + "\n" + "\n".join(extra),
-                  rows))
+        extra.append(
+            f"- {r['shape']}: fwd at {r['gpfast_fwd'] / r['floor_ms']:.2f}x the floor; "
+            f"fwd+bwd {speed} faster than GPyTorch"
+        )
+    title = "Fused RBF covariance op: forward and forward+backward"
+    print(write_results(RESULTS, "bench_ops", title, table + "\n" + "\n".join(extra), rows))
 
 
 if __name__ == "__main__":

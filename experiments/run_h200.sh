@@ -5,7 +5,8 @@
 #         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>),
 #         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
 #         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
-#         engine1m
+#         engine1m,
+#         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -66,6 +67,77 @@ for st in "$@"; do
       CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python -m experiments.uci_table --data-dir .data/uci \
         --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
         > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;
+    kernels)
+      # Build for sm_90, every CUDA test, bench_ops and bench_matmul at issue 14's target shapes, compute-sanitizer
+      # memcheck and racecheck over experiments/sanitize_ops.py, then a summary table. Each step gets its own limit,
+      # cut to what is left of KERNELS_BUDGET, so that the whole stage stays under one 10-minute call (the sanitizers
+      # come last: should the budget run out, the sanitize stage reruns them on their own). Files in $OUT:
+      # kernels_{build,tests,sanitize,bench}.log and bench_{ops,matmul}.{md,json} (also in experiments/results).
+      kb=${KERNELS_BUDGET:-540}; k0=$SECONDS
+      export TORCH_CUDA_ARCH_LIST=9.0  # part of the build's cache key: the tests and benchmarks reuse this build
+      kleft() { local l=$(( kb - (SECONDS - k0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+      krun() {  # krun CAP LOG CMD...: run CMD with the smaller of CAP and the budget left, appending to LOG
+        local cap; cap=$(kleft "$1"); local logf=$2; shift 2
+        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
+        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
+        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
+      }
+      krun 240 "$OUT/kernels_build.log" python -m gpfast.build --verbose \
+        || { tail -40 "$OUT/kernels_build.log"; exit 1; }
+      echo "ptxas: $(grep -c 'bytes spill stores' "$OUT/kernels_build.log") kernels," \
+        "$(grep 'bytes spill stores' "$OUT/kernels_build.log" | grep -vc ' 0 bytes spill stores') with spills"
+      krun 200 "$OUT/kernels_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      tail -4 "$OUT/kernels_tests.log"
+      krun 90 "$OUT/kernels_bench.log" python -m experiments.bench_ops --quick --reps 5; echo "bench_ops rc=$?"
+      krun 130 "$OUT/kernels_bench.log" python -m experiments.bench_matmul --cases 1000000:16 36000:11 36000:12 \
+        --backward --reps 3; echo "bench_matmul rc=$?"
+      for tool in memcheck racecheck; do
+        krun 75 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        rc=$?; echo "$tool rc=$rc" | tee -a "$OUT/kernels_sanitize.log"; echo "$tool rc=$rc" >> "$OUT/kernels_sanitize.rc"
+      done
+      tail -6 "$OUT/kernels_sanitize.log"
+      cp experiments/results/bench_ops.md experiments/results/bench_ops.json experiments/results/bench_matmul.md \
+        experiments/results/bench_matmul.json "$OUT/" 2>/dev/null
+      san=$(tr '\n' ' ' < "$OUT/kernels_sanitize.rc" 2>/dev/null); rm -f "$OUT/kernels_sanitize.rc"
+      timeout 30 python - "$OUT" "$(tail -1 "$OUT/kernels_tests.log")" "$san" "$(( SECONDS - k0 ))" <<'PYEOF'
+import json, sys
+from pathlib import Path
+out, tests, san, took = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+def load(name):
+    try:
+        return json.loads((out / name).read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return []
+ops_rows = {r["shape"]: r for r in load("bench_ops.json")}
+mm_rows = {(r["n"], r["t"]): r for r in load("bench_matmul.json")}
+def num(v):
+    return v if isinstance(v, (int, float)) else float("nan")
+lines = []
+for shape, name in (("(1,16384,16384,8)", "fwd d=8 n=16384"), ("(1,40000,40000,8)", "fwd d=8 n=40000"),
+                    ("(4,8192,8192,32)", "fwd d=32")):
+    r = ops_rows.get(shape, {})
+    target = "<= 2.7" if "32" in name else "<= 1.25"
+    lines.append((f"{name}, x floor", num(r.get("gpfast_fwd", 0)) / num(r.get("floor_ms", 0) or float("nan")), target))
+for shape, name, target in (("(1,16384,16384,8)", "fwd+bwd vs GPyTorch, d=8 n=16384", ">= 10"),
+                            ("(1,40000,40000,8)", "fwd+bwd vs GPyTorch, d=8 n=40000", ">= 10"),
+                            ("(4,8192,8192,32)", "fwd+bwd vs GPyTorch, d=32", ">= 3")):
+    r = ops_rows.get(shape, {})
+    lines.append((name + ", x faster", num(r.get("gpytorch_fwd_bwd")) / num(r.get("gpfast_fwd_bwd", float("nan"))), target))
+r = mm_rows.get((1000000, 16), {})
+lines.append(("K@V 1M d=8 t=16, s", num(r.get("gpfast_s")), "<= 1.2"))
+lines.append(("K@V fwd+bwd 1M (all grads), s", num(r.get("gpfast_fwd_bwd_s")), "<= 2"))
+lines.append(("K@V fwd+bwd 1M (l, s only), s", num(r.get("gpfast_fwd_bwd_theta_s")), "-"))
+for t in (11, 12):
+    r = mm_rows.get((36000, t), {})
+    lines.append((f"K@V 36k t={t}: fwd / fwd+bwd (l, s), ms",
+                  f"{num(r.get('gpfast_s')) * 1e3:.2f} / {num(r.get('gpfast_fwd_bwd_theta_s')) * 1e3:.2f}", "-"))
+print(f"\nkernels stage summary ({took} s). tests: {tests.strip()} | sanitizer: {san.strip()}")
+print(f"| {'what':44s} | {'measured':>16s} | target |")
+for name, val, target in lines:
+    v = f"{val:.3g}" if isinstance(val, float) else str(val)
+    print(f"| {name:44s} | {v:>16s} | {target} |")
+PYEOF
+      ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

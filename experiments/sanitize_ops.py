@@ -1,21 +1,75 @@
-"""Run every CUDA kernel once on small odd shapes, for compute-sanitizer (memcheck, racecheck)."""
+"""Run every CUDA kernel path once on small odd shapes, for compute-sanitizer (memcheck, racecheck).
+
+Covers: the covariance forward's row-streaming kernel (differences and norm expansion, with and without vector
+stores) and both legacy kernels; K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with
+column splits, and its legacy kernel; both backward ops with and without point gradients (the row passes, the
+float64 dense fallback for d > 32 or t > 32, and the legacy kernels). Usage: ``python -m experiments.sanitize_ops``
+(or ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``.
+"""
+
+import os
 
 import torch
 
 from gpfast import ops
 
-torch.manual_seed(0)
-for dtype in (torch.float32, torch.float64):
-    for (B, n, m, d, t) in [(2, 67, 131, 3, 1), (1, 130, 70, 8, 11), (1, 33, 300, 16, 16), (1, 40, 45, 29, 33),
-                            (1, 20, 30, 40, 5), (1, 45, 1100, 8, 4), (2, 19, 1027, 29, 2)]:  # m >= 1024: row kernel
-        x1 = torch.randn(B, n, d, device="cuda", dtype=dtype, requires_grad=True)
-        x2 = torch.randn(B, m, d, device="cuda", dtype=dtype, requires_grad=True)
-        l = (torch.rand(d, device="cuda", dtype=dtype) + 0.5).requires_grad_()
-        s = torch.tensor(1.2, device="cuda", dtype=dtype, requires_grad=True)
-        v = torch.randn(B, m, t, device="cuda", dtype=dtype, requires_grad=True)
-        K = ops.rbf_covariance(x1, x2, l, s)
-        K.backward(torch.randn_like(K))
-        out = ops.rbf_matmul(x1, x2, l, s, v)
-        out.backward(torch.randn_like(out))
-torch.cuda.synchronize()
-print("sanitize_ops: all kernels ran")
+
+def run_all():
+    torch.manual_seed(0)
+    dev = "cuda"
+    for dtype in (torch.float32, torch.float64):
+        # covariance forward: (B, n, m, d) with m % 4 != 0 (scalar stores) and m % 4 == 0 (vector stores)
+        for variant in ("", "diff", "expand", "rows", "tile"):
+            os.environ["GPFAST_COV_FWD"] = variant
+            for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40)]:
+                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+                ops.rbf_covariance(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.3)
+        os.environ.pop("GPFAST_COV_FWD")
+        # K @ V: every right-hand-side bucket, and few rows against many columns (column splits)
+        for legacy in (False, True):
+            os.environ["GPFAST_MATMUL"] = "legacy" if legacy else ""
+            for B, n, m, d, t in [
+                (2, 67, 131, 3, 1),
+                (1, 130, 70, 8, 11),
+                (1, 33, 300, 16, 12),
+                (1, 40, 45, 29, 16),
+                (1, 20, 30, 5, 17),
+                (1, 9, 2000, 8, 8),
+                (1, 25, 40, 32, 33),
+                (1, 7, 9, 40, 3),
+            ]:
+                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+                v = torch.randn(B, m, t, device=dev, dtype=dtype)
+                ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
+        os.environ.pop("GPFAST_MATMUL")
+        # both backward ops, with and without point gradients, new and legacy kernels
+        for legacy in (False, True):
+            os.environ["GPFAST_BWD"] = "legacy" if legacy else ""
+            for B, n, m, d, t in [
+                (2, 67, 131, 3, 1),
+                (1, 130, 70, 8, 11),
+                (1, 33, 300, 16, 16),
+                (1, 40, 45, 29, 33),
+                (1, 20, 30, 40, 5),
+                (1, 300, 37, 32, 12),
+                (2, 19, 1027, 9, 2),
+            ]:
+                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+                l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
+                s = torch.rand(B, device=dev, dtype=dtype) + 0.5
+                v = torch.randn(B, m, t, device=dev, dtype=dtype)
+                w = torch.randn(B, n, m, device=dev, dtype=dtype)
+                g = torch.randn(B, n, t, device=dev, dtype=dtype)
+                for x_grads in (True, False):
+                    torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
+                    torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
+        os.environ.pop("GPFAST_BWD")
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    run_all()
+    print("sanitize_ops: all kernels ran")

@@ -60,16 +60,9 @@ def _compiler_flags(verbose: bool) -> tuple[list[str], list[str], list[str]]:
     # -fno-trapping-math lets the CPU kernels' selects (exp's underflow cut-off) become vector blends; no
     # result changes, since nothing here unmasks floating-point traps
     cflags = ["-O3", "-std=c++17", "-fopenmp", "-fno-trapping-math"]
-    cuda_flags = (
-        ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "-Xptxas=-v"]
-        if verbose
-        else [
-            "-O3",
-            "-std=c++17",
-            "--use_fast_math",
-            "-lineinfo",
-        ]
-    )
+    # no -std for nvcc: torch adds the standard its headers need (C++20 in torch 2.13, warnings under C++17).
+    # -Xptxas=-v always: a --verbose build then shares the cache key and shows registers and spills per kernel.
+    cuda_flags = ["-O3", "--use_fast_math", "-lineinfo", "-Xptxas=-v"]
     ldflags = ["-fopenmp"]
     return cflags, cuda_flags, ldflags
 

@@ -1,0 +1,338 @@
+"""The CUDA kernels one by one (csrc/cuda): every forward variant, the K @ V buckets and the backward row passes,
+against the float64 reference on fresh random inputs, with poisoned outputs, ragged sizes, data far from the origin,
+duplicated points, extreme lengthscales and the legacy kernels kept as fall-backs.
+
+Error rules (``rel_err`` is the norm-wise relative error against float64):
+- differences (float64 everywhere, float32 forwards with d <= 8): at most 2x the plain float32 formula's error,
+  as in test_ops;
+- the norm expansion (float32 forwards with d > 8, forced here with GPFAST_COV_FWD=expand, and K @ V in float32):
+  at most max(2x plain float32, 1e-6). Its rounding grows with |y|^2 rather than with the squared distance; an
+  emulation on the test distribution found 2-6e-7 against 1-3e-7 for plain float32 (csrc/cuda/covariance_forward.cuh);
+- gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
+  outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw.
+"""
+
+import math
+
+import pytest
+import torch
+from conftest import poison_allocator, rel_err
+from test_ops import grads_of, rand_inputs
+
+from gpfast import _reference as ref
+from gpfast import ops
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")]
+
+DTYPES = [torch.float32, torch.float64]
+
+
+def reference64(x1, x2, l, s):
+    return ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double())
+
+
+def covariance(x1, x2, l, s, variant, monkeypatch):
+    if variant == "auto":
+        monkeypatch.delenv("GPFAST_COV_FWD", raising=False)
+    else:
+        monkeypatch.setenv("GPFAST_COV_FWD", variant)
+    poison_allocator("cuda", x1.element_size() * x1.shape[-2] * x2.shape[-2] * max(1, math.prod(x1.shape[:-2])) * 2)
+    K = ops.rbf_covariance(x1, x2, l, s)
+    assert torch.isfinite(K).all(), "an output element was never written (poisoned memory showed through)"
+    return K
+
+
+def forward_bound(variant, dtype, d, plain_err):
+    if dtype == torch.float64:
+        return 1e-13
+    if variant == "expand" or (variant == "auto" and d > 8):
+        return max(2 * plain_err, 1e-6)
+    return 2 * plain_err + 1e-7
+
+
+# ------------------------------------------------------------------------------------------------- covariance forward
+
+FWD_SHAPES = [  # (batch, n, m, d): ragged rows and columns around the kernels' blocks (32 rows, 1024 columns)
+    ((), 33, 1023, 3),
+    ((), 65, 1024, 8),
+    ((3,), 47, 1025, 5),
+    ((), 100, 2049, 9),
+    ((2,), 31, 1030, 16),
+    ((), 129, 1027, 17),
+    ((), 40, 3001, 29),
+    ((), 70, 2048, 32),
+    ((), 5, 1026, 1),
+]
+
+
+@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "rows", "tile"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", FWD_SHAPES)
+@pytest.mark.parametrize("shift", [0.0, 10.0])
+def test_forward_variants_match_float64(monkeypatch, variant, dtype, shape, shift):
+    batch, n, m, d = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
+    x1, x2 = x1 + shift, x2 + shift
+    K = covariance(x1, x2, l, s, variant, monkeypatch)
+    K64 = reference64(x1, x2, l, s)
+    plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
+    assert rel_err(K, K64) <= forward_bound(variant, dtype, d, plain)
+    assert (K <= s.reshape(*batch, 1, 1)).all()
+
+
+@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "rows", "tile"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [2, 8, 16, 29])
+def test_diagonal_exact_duplicates_and_bound(monkeypatch, variant, dtype, d):
+    """K(x, x) = s bit for bit, also for rows of x2 that duplicate rows of x1, and K <= s: on data far from the
+    origin, with near duplicates (the expansion's recomputed pairs)."""
+    n = 1500
+    x = torch.randn(n, d, device="cuda", dtype=dtype) * 3 + 10
+    x[1::3] = x[::3][: x[1::3].shape[0]] + 1e-3 * torch.randn_like(x[1::3])
+    l = (torch.rand(d, device="cuda", dtype=dtype) + 0.5) * max(1.0, (d / 8) ** 0.5)
+    s = torch.tensor(1.7, device="cuda", dtype=dtype)
+    K = covariance(x, x, l, s, variant, monkeypatch)
+    assert torch.equal(K.diagonal(), torch.full((n,), 1.7, device="cuda", dtype=dtype))
+    assert (K <= s).all()
+    # x2 = some rows of x1, shuffled, plus fresh points: the duplicated pairs are exactly s as well
+    idx = torch.randperm(n, device="cuda")[:700]
+    x2 = torch.cat([x[idx], torch.randn(400, d, device="cuda", dtype=dtype) * 3 + 10])
+    K2 = covariance(x, x2, l, s, variant, monkeypatch)
+    assert torch.equal(K2[idx, torch.arange(700, device="cuda")], torch.full((700,), 1.7, device="cuda", dtype=dtype))
+    # near duplicates (distance ~1e-3 / l): as accurate as the float32 rounding of the points allows
+    pairs = K.diagonal(1)[::3]
+    want = reference64(x, x, l, s).diagonal(1)[::3]
+    assert bool((pairs > 1.0).all())
+    assert rel_err(pairs, want) < (1e-12 if dtype == torch.float64 else 2e-6)
+
+
+@pytest.mark.parametrize("variant", ["diff", "expand"])
+@pytest.mark.parametrize("ls", [0.01, 0.05, 10.0, 300.0])
+def test_forward_extreme_lengthscales(monkeypatch, variant, ls):
+    x1, x2, _, s = rand_inputs((), 200, 1500, 12, "cuda")
+    l = torch.full((12,), ls, device="cuda")
+    K = covariance(x1, x2, l, s, variant, monkeypatch)
+    K64 = reference64(x1, x2, l, s)
+    plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
+    assert rel_err(K, K64) <= forward_bound(variant, torch.float32, 12, plain)
+    assert (K <= s).all() and (K >= 0).all()
+
+
+def test_forward_64bit_indexing_expansion(monkeypatch):
+    n = 46400  # n * n > 2^31
+    x = torch.randn(n, 16, device="cuda")
+    l = torch.rand(16, device="cuda") + 1.0
+    monkeypatch.setenv("GPFAST_COV_FWD", "expand")
+    poison_allocator("cuda", 4 * n * n)
+    K = ops.rbf_covariance(x, x, l, 1.5)
+    rows = torch.tensor([0, 1, n // 2, n - 2, n - 1], device="cuda")
+    want = reference64(x[rows], x, l, torch.tensor(1.5))
+    assert rel_err(K[rows], want) < 2e-6
+    assert torch.isfinite(K[-3:]).all() and torch.isfinite(K[:, -3:]).all()
+    assert (K.diagonal() == 1.5).all()
+    del K
+
+
+# ------------------------------------------------------------------------------------------------------------ K @ V
+
+KV_T = [1, 8, 11, 12, 16, 17, 32, 33]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", KV_T)
+@pytest.mark.parametrize("shape", [((), 130, 257, 3), ((2,), 257, 70, 8), ((), 70, 1000, 16), ((), 33, 300, 29)])
+def test_matmul_buckets_match_float64(monkeypatch, legacy, dtype, t, shape):
+    batch, n, m, d = shape
+    if legacy:
+        monkeypatch.setenv("GPFAST_MATMUL", "legacy")
+    else:
+        monkeypatch.delenv("GPFAST_MATMUL", raising=False)
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
+    x1, x2 = x1 + 10, x2 + 10  # far from the origin: the kernels centre the points
+    v = torch.randn(*batch, m, t, device="cuda", dtype=dtype)
+    poison_allocator("cuda", 8 * n * t * 64 * 4)
+    out = ops.rbf_matmul(x1, x2, l, s, v)
+    assert out.shape == (*batch, n, t) and torch.isfinite(out).all()
+    want = ref.rbf_matmul(x1.double(), x2.double(), l.double(), s.double(), v.double())
+    if dtype == torch.float64:
+        assert rel_err(out, want) < 1e-12
+    else:
+        plain = ref.rbf_matmul(x1, x2, l, s, v)
+        assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6
+    assert torch.equal(out, ops.rbf_matmul(x1, x2, l, s, v))  # deterministic
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_column_splits_and_diagonal(dtype):
+    """Few rows and many columns (the columns split over blocks, partial products summed), and the self-kernel's
+    diagonal read back through one-hot right-hand sides: exactly s."""
+    n, m, d, t = 40, 30000, 8, 12
+    x = torch.randn(m, d, device="cuda", dtype=dtype)
+    l = torch.rand(d, device="cuda", dtype=dtype) + 0.5
+    v = torch.randn(m, t, device="cuda", dtype=dtype)
+    out = ops.rbf_matmul(x[:n], x, l, 1.3, v)
+    want = ref.rbf_matmul(x[:n].double(), x.double(), l.double(), torch.tensor(1.3), v.double())
+    plain = ref.rbf_matmul(x[:n], x, l, torch.tensor(1.3, dtype=dtype), v)
+    assert rel_err(out, want) <= (1e-12 if dtype == torch.float64 else 2 * rel_err(plain, want) + 1e-6)
+    onehot = torch.zeros(m, t, device="cuda", dtype=dtype)
+    onehot[torch.arange(t), torch.arange(t)] = 1
+    diag = ops.rbf_matmul(x, x, l, 1.3, onehot)[torch.arange(t), torch.arange(t)]
+    assert torch.equal(diag, torch.full((t,), 1.3, device="cuda", dtype=dtype))
+
+
+@pytest.mark.parametrize("ls", [0.05, 0.3, 10.0])
+def test_matmul_large_against_float64_rows(ls):
+    n, d, t = 20000, 8, 11
+    x = torch.randn(n, d, device="cuda")
+    v = torch.randn(n, t, device="cuda")
+    l = torch.full((d,), ls, device="cuda")
+    out = ops.rbf_matmul(x, x, l, 1.0, v)
+    rows = torch.randperm(n, device="cuda")[:256]
+    want = reference64(x[rows], x, l, torch.tensor(1.0)) @ v.double()
+    plain = ref.rbf_covariance(x[rows], x, l, torch.tensor(1.0, device="cuda")) @ v
+    assert rel_err(out[rows], want) <= 2 * rel_err(plain, want) + 1e-6
+
+
+# -------------------------------------------------------------------------------------------------------- backward
+
+
+def cov_grads(x1, x2, l, s, w, x_grads=True):
+    return torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
+
+
+def canonical(batch, n, m, d, dtype, shift=0.0):
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
+    B = math.prod(batch)
+    return (x1.reshape(B, n, d) + shift, x2.reshape(B, m, d) + shift, l.reshape(B, d), s.reshape(B))
+
+
+BWD_SHAPES = [  # (batch, n, m, d): ragged against 256-row blocks and 32-column tiles, every feature bucket
+    ((), 70, 90, 29),
+    ((3,), 97, 301, 3),
+    ((), 200, 1100, 8),
+    ((), 150, 260, 16),
+    ((), 257, 33, 9),
+    ((2,), 31, 4000, 32),
+    ((), 64, 64, 40),  # dense float64 fallback
+    ((), 1, 1, 1),
+]
+
+
+@pytest.mark.parametrize("shift", [0.0, 10.0])
+@pytest.mark.parametrize("shape", BWD_SHAPES)
+def test_covariance_backward_float32_vs_float64(shape, shift):
+    batch, n, m, d = shape
+    for draw in range(3):  # the outputscale gradient's check must hold on every draw
+        x1, x2, l, s = canonical(batch, n, m, d, torch.float32, shift)
+        w = torch.randn(x1.shape[0], n, m, device="cuda")
+        poison_allocator("cuda", 8 * (n + m) * 32 * 64)
+        l3 = l[:, None]  # (B, 1, d): the wrappers' lengthscale shape
+        got = grads_of(lambda *a: ops.rbf_covariance(*a), (x1, x2, l3, s), w)
+        want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l3, s)], w.double())
+        plain = grads_of(ref.rbf_covariance, (x1, x2, l3, s), w)
+        for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
+            assert torch.isfinite(g).all(), name
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, (name, draw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", BWD_SHAPES)
+def test_covariance_backward_mask_and_determinism(dtype, shape):
+    """x_grads=False: (0,) point gradients and the same lengthscale and outputscale gradients as x_grads=True
+    (computed differently: directly, and through the expansion identity); repeated calls agree bit for bit."""
+    batch, n, m, d = shape
+    x1, x2, l, s = canonical(batch, n, m, d, dtype)
+    w = torch.randn(x1.shape[0], n, m, device="cuda", dtype=dtype)
+    full = cov_grads(x1, x2, l, s, w, True)
+    masked = cov_grads(x1, x2, l, s, w, False)
+    assert full[0].shape == x1.shape and full[1].shape == x2.shape
+    assert masked[0].shape == (0,) and masked[1].shape == (0,)
+    assert masked[0].dtype == dtype and masked[0].device == x1.device
+    if d <= 16:  # the same kernel forms L and S with or without the points' gradients
+        assert torch.equal(masked[2], full[2]) and torch.equal(masked[3], full[3])
+    # d > 16 with points: L by the identity, whose terms z A exceed L by up to sqrt(n + m) / |sum| (random signs)
+    tol = 1e-10 if dtype == torch.float64 else 1e-6
+    assert rel_err(masked[2], full[2]) < tol and rel_err(masked[3], full[3]) < tol
+    again = cov_grads(x1, x2, l, s, w, True)
+    for a, b in zip(full, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [((), 70, 90, 29), ((2,), 97, 301, 3), ((), 300, 1100, 8), ((), 40, 5000, 16)])
+def test_backward_legacy_kernels_agree(monkeypatch, dtype, shape):
+    batch, n, m, d = shape
+    x1, x2, l, s = canonical(batch, n, m, d, dtype)
+    w = torch.randn(x1.shape[0], n, m, device="cuda", dtype=dtype)
+    v = torch.randn(x1.shape[0], m, 11, device="cuda", dtype=dtype)
+    g = torch.randn(x1.shape[0], n, 11, device="cuda", dtype=dtype)
+    new = [*cov_grads(x1, x2, l, s, w), *torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)]
+    monkeypatch.setenv("GPFAST_BWD", "legacy")
+    old = [*cov_grads(x1, x2, l, s, w), *torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)]
+    for a, b in zip(new, old):  # the legacy kernels sum in the input dtype: float32 agrees to its rounding
+        assert rel_err(a, b) < (1e-10 if dtype == torch.float64 else 1e-3)
+
+
+@pytest.mark.parametrize("t", KV_T)
+@pytest.mark.parametrize(
+    "shape", [((), 600, 900, 8), ((2,), 130, 70, 3), ((), 90, 300, 20), ((), 257, 40, 32), ((), 64, 80, 40)]
+)
+def test_matmul_backward_float32_vs_float64(t, shape):
+    batch, n, m, d = shape
+    for draw in range(2):
+        x1, x2, l, s = canonical(batch, n, m, d, torch.float32, shift=10.0)
+        v = torch.randn(x1.shape[0], m, t, device="cuda")
+        w = torch.randn(x1.shape[0], n, t, device="cuda")
+        l3 = l[:, None]
+        got = grads_of(lambda *a: ops.rbf_matmul(*a), (x1, x2, l3, s, v), w)
+        want = grads_of(ref.rbf_matmul, [a.double() for a in (x1, x2, l3, s, v)], w.double())
+        plain = grads_of(ref.rbf_matmul, (x1, x2, l3, s, v), w)
+        for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale", "v"), got, want, plain):
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, (name, draw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", KV_T)
+def test_matmul_backward_mask_and_determinism(dtype, t):
+    x1, x2, l, s = canonical((2,), 300, 700, 9, dtype)
+    v = torch.randn(2, 700, t, device="cuda", dtype=dtype)
+    g = torch.randn(2, 300, t, device="cuda", dtype=dtype)
+    full = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)
+    masked = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, False)
+    assert masked[0].shape == (0,) and masked[1].shape == (0,)
+    if t <= 32:  # d = 9: the same kernel forms L and S with or without the points' gradients
+        assert torch.equal(masked[2], full[2]) and torch.equal(masked[3], full[3])
+    tol = 1e-10 if dtype == torch.float64 else 1e-6
+    assert rel_err(masked[2], full[2]) < tol and rel_err(masked[3], full[3]) < tol
+    again = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)
+    for a, b in zip(full, again):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("ls", [0.05, 0.3, 100.0])  # 0.05: K ~ 0 but for the nearest pairs
+def test_backward_extreme_lengthscales(ls):
+    x1, x2, _, s = canonical((), 300, 2000, 8, torch.float32)
+    l = torch.full_like(x1[:, 0, :], ls)
+    w = torch.randn(1, 300, 2000, device="cuda")
+    got = cov_grads(x1, x2, l, s, w)
+    want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())
+    plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)
+    want[2], plain[2] = want[2][:, 0], plain[2][:, 0]
+    for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
+        if r.abs().max() == 0:
+            assert g.abs().max() == 0, name
+            continue
+        assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+def test_outputscale_gradient_on_many_draws():
+    """The check that failed before (test_ops' shape (70, 90, 29)): the outputscale gradient is a single sum of
+    6300 terms of either sign, so its relative error has no bound unless the terms are nearly exact."""
+    for _ in range(40):
+        x1, x2, l, s = canonical((), 70, 90, 29, torch.float32)
+        w = torch.randn(1, 70, 90, device="cuda")
+        got = cov_grads(x1, x2, l, s, w)[3]
+        want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())[3]
+        plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)[3]
+        assert rel_err(got, want) <= 4 * rel_err(plain, want) + 1e-6
