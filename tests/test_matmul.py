@@ -1,20 +1,31 @@
 """rbf_matmul (K @ V without storing K) and its matrix-free gradients against the dense float64 reference."""
 
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import DEVICES, poison_allocator, rel_err
+from test_ops import BROADCAST_CASES, autograd_reference, broadcast_case, grads_of, rand_inputs
 from torch.autograd import gradcheck
 
-from conftest import DEVICES, poison_allocator, rel_err
 from gpfast import _reference as ref
 from gpfast import ops
-from test_ops import BROADCAST_CASES, autograd_reference, broadcast_case, grads_of, rand_inputs
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [((), 1, 1, 1, 1), ((), 300, 257, 8, 11), ((2,), 70, 130, 3, 1),
-                                   ((), 129, 64, 17, 16), ((), 50, 90, 30, 33), ((), 40, 61, 36, 5),
-                                   ((3,), 200, 1500, 8, 70)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ((), 1, 1, 1, 1),
+        ((), 300, 257, 8, 11),
+        ((2,), 70, 130, 3, 1),
+        ((), 129, 64, 17, 16),
+        ((), 50, 90, 30, 33),
+        ((), 40, 61, 36, 5),
+        ((3,), 200, 1500, 8, 70),
+    ],
+)
 def test_matmul_matches_dense_reference(device, dtype, shape):
     batch, n, m, d, t = shape
     x1, x2, l, s = rand_inputs(batch, n, m, d, device, dtype)
@@ -53,8 +64,10 @@ def test_matmul_gradcheck_float64(device, d, t):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [((), 600, 900, 8, 11), ((2,), 130, 70, 3, 1), ((), 90, 300, 20, 16),
-                                   ((), 64, 80, 40, 4), ((), 60, 70, 6, 40)])
+@pytest.mark.parametrize(
+    "shape",
+    [((), 600, 900, 8, 11), ((2,), 130, 70, 3, 1), ((), 90, 300, 20, 16), ((), 64, 80, 40, 4), ((), 60, 70, 6, 40)],
+)
 def test_matmul_gradients_float32_vs_float64(device, shape):
     batch, n, m, d, t = shape
     x1, x2, l, s = rand_inputs(batch, n, m, d, device)
@@ -88,7 +101,7 @@ def test_cpu_backward_fused_and_two_pass_agree(monkeypatch, op):
 
 def _cpu_has_avx2_fma():
     try:
-        flags = open("/proc/cpuinfo").read().split()
+        flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
     return "avx2" in flags and "fma" in flags
