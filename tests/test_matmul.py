@@ -239,3 +239,16 @@ def test_cpu_backward_independent_of_threads(monkeypatch, op, two_pass):
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
     assert torch.equal(results[0][2], results[0][4]) and torch.equal(results[0][3], results[0][5])  # mask: same l, s
+
+
+def test_cpu_rows_independent_of_the_other_rows():
+    """A row of x1 gets the same result bit for bit whichever other rows of x1 come with it: gpfast.distributed splits
+    x1's rows over ranks and compares with one process at 1e-12, through CG runs that amplify any difference."""
+    x1, x2, l, s = rand_inputs((), 300, 200, 7, "cpu", torch.float32)
+    v, grad = torch.randn(200, 3), torch.randn(300, 3)
+    K, Kv = ops.rbf_covariance(x1, x2, l, s), ops.rbf_matmul(x1, x2, l, s, v)
+    gx1 = ops.rbf_matmul_backward(grad, x1, x2, l, s, v)[0]
+    for a, b in [(0, 1), (37, 161), (161, 300)]:
+        assert torch.equal(ops.rbf_covariance(x1[a:b], x2, l, s), K[a:b])
+        assert torch.equal(ops.rbf_matmul(x1[a:b], x2, l, s, v), Kv[a:b])
+        assert torch.equal(ops.rbf_matmul_backward(grad[a:b], x1[a:b], x2, l, s, v)[0], gx1[a:b])

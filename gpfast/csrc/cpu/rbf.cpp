@@ -1,7 +1,7 @@
 // CPU implementations of the gpfast ops.
 //
-// Every op works on z = (x - mu) / l in double, whatever the input dtype (mu: the mean of both point sets), a tile of
-// kPanel rows of x1 by kTile columns of x2 at a time. Inside a tile, the squared distances (by differences) and every
+// Every op works on z = (x - mu) / l in double, whatever the input dtype (mu: the mean of x2's rows), a tile of kPanel
+// rows of x1 by kTile columns of x2 at a time. Inside a tile, the squared distances (by differences) and every
 // product with the tile are small GEMMs in register tiles (axpy_block), the exp is a branch-free polynomial, and all
 // of it is compiled twice, portably and for AVX2+FMA, the second used when the CPU has both. Double throughout keeps a
 // float32 result as close to the float64 reference as its own rounding allows: rounding z to float32 would put one
@@ -230,22 +230,22 @@ Side scaled_side(const at::Tensor& x, const double* mu, const double* l, int64_t
   return side;
 }
 
-// Both sides of an op: mu = the mean of all of x1's and x2's rows (per batch and feature), then the scaled sides.
-// Differences do not see mu, so K(x, x) is still exactly s; the backward's sums cancel less with it.
+// Both sides of an op: mu = the mean of x2's rows (per batch and feature), then the scaled sides. Differences do not
+// see mu, so K(x, x) is still exactly s; the backward's sums cancel less with it. mu comes from x2 alone so that a row
+// of x1 gets the same result, bit for bit, whichever other rows come with it (gpfast.distributed splits x1's rows
+// over the ranks).
 template <typename T>
 std::pair<Side, Side> scaled_sides(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& l64, int64_t dp) {
-  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  const int64_t B = x1.size(0), m = x2.size(1), d = x1.size(2);
   std::vector<double> mu(static_cast<size_t>(B * d), 0.0);
-  const auto a1 = x1.accessor<T, 3>(), a2 = x2.accessor<T, 3>();
+  const auto a2 = x2.accessor<T, 3>();
   for (int64_t b = 0; b < B; ++b) {
     double* mb = mu.data() + b * d;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t k = 0; k < d; ++k) mb[k] += static_cast<double>(a1[b][i][k]);
     for (int64_t j = 0; j < m; ++j)
       for (int64_t k = 0; k < d; ++k) mb[k] += static_cast<double>(a2[b][j][k]);
     // a non-finite mean (a NaN or inf among the points) falls back to 0: a bad point then spoils only its own row
     // or column, as it would without centring
-    for (int64_t k = 0; k < d; ++k) mb[k] = std::isfinite(mb[k]) ? mb[k] / static_cast<double>(n + m) : 0.0;
+    for (int64_t k = 0; k < d; ++k) mb[k] = std::isfinite(mb[k]) && m > 0 ? mb[k] / static_cast<double>(m) : 0.0;
   }
   const double* l = l64.data_ptr<double>();
   return {scaled_side<T>(x1, mu.data(), l, dp), scaled_side<T>(x2, mu.data(), l, dp)};
@@ -316,7 +316,7 @@ struct MatmulRows {
 
 // ---------------------------------------------------------------------------------------------------------------
 // The backward ops, in GEMM form (the formulation of the CUDA kernels, issue 14). With z = (x - mu) / l, where mu is
-// the mean of both point sets (differences do not see it; the sums below cancel less with it: by a factor of |z| /
+// the mean of x2's rows (differences do not see it; the sums below cancel less with it: by a factor of |z| /
 // |z1 - z2|, squared for the lengthscale), U = G o K / s (dLoss/dK times the unscaled kernel), r = U 1, c = U^T 1:
 //   dLoss/dx1 = s (U Z2 - diag(r) Z1) / l,   dLoss/dx2 = s (U^T Z1 - diag(c) Z2) / l,
 //   dLoss/dl_k = s / l_k sum_ij U_ij (z1_ik - z2_jk)^2
