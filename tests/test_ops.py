@@ -173,6 +173,14 @@ def test_covariance_gradients_float32_vs_float64(device, shape):
 # ------------------------------------------------------------------------------------- accuracy where it is hardest
 
 
+def sum_err(got, want, magnitude):
+    """rel_err against the larger of the result and the magnitude of its terms (the same sums over |weights|): a
+    gradient is a sum of signed terms, which on an unlucky draw cancels to almost nothing, and no float64 method, the
+    oracle included, gets that remnant to a fixed relative accuracy. For float64 results on fresh draws."""
+    got, want, magnitude = got.double(), want.double(), magnitude.double()
+    return ((got - want).norm() / torch.maximum(want.norm(), magnitude.norm()).clamp_min(1e-300)).item()
+
+
 def grads_and_plain(x1, x2, l, s, w, fn=None, ref_fn=None, extra=()):
     """(ours, float64 oracle, plain float32 formula) gradients of sum(w * op(...)) for float32 inputs."""
     fn, ref_fn = fn or ops.rbf_covariance, ref_fn or ref.rbf_covariance
@@ -201,8 +209,9 @@ def test_uncentred_data_and_duplicated_rows(device, dtype, shape):
     got, want, plain = grads_and_plain(x1, x2, l, s, w)
     if dtype == torch.float64:
         assert rel_err(K, K64) < 1e-13
-        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-            assert rel_err(g, r) < 1e-12, name
+        magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+        for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+            assert sum_err(g, r, mg) < 1e-12, name
     else:
         assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
         for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
@@ -232,8 +241,9 @@ def test_extreme_lengthscales(device, dtype, scale):
         # the lengthscale gradient: 1.5e-9 at 1e-3 (1e-15 at 1e3), far below float32's rounding
         tol = 1e-13 * (1 + scale**-2)
         assert rel_err(K, K64) < tol
-        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-            assert rel_err(g, r) < tol, name
+        magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+        for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+            assert sum_err(g, r, mg) < tol, name
     else:
         assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
         for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
@@ -261,8 +271,9 @@ def test_covariance_backward_ragged_tiles_float64(device, shape):
     poison_allocator(device, 8 * (n + m) * d * 4)
     got = grads_of(ops.rbf_covariance, (x1, x2, l, s), w)
     want = grads_of(ref.rbf_covariance, (x1, x2, l, s), w)
-    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-        assert torch.isfinite(g).all() and rel_err(g, r) < 1e-12, name
+    magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+    for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+        assert torch.isfinite(g).all() and sum_err(g, r, mg) < 1e-12, name
 
 
 # ------------------------------------------------------------------------- backward functions and the gradient mask
@@ -299,15 +310,16 @@ def test_covariance_backward_function(device, case):
     x1, x2, l, s = broadcast_case(case, device)
     grad = torch.randn_like(ref.rbf_covariance(x1, x2, l, s))
     want = autograd_reference(ref.rbf_covariance, grad, x1, x2, l, s)
+    magnitude = autograd_reference(ref.rbf_covariance, grad.abs(), x1, x2, l, s)
     poison_allocator(device, 8 * grad.numel() * 4)
     got = ops.rbf_covariance_backward(grad, x1, x2, l, s)
-    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+    for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
         assert g.shape == r.shape and g.dtype == torch.float64, name
-        assert rel_err(g, r) < 1e-12, name
+        assert sum_err(g, r, mg) < 1e-12, name
     masked = ops.rbf_covariance_backward(grad, x1, x2, l, s, x_grads=False)
     assert masked[0] is None and masked[1] is None
-    for name, g, r in zip(("lengthscale", "outputscale"), masked[2:], got[2:]):
-        assert g.shape == r.shape and rel_err(g, r) < 1e-13, name
+    for name, g, r, mg in zip(("lengthscale", "outputscale"), masked[2:], got[2:], magnitude[2:]):
+        assert g.shape == r.shape and sum_err(g, r, mg) < 1e-13, name
 
 
 def test_covariance_backward_function_errors():
