@@ -78,8 +78,11 @@ def _load() -> Exception | None:
     try:
         _build.load()
     except _build.BuildError as exc:
-        warnings.warn(f"gpfast's compiled ops could not be built, so its ops will raise when called: "
-                      f"{str(exc).splitlines()[0]}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"gpfast's compiled ops could not be built, so its ops will raise when called: {str(exc).splitlines()[0]}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return exc
     _register_python_parts()
     return None
@@ -131,11 +134,15 @@ def _check_points(x1, x2) -> None:
     if x2.device != x1.device:
         raise ValueError(f"x2 is on {x2.device} but x1 is on {x1.device}; put them on one device")
     if x1.shape[-1] != x2.shape[-1]:
-        raise ValueError(f"x1 has d={x1.shape[-1]} features (shape {tuple(x1.shape)}) but x2 has d={x2.shape[-1]} "
-                         f"(shape {tuple(x2.shape)}); the last dims must match")
+        raise ValueError(
+            f"x1 has d={x1.shape[-1]} features (shape {tuple(x1.shape)}) but x2 has d={x2.shape[-1]} "
+            f"(shape {tuple(x2.shape)}); the last dims must match"
+        )
     if x1.is_cuda and not _CUDA_OPS:
-        raise RuntimeError("x1 is a CUDA tensor but gpfast's CUDA ops cannot be built here (torch without CUDA, "
-                           "or no nvcc found); move the inputs to the CPU or install the CUDA toolkit")
+        raise RuntimeError(
+            "x1 is a CUDA tensor but gpfast's CUDA ops cannot be built here (torch without CUDA, "
+            "or no nvcc found); move the inputs to the CPU or install the CUDA toolkit"
+        )
 
 
 def broadcast_shapes(*shapes) -> torch.Size:
@@ -177,17 +184,23 @@ def _canonicalize(x1, x2, lengthscale, outputscale, check_values: bool):
     lengthscale = _as_param(lengthscale, "lengthscale", x1)
     outputscale = _as_param(outputscale, "outputscale", x1)
     if lengthscale.dim() >= 1 and lengthscale.shape[-1] not in (1, d):
-        raise ValueError(f"lengthscale must be broadcastable to (..., 1, d) with d={d}: its last dim must be 1 "
-                         f"(shared) or {d} (ARD), got shape {tuple(lengthscale.shape)}")
+        raise ValueError(
+            f"lengthscale must be broadcastable to (..., 1, d) with d={d}: its last dim must be 1 "
+            f"(shared) or {d} (ARD), got shape {tuple(lengthscale.shape)}"
+        )
     if lengthscale.dim() >= 2 and lengthscale.shape[-2] != 1:
-        raise ValueError(f"lengthscale must be broadcastable to (..., 1, d): its second-to-last dim must be 1, got "
-                         f"shape {tuple(lengthscale.shape)}")
+        raise ValueError(
+            f"lengthscale must be broadcastable to (..., 1, d): its second-to-last dim must be 1, got "
+            f"shape {tuple(lengthscale.shape)}"
+        )
     l_batch = lengthscale.shape[:-2] if lengthscale.dim() >= 2 else torch.Size()
     try:
         batch = broadcast_shapes(x1.shape[:-2], x2.shape[:-2], l_batch, outputscale.shape)
     except RuntimeError:
-        raise ValueError(f"batch shapes do not broadcast: x1 {tuple(x1.shape[:-2])}, x2 {tuple(x2.shape[:-2])}, "
-                         f"lengthscale {tuple(l_batch)}, outputscale {tuple(outputscale.shape)}") from None
+        raise ValueError(
+            f"batch shapes do not broadcast: x1 {tuple(x1.shape[:-2])}, x2 {tuple(x2.shape[:-2])}, "
+            f"lengthscale {tuple(l_batch)}, outputscale {tuple(outputscale.shape)}"
+        ) from None
     if check_values:
         _check_lengthscale_positive(lengthscale)
     B = math.prod(batch)
@@ -261,8 +274,12 @@ def _fast_canonical(x1, x2, lengthscale, outputscale):
         B = x1.shape[0]
         if x2.shape[0] != B or lengthscale.dim() != 3 or lshape[0] != B or lshape[1] != 1:
             return None
-        if not isinstance(outputscale, torch.Tensor) or outputscale.shape != (B,) or outputscale.dtype != dtype or \
-                outputscale.device != device:
+        if (
+            not isinstance(outputscale, torch.Tensor)
+            or outputscale.shape != (B,)
+            or outputscale.dtype != dtype
+            or outputscale.device != device
+        ):
             return None
         x1c, x2c, lc, sc = x1, x2, lengthscale.reshape(B, -1), outputscale
     else:
@@ -363,8 +380,12 @@ def _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads: bo
         gx2 = gx2.reshape(*batch, *gx2.shape[1:]).sum_to_size(x2.shape)
     else:
         gx1 = gx2 = None
-    return (gx1, gx2, _lengthscale_grad(gl, lengthscale, batch),
-            gs.reshape(batch).sum_to_size(_param_shape(outputscale)))
+    return (
+        gx1,
+        gx2,
+        _lengthscale_grad(gl, lengthscale, batch),
+        gs.reshape(batch).sum_to_size(_param_shape(outputscale)),
+    )
 
 
 def _canonical_grad(grad, shape, like: torch.Tensor) -> torch.Tensor:
@@ -379,8 +400,9 @@ def _canonical_grad(grad, shape, like: torch.Tensor) -> torch.Tensor:
         if broadcast_shapes(grad.shape, shape) != shape:
             raise RuntimeError
     except RuntimeError:
-        raise ValueError(f"grad must have the output's shape {tuple(shape)} (or broadcast to it), got shape "
-                         f"{tuple(grad.shape)}") from None
+        raise ValueError(
+            f"grad must have the output's shape {tuple(shape)} (or broadcast to it), got shape {tuple(grad.shape)}"
+        ) from None
     return grad.expand(shape).reshape(-1, *shape[-2:])
 
 

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 import torch
+from conftest import DEVICES, poison_allocator, rel_err
 from torch.autograd import gradcheck
 
-from conftest import DEVICES, poison_allocator, rel_err
 from gpfast import _reference as ref
 from gpfast import ops
 
@@ -94,8 +94,9 @@ def test_empty_sizes(device):
     for n, m in [(0, 5), (5, 0), (0, 0)]:
         K = ops.rbf_covariance(torch.randn(n, 3, device=device), torch.randn(m, 3, device=device), 1.0, 1.0)
         assert K.shape == (n, m)
-    assert ops.rbf_covariance(torch.randn(0, 4, 3, device=device), torch.randn(0, 5, 3, device=device), 1.0,
-                              1.0).shape == (0, 4, 5)
+    assert ops.rbf_covariance(
+        torch.randn(0, 4, 3, device=device), torch.randn(0, 5, 3, device=device), 1.0, 1.0
+    ).shape == (0, 4, 5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -137,7 +138,7 @@ def test_covariance_gradcheck_float64(device, d):
     # The lengthscale grows with sqrt(d) so that K is not ~0 everywhere (a zero gradient would then pass).
     a = torch.randn(1, 4, d, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.randn(3, 5, d, dtype=torch.float64, device=device, requires_grad=True)
-    ls = torch.tensor([0.9 * max(1.0, d ** 0.5)], dtype=torch.float64, device=device, requires_grad=True)
+    ls = torch.tensor([0.9 * max(1.0, d**0.5)], dtype=torch.float64, device=device, requires_grad=True)
     os_ = torch.tensor(1.4, dtype=torch.float64, device=device, requires_grad=True)
     with torch.no_grad():
         assert ops.rbf_covariance(a, b, ls, os_).max() > 1e-3
@@ -154,8 +155,9 @@ def grads_of(fn, inputs, weight):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [((), 200, 1100, 8), ((2,), 97, 301, 3), ((), 150, 260, 16), ((), 70, 90, 29),
-                                   ((), 64, 64, 40)])
+@pytest.mark.parametrize(
+    "shape", [((), 200, 1100, 8), ((2,), 97, 301, 3), ((), 150, 260, 16), ((), 70, 90, 29), ((), 64, 64, 40)]
+)
 def test_covariance_gradients_float32_vs_float64(device, shape):
     batch, n, m, d = shape
     x1, x2, l, s = rand_inputs(batch, n, m, d, device)
@@ -171,12 +173,19 @@ def test_covariance_gradients_float32_vs_float64(device, shape):
 # ------------------------------------------------------------------------------------- accuracy where it is hardest
 
 
+def sum_err(got, want, magnitude):
+    """rel_err against the larger of the result and the magnitude of its terms (the same sums over |weights|): a
+    gradient is a sum of signed terms, which on an unlucky draw cancels to almost nothing, and no float64 method, the
+    oracle included, gets that remnant to a fixed relative accuracy. For float64 results on fresh draws."""
+    got, want, magnitude = got.double(), want.double(), magnitude.double()
+    return ((got - want).norm() / torch.maximum(want.norm(), magnitude.norm()).clamp_min(1e-300)).item()
+
+
 def grads_and_plain(x1, x2, l, s, w, fn=None, ref_fn=None, extra=()):
     """(ours, float64 oracle, plain float32 formula) gradients of sum(w * op(...)) for float32 inputs."""
     fn, ref_fn = fn or ops.rbf_covariance, ref_fn or ref.rbf_covariance
     args = (x1, x2, l, s, *extra)
-    return (grads_of(fn, args, w), grads_of(ref_fn, [a.double() for a in args], w.double()),
-            grads_of(ref_fn, args, w))
+    return (grads_of(fn, args, w), grads_of(ref_fn, [a.double() for a in args], w.double()), grads_of(ref_fn, args, w))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -200,8 +209,9 @@ def test_uncentred_data_and_duplicated_rows(device, dtype, shape):
     got, want, plain = grads_and_plain(x1, x2, l, s, w)
     if dtype == torch.float64:
         assert rel_err(K, K64) < 1e-13
-        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-            assert rel_err(g, r) < 1e-12, name
+        magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+        for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+            assert sum_err(g, r, mg) < 1e-12, name
     else:
         assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
         for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
@@ -231,8 +241,9 @@ def test_extreme_lengthscales(device, dtype, scale):
         # the lengthscale gradient: 1.5e-9 at 1e-3 (1e-15 at 1e3), far below float32's rounding
         tol = 1e-13 * (1 + scale**-2)
         assert rel_err(K, K64) < tol
-        for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-            assert rel_err(g, r) < tol, name
+        magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+        for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+            assert sum_err(g, r, mg) < tol, name
     else:
         assert rel_err(K, K64) <= float32_bound(device, rel_err(ref.rbf_covariance(x1, x2, l, s), K64))
         for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, plain):
@@ -240,8 +251,18 @@ def test_extreme_lengthscales(device, dtype, scale):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [((), 1, 1, 1), ((), 1, 300, 2), ((), 300, 1, 7), ((), 63, 129, 4),
-                                   ((3,), 65, 127, 3), ((), 129, 257, 9), ((2,), 40, 70, 37)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ((), 1, 1, 1),
+        ((), 1, 300, 2),
+        ((), 300, 1, 7),
+        ((), 63, 129, 4),
+        ((3,), 65, 127, 3),
+        ((), 129, 257, 9),
+        ((2,), 40, 70, 37),
+    ],
+)
 def test_covariance_backward_ragged_tiles_float64(device, shape):
     """Sizes just off every tile and vector width, fresh float64 draws against the oracle's autograd."""
     batch, n, m, d = shape
@@ -250,8 +271,9 @@ def test_covariance_backward_ragged_tiles_float64(device, shape):
     poison_allocator(device, 8 * (n + m) * d * 4)
     got = grads_of(ops.rbf_covariance, (x1, x2, l, s), w)
     want = grads_of(ref.rbf_covariance, (x1, x2, l, s), w)
-    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
-        assert torch.isfinite(g).all() and rel_err(g, r) < 1e-12, name
+    magnitude = grads_of(ref.rbf_covariance, (x1, x2, l, s), w.abs())
+    for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
+        assert torch.isfinite(g).all() and sum_err(g, r, mg) < 1e-12, name
 
 
 # ------------------------------------------------------------------------- backward functions and the gradient mask
@@ -276,7 +298,9 @@ def broadcast_case(case, device):
 
 def autograd_reference(fn, grad, x1, x2, l, s, *extra):
     """Gradients of sum(grad * fn(...)) by autograd through the float64 reference, numbers as 0-dim tensors."""
-    leaves = [torch.as_tensor(a, dtype=torch.float64, device=x1.device).clone().requires_grad_() for a in (x1, x2, l, s)]
+    leaves = [
+        torch.as_tensor(a, dtype=torch.float64, device=x1.device).clone().requires_grad_() for a in (x1, x2, l, s)
+    ]
     return torch.autograd.grad((fn(*leaves, *extra) * grad).sum(), leaves)
 
 
@@ -286,15 +310,16 @@ def test_covariance_backward_function(device, case):
     x1, x2, l, s = broadcast_case(case, device)
     grad = torch.randn_like(ref.rbf_covariance(x1, x2, l, s))
     want = autograd_reference(ref.rbf_covariance, grad, x1, x2, l, s)
+    magnitude = autograd_reference(ref.rbf_covariance, grad.abs(), x1, x2, l, s)
     poison_allocator(device, 8 * grad.numel() * 4)
     got = ops.rbf_covariance_backward(grad, x1, x2, l, s)
-    for name, g, r in zip(("x1", "x2", "lengthscale", "outputscale"), got, want):
+    for name, g, r, mg in zip(("x1", "x2", "lengthscale", "outputscale"), got, want, magnitude):
         assert g.shape == r.shape and g.dtype == torch.float64, name
-        assert rel_err(g, r) < 1e-12, name
+        assert sum_err(g, r, mg) < 1e-12, name
     masked = ops.rbf_covariance_backward(grad, x1, x2, l, s, x_grads=False)
     assert masked[0] is None and masked[1] is None
-    for name, g, r in zip(("lengthscale", "outputscale"), masked[2:], got[2:]):
-        assert g.shape == r.shape and rel_err(g, r) < 1e-13, name
+    for name, g, r, mg in zip(("lengthscale", "outputscale"), masked[2:], got[2:], magnitude[2:]):
+        assert g.shape == r.shape and sum_err(g, r, mg) < 1e-13, name
 
 
 def test_covariance_backward_function_errors():
@@ -312,23 +337,30 @@ def test_covariance_backward_function_errors():
 def test_opcheck_backward_ops(device, x_grads):
     x1, x2, l, s = rand_inputs((2,), 9, 7, 3, device, torch.float64)
     args = (x1, x2, l.reshape(2, 3), s)
-    torch.library.opcheck(torch.ops.gpfast.rbf_covariance_backward.default,
-                          (torch.randn(2, 9, 7, device=device, dtype=torch.float64), *args, x_grads))
+    torch.library.opcheck(
+        torch.ops.gpfast.rbf_covariance_backward.default,
+        (torch.randn(2, 9, 7, device=device, dtype=torch.float64), *args, x_grads),
+    )
     v = torch.randn(2, 7, 4, device=device, dtype=torch.float64)
-    torch.library.opcheck(torch.ops.gpfast.rbf_matmul_backward.default,
-                          (torch.randn(2, 9, 4, device=device, dtype=torch.float64), *args, v, x_grads))
-    masked = torch.ops.gpfast.rbf_covariance_backward(torch.randn(2, 9, 7, device=device, dtype=torch.float64),
-                                                      *args, x_grads)
+    torch.library.opcheck(
+        torch.ops.gpfast.rbf_matmul_backward.default,
+        (torch.randn(2, 9, 4, device=device, dtype=torch.float64), *args, v, x_grads),
+    )
+    masked = torch.ops.gpfast.rbf_covariance_backward(
+        torch.randn(2, 9, 7, device=device, dtype=torch.float64), *args, x_grads
+    )
     assert [tuple(g.shape) for g in masked] == ([(2, 9, 3), (2, 7, 3)] if x_grads else [(0,), (0,)]) + [(2, 3), (2,)]
 
 
 def test_ops_registered_at_import():
     """A fresh process sees torch.ops.gpfast.* right after ``import gpfast``, the backward ops with their mask."""
-    code = ("import gpfast, torch; ops = torch.ops.gpfast; ops.rbf_covariance.default; ops.rbf_matmul.default; "
-            "args = ops.rbf_matmul_backward.default._schema.arguments; "
-            "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args; "
-            "args = ops.rbf_covariance_backward.default._schema.arguments; "
-            "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args")
+    code = (
+        "import gpfast, torch; ops = torch.ops.gpfast; ops.rbf_covariance.default; ops.rbf_matmul.default; "
+        "args = ops.rbf_matmul_backward.default._schema.arguments; "
+        "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args; "
+        "args = ops.rbf_covariance_backward.default._schema.arguments; "
+        "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr
 
@@ -375,6 +407,7 @@ def test_torch_compile_fullgraph(device):
 
 
 # ---------------------------------------------------------------------------------------------------------- errors
+
 
 def test_errors_name_the_argument():
     x = torch.randn(5, 3)
@@ -438,8 +471,9 @@ def test_64bit_indexing_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 @pytest.mark.parametrize("variant", ["tile", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [((), 300, 1100, 8), ((2,), 70, 1030, 16), ((), 50, 2001, 29), ((), 33, 1500, 3),
-                                   ((), 65, 130, 5)])
+@pytest.mark.parametrize(
+    "shape", [((), 300, 1100, 8), ((2,), 70, 1030, 16), ((), 50, 2001, 29), ((), 33, 1500, 3), ((), 65, 130, 5)]
+)
 def test_both_forward_kernels(monkeypatch, variant, dtype, shape):
     batch, n, m, d = shape
     x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
@@ -463,8 +497,9 @@ def test_broadcast_shapes_matches_torch():
 
     rng = random.Random(torch.seed())
     for _ in range(500):
-        shapes = [tuple(rng.choice([0, 1, 1, 2, 3]) for _ in range(rng.randint(0, 3)))
-                  for _ in range(rng.randint(1, 4))]
+        shapes = [
+            tuple(rng.choice([0, 1, 1, 2, 3]) for _ in range(rng.randint(0, 3))) for _ in range(rng.randint(1, 4))
+        ]
         try:
             want = torch.broadcast_shapes(*shapes)
         except RuntimeError:
