@@ -172,7 +172,8 @@ def test_matmul_column_splits_and_diagonal(dtype):
     l = torch.rand(d, device="cuda", dtype=dtype) + 0.5
     v = torch.randn(m, t, device="cuda", dtype=dtype)
     out = ops.rbf_matmul(x[:n], x, l, 1.3, v)
-    want = ref.rbf_matmul(x[:n].double(), x.double(), l.double(), torch.tensor(1.3), v.double())
+    # the reference's outputscale in float64: torch.tensor(1.3) is float32, 3.7e-8 away from the op's 1.3
+    want = ref.rbf_matmul(x[:n].double(), x.double(), l.double(), torch.tensor(1.3, dtype=torch.float64), v.double())
     plain = ref.rbf_matmul(x[:n], x, l, torch.tensor(1.3, dtype=dtype), v)
     assert rel_err(out, want) <= (1e-12 if dtype == torch.float64 else 2 * rel_err(plain, want) + 1e-6)
     onehot = torch.zeros(m, t, device="cuda", dtype=dtype)

@@ -16,11 +16,15 @@ using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                            const at::Tensor& outputscale);
 
+// The (0,) stand-in for a point gradient nobody asked for: a new tensor each call, since two outputs of one op
+// must not alias (opcheck's schema test).
+inline at::Tensor not_computed(const at::Tensor& x) { return at::empty({0}, x.options()); }
+
 // The gradients when a size is zero: zeros, and (0,) point gradients when none is asked for.
 inline Grads zero_grads(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                         const at::Tensor& outputscale, bool x_grads) {
-  const at::Tensor none = at::empty({0}, x1.options());
-  return {x_grads ? at::zeros_like(x1) : none, x_grads ? at::zeros_like(x2) : none, at::zeros_like(lengthscale),
+  return {x_grads ? at::zeros_like(x1) : not_computed(x1), x_grads ? at::zeros_like(x2) : not_computed(x1),
+          at::zeros_like(lengthscale),
           at::zeros_like(outputscale)};
 }
 
@@ -80,7 +84,6 @@ inline Grads finish_grads(const at::Tensor& x1, const at::Tensor& x2, const at::
   const auto dtype = x1.scalar_type();
   const at::Tensor l64 = ls.to(at::kDouble), l3 = l64.unsqueeze(1);
   const at::Tensor S = p1.s.sum(at::IntArrayRef{0, 1});
-  const at::Tensor none = at::empty({0}, x1.options());
   at::Tensor A1, A2, L;
   if (x_grads) A1 = p1.a.sum(0).narrow(2, 0, d), A2 = p2->a.sum(0).narrow(2, 0, d);
   if (p1.l.defined()) {
@@ -89,7 +92,7 @@ inline Grads finish_grads(const at::Tensor& x1, const at::Tensor& x2, const at::
     const at::Tensor X1 = x1.to(at::kDouble), X2 = x2.to(at::kDouble), c = X2.mean(1, true);
     L = (((X1 - c) / l3) * A1).sum(1) + (((X2 - c) / l3) * A2).sum(1);
   }
-  if (!x_grads) return {none, none, (L / l64).to(dtype), S.to(dtype)};
+  if (!x_grads) return {not_computed(x1), not_computed(x1), (L / l64).to(dtype), S.to(dtype)};
   return {(-A1 / l3).to(dtype), (-A2 / l3).to(dtype), (L / l64).to(dtype), S.to(dtype)};
 }
 
@@ -141,8 +144,8 @@ Grads dense_backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
     L += (Z1b * Z1b * roww).sum(1) - 2 * (Z1b * Wz2).sum(1) + (z2sq * colw).sum(1);
     S += GE.sum(at::IntArrayRef{1, 2});
   }
-  const at::Tensor none = at::empty({0}, x1.options());
-  return {x_grads ? (-A1 / l3).to(dtype) : none, x_grads ? (-A2 / l3).to(dtype) : none, (L / l).to(dtype),
+  return {x_grads ? (-A1 / l3).to(dtype) : not_computed(x1), x_grads ? (-A2 / l3).to(dtype) : not_computed(x1),
+          (L / l).to(dtype),
           S.to(dtype)};
 }
 
