@@ -68,7 +68,7 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
 
     sync(device)
     t0 = time.perf_counter()
-    losses = train(model, iters, None, None, "adam", lr, None, torch.float32, f"{name} fit", verbose)
+    losses = train(model, iters, None, None, "adam", lr, 0.0, torch.float32, f"{name} fit", verbose).history
     sync(device)
     train_s = time.perf_counter() - t0
 
@@ -85,7 +85,8 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
 
 
 def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
-    gp = ExactGP(max_iter=iters, lr=lr, device=device, random_state=seed, verbose=verbose, standardize=False,
+    gp = ExactGP(max_iter=iters, lr=lr, optimizer="adam", tol=0.0, device=device, random_state=seed, verbose=verbose,
+                 standardize=False,
                  lengthscale_init=np.asarray(init["init_lengthscale"], dtype=np.float64),
                  outputscale_init=init["init_outputscale"], noise_init=init["init_noise"])
     sync(device)
