@@ -19,10 +19,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpfast.estimator.solver as est_mod
 from gpfast.estimator import ExactGP
-from gpfast.models import ExactGPModel
 
 F64 = torch.float64
-BIG = 10**9
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -161,7 +159,7 @@ def test_fixed_hyperparameters_cg_close_to_cholesky():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# UCI sets: same test RMSE as a plain GPyTorch exact GP trained the same way
+# UCI sets: the default fit predicts as well as scikit-learn's GaussianProcessRegressor
 # ----------------------------------------------------------------------------------------------------------
 def _load_uci(name):
     try:
@@ -178,47 +176,24 @@ def _load_uci(name):
         return data[~test, :-1], data[~test, -1], data[test, :-1], data[test, -1]
 
 
-def _plain_gpytorch_rmse(X, y, Xt, yt, iters):
-    xm, xs = X.mean(0), X.std(0)
-    xs[xs == 0] = 1.0
-    ym, ys = y.mean(), y.std()
-    x = torch.from_numpy((X - xm) / xs)
-    t = torch.from_numpy((y - ym) / ys)
-    lik = gpytorch.likelihoods.GaussianLikelihood().to(F64)
-    model = ExactGPModel(x, t, lik, kernel="gpytorch").to(F64)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model.train()
-    lik.train()
-    with gpytorch.settings.max_cholesky_size(BIG):
-        for _ in range(iters):
-            opt.zero_grad()
-            loss = -mll(model(x), t)
-            loss.backward()
-            opt.step()
-        model.eval()
-        lik.eval()
-        with torch.no_grad():
-            mean = lik(model(torch.from_numpy((Xt - xm) / xs))).mean.numpy() * ys + ym
-    return float(np.sqrt(np.mean((mean - yt) ** 2)))
-
-
-@pytest.mark.parametrize("name", ["yacht", "energy", "concrete"])
-def test_uci_rmse_matches_plain_gpytorch(name):
+@pytest.mark.parametrize("name", ["yacht", "energy", pytest.param("concrete", marks=pytest.mark.slow)])
+def test_uci_rmse_matches_sklearn_and_adam_runs(name):
+    """The default fit (L-BFGS to convergence) predicts as well as scikit-learn's GPR fitted to its optimum (issue
+    13's bar: RMSE within 2%). It used to be compared with 50 steps of plain GPyTorch's Adam; a converged fit is
+    not bound to beat an early-stopped one on one split (concrete: 4.46 against 4.12, scikit-learn's 4.44)."""
     X, y, Xt, yt = _load_uci(name)
-    iters = 50
-    ref = _plain_gpytorch_rmse(X, y, Xt, yt, iters)
-    # 50 Adam steps (tol=0: no early stop) run and lower the loss; ExactGP's Adam works in log space (as
-    # scikit-learn's optimiser does), GPyTorch's on softplus parameters, so 50 unconverged steps end elsewhere
-    gp = _gp(max_iter=iters, optimizer="adam", tol=0, lr=0.1, dtype="float64", solver="cholesky", random_state=0)
+    sk = GaussianProcessRegressor(ConstantKernel() * RBF(np.ones(X.shape[1])) + WhiteKernel(), normalize_y=True)
+    ref = float(np.sqrt(np.mean((sk.fit(X, y).predict(Xt) - yt) ** 2)))
+    gp = _gp(max_iter=1000, random_state=0).fit(X, y)
+    rmse = float(np.sqrt(np.mean((gp.predict(Xt) - yt) ** 2)))
+    assert gp.converged_
+    assert rmse <= 1.02 * ref, (name, rmse, ref)
+    # 50 Adam steps (tol=0: no early stop) run and lower the loss; as for plain GPyTorch's loop, 50 steps are not
+    # a converged fit
+    gp = _gp(max_iter=50, optimizer="adam", tol=0, lr=0.1, dtype="float64", solver="cholesky", random_state=0)
     gp.fit(X, y)
-    assert gp.n_iter_ == iters and len(gp.history_) == iters
+    assert gp.n_iter_ == 50 and len(gp.history_) == 50
     assert gp.history_[-1] < gp.history_[0]
-    # the default fit (L-BFGS to convergence) is at least as good as plain GPyTorch's 50 steps
-    gp32 = _gp(max_iter=1000, random_state=0).fit(X, y)
-    assert gp32.converged_
-    rmse32 = float(np.sqrt(np.mean((gp32.predict(Xt) - yt) ** 2)))
-    assert rmse32 <= 1.05 * ref, (name, rmse32, ref)
 
 
 # ----------------------------------------------------------------------------------------------------------
