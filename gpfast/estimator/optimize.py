@@ -11,9 +11,11 @@ the log-space vector of :class:`~gpfast.estimator.hyperparameters.Hyperparameter
   :data:`LBFGS_GTOL`.
 * :func:`minimize_adam`: Adam with a projection onto the box after each step, for a stochastic loss (the CG
   estimate). Converged when the mean loss over the last :data:`ADAM_WINDOW` steps differs from the mean over the
-  window before by less than ``tol`` (:data:`ADAM_TOL` by default) relative to ``max(|mean|, 1)``, or the
-  gradient's largest entry is below :data:`ADAM_GTOL`. It raises :class:`TrainingDivergedError` when the windowed
-  loss rises more than ``max(|initial loss|, 1)`` above the initial loss (a learning rate too large).
+  window before by less than ``tol`` (:data:`ADAM_TOL` by default) relative to ``max(|mean|, 1)``, or by less
+  than :data:`NOISE_SE` standard errors of that difference (estimated from the spread within the two windows: a
+  stochastic loss cannot show smaller progress), or the gradient's largest entry is below :data:`ADAM_GTOL`. It
+  raises :class:`TrainingDivergedError` when the windowed loss rises more than ``max(|initial loss|, 1)`` above
+  the initial loss (a learning rate too large).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "ADAM_WINDOW",
     "LBFGS_FTOL",
     "LBFGS_GTOL",
+    "NOISE_SE",
     "OptimizeResult",
     "TrainingDivergedError",
     "minimize_adam",
@@ -47,6 +50,9 @@ LBFGS_GTOL = 1e-5
 ADAM_WINDOW = 10
 #: Adam: relative change of the windowed mean loss that counts as converged.
 ADAM_TOL = 1e-4
+#: Adam: the windowed change also counts as converged when below this many standard errors of itself (a stochastic
+#: loss, whose noise hides any smaller progress).
+NOISE_SE = 2.0
 #: Adam: gradient (of the per-point loss) small enough to stop on, for a deterministic loss.
 ADAM_GTOL = 1e-6
 
@@ -149,8 +155,14 @@ def minimize_adam(fun: LossFunction, theta0: np.ndarray, space: HyperparameterSp
                 )
             if tol > 0 and len(history) >= 2 * W:
                 before = float(np.mean(history[-2 * W : -W]))
-                if abs(recent - before) < tol * max(abs(recent), 1.0):
+                change = abs(recent - before)
+                # the standard error of that difference when the loss is a noisy estimate (CG); a loss still
+                # falling steadily has a change several times this, so it does not stop early
+                noise = NOISE_SE * math.sqrt((np.var(history[-W:]) + np.var(history[-2 * W : -W])) / (W - 1))
+                if change < tol * max(abs(recent), 1.0):
                     converged, message = True, f"windowed relative change below tol={tol:g}"
+                elif change < noise:
+                    converged, message = True, f"windowed change within the loss's noise ({noise:.2g})"
         if float(np.max(np.abs(grad))) < ADAM_GTOL and tol > 0:
             converged, message = True, f"gradient below {ADAM_GTOL:g}"
         if converged:
