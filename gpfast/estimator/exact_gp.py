@@ -95,9 +95,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         outside are moved to the nearest bound, with a warning.
     lengthscale_init : float, array of shape (n_features,) or None, default=None
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
-        acts on the standardised inputs, so it must be a float in standardised units. ``None``: GPyTorch's
-        initialisation (0.693 in standardised units). Fitted lengthscales stay within ``[1e-2, 1e3]`` times each
-        feature's standard deviation.
+        acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
+        standard deviation (1 in standardised units, scikit-learn's default). Fitted lengthscales stay within
+        ``[1e-2, 1e3]`` times each feature's standard deviation.
     standardize : bool, default=True
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
