@@ -60,9 +60,12 @@ def _run(which: str, X, y, Xt, yt) -> dict:
             est = _sklearn(X.shape[1]).fit(X, y)
         mean, std = est.predict(Xt, return_std=True)
         seconds = time.perf_counter() - t0
-    row = {"time_s": seconds, "rmse": rmse(mean, yt) / y_std,
-           "nlpd": gaussian_nll(mean, np.asarray(std) ** 2, yt) - math.log(y_std),
-           "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:160]}" for w in caught})}
+    row = {
+        "time_s": seconds,
+        "rmse": rmse(mean, yt) / y_std,
+        "nlpd": gaussian_nll(mean, np.asarray(std) ** 2, yt) - math.log(y_std),
+        "warnings": sorted({f"{w.category.__name__}: {str(w.message)[:160]}" for w in caught}),
+    }
     if which == "gpfast":
         row.update(lml=est.log_marginal_likelihood_, n_iter=est.n_iter_, converged=est.converged_)
     else:
@@ -76,8 +79,12 @@ def main(argv=None):
     parser.add_argument("--splits", default=",".join(map(str, SPLITS)))
     parser.add_argument("--data-dir", default=DATA_DIR)
     parser.add_argument("--stem", default="sklearn_compare")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads for torch and for numpy/scipy's BLAS alike (default: each library's own)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for torch and for numpy/scipy's BLAS alike (default: each library's own)",
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         from threadpoolctl import threadpool_limits
@@ -94,35 +101,87 @@ def main(argv=None):
             k += 1
             for which in order:
                 r = _run(which, ds.X_train, ds.y_train, ds.X_test, ds.y_test)
-                rows.append({"dataset": name, "split": split, "estimator": which, "n_train": len(ds.y_train),
-                             "d": ds.X_train.shape[1], **r})
-                print(f"{name} {split} {which}: " + ", ".join(
-                    f"{key}={v:.4g}" if isinstance(v, float) else f"{key}={v}" for key, v in r.items()
-                    if key != "warnings"), flush=True)
+                rows.append(
+                    {
+                        "dataset": name,
+                        "split": split,
+                        "estimator": which,
+                        "n_train": len(ds.y_train),
+                        "d": ds.X_train.shape[1],
+                        **r,
+                    }
+                )
+                print(
+                    f"{name} {split} {which}: "
+                    + ", ".join(
+                        f"{key}={v:.4g}" if isinstance(v, float) else f"{key}={v}"
+                        for key, v in r.items()
+                        if key != "warnings"
+                    ),
+                    flush=True,
+                )
 
     table, summary = [], []
     for name in names:
+
         def mean(which, key):
             return float(np.mean([r[key] for r in rows if r["dataset"] == name and r["estimator"] == which]))
 
         one = next(r for r in rows if r["dataset"] == name)
         g = {key: mean("gpfast", key) for key in ("rmse", "nlpd", "time_s", "lml")}
         s = {key: mean("sklearn", key) for key in ("rmse", "nlpd", "time_s", "lml")}
-        ok = {"rmse": g["rmse"] <= RMSE_RATIO * s["rmse"], "nlpd": g["nlpd"] <= s["nlpd"] + NLPD_MARGIN,
-              "time": g["time_s"] <= s["time_s"]}
+        ok = {
+            "rmse": g["rmse"] <= RMSE_RATIO * s["rmse"],
+            "nlpd": g["nlpd"] <= s["nlpd"] + NLPD_MARGIN,
+            "time": g["time_s"] <= s["time_s"],
+        }
         n_conv = sum(bool(r["converged"]) for r in rows if r["dataset"] == name and r["estimator"] == "gpfast")
-        table.append([name, one["n_train"], one["d"], g["rmse"], s["rmse"], g["nlpd"], s["nlpd"], g["time_s"],
-                      s["time_s"], g["lml"], s["lml"], f"{n_conv}/{len(splits)}",
-                      " ".join(k_ for k_, v in ok.items() if not v) or "all"])
+        table.append(
+            [
+                name,
+                one["n_train"],
+                one["d"],
+                g["rmse"],
+                s["rmse"],
+                g["nlpd"],
+                s["nlpd"],
+                g["time_s"],
+                s["time_s"],
+                g["lml"],
+                s["lml"],
+                f"{n_conv}/{len(splits)}",
+                " ".join(k_ for k_, v in ok.items() if not v) or "all",
+            ]
+        )
         summary.append({"dataset": name, "gpfast": g, "sklearn": s, "pass": ok, "converged": n_conv})
-    md = md_table(["data set", "n", "d", "RMSE gpfast", "RMSE sklearn", "NLPD gpfast", "NLPD sklearn",
-                   "time gpfast (s)", "time sklearn (s)", "LML gpfast", "LML sklearn", "converged", "misses"], table)
-    header = (f"gpfast.ExactGP() against scikit-learn's GaussianProcessRegressor, defaults, CPU, "
-              f"{torch.get_num_threads()} threads: means over splits {','.join(map(str, splits))}")
-    note = ("RMSE and NLPD on the standardised target scale (NLPD of the noisy target); time = fit + predict with "
-            "std, both timed in one process, alternating which goes first, on a box whose 2 cores other engineers' "
-            f"builds and tests shared (threads per library: {args.threads or 'default'}). 'misses': the criteria "
-            "not met (RMSE <= 1.02x, NLPD <= +0.02, time <= scikit-learn's).")
+    md = md_table(
+        [
+            "data set",
+            "n",
+            "d",
+            "RMSE gpfast",
+            "RMSE sklearn",
+            "NLPD gpfast",
+            "NLPD sklearn",
+            "time gpfast (s)",
+            "time sklearn (s)",
+            "LML gpfast",
+            "LML sklearn",
+            "converged",
+            "misses",
+        ],
+        table,
+    )
+    header = (
+        f"gpfast.ExactGP() against scikit-learn's GaussianProcessRegressor, defaults, CPU, "
+        f"{torch.get_num_threads()} threads: means over splits {','.join(map(str, splits))}"
+    )
+    note = (
+        "RMSE and NLPD on the standardised target scale (NLPD of the noisy target); time = fit + predict with "
+        "std, both timed in one process, alternating which goes first, on a box whose 2 cores other engineers' "
+        f"builds and tests shared (threads per library: {args.threads or 'default'}). 'misses': the criteria "
+        "not met (RMSE <= 1.02x, NLPD <= +0.02, time <= scikit-learn's)."
+    )
     print(write_results(RESULTS, args.stem, header, md + "\n\n" + note, rows, summary=summary))
 
 

@@ -39,8 +39,12 @@ def test_exact_objective_gradient_matches_autograd_through_torch_cholesky():
     n, d = 50, 3
     X = torch.randn(n, d, generator=g, dtype=torch.float64)
     y = torch.randn(n, generator=g, dtype=torch.float64)
-    params = [torch.rand(1, d, generator=g, dtype=torch.float64) + 0.5, torch.tensor(1.3, dtype=torch.float64),
-              torch.tensor(0.1, dtype=torch.float64), torch.tensor(0.2, dtype=torch.float64)]
+    params = [
+        torch.rand(1, d, generator=g, dtype=torch.float64) + 0.5,
+        torch.tensor(1.3, dtype=torch.float64),
+        torch.tensor(0.1, dtype=torch.float64),
+        torch.tensor(0.2, dtype=torch.float64),
+    ]
     params = [p.requires_grad_() for p in params]
     ours = negative_log_likelihood(X, y, *params)
     K = ops.rbf_covariance(X, X, params[0], params[1]) + params[2] * torch.eye(n, dtype=torch.float64)
@@ -55,8 +59,9 @@ def test_default_fit_reaches_sklearns_optimum(seed):
     """A small problem whose optimum scikit-learn finds (5 restarts): the default fit's log marginal likelihood is
     within 0.1% of it (gpfast also fits a constant mean, so it may be higher)."""
     X, y = _smooth(seed)
-    sk = GaussianProcessRegressor(ConstantKernel() * RBF(np.ones(2)) + WhiteKernel(), normalize_y=True,
-                                  n_restarts_optimizer=5, random_state=0).fit(X, y)
+    sk = GaussianProcessRegressor(
+        ConstantKernel() * RBF(np.ones(2)) + WhiteKernel(), normalize_y=True, n_restarts_optimizer=5, random_state=0
+    ).fit(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no warning on a well-posed problem
         gp = _gp().fit(X, y)
@@ -148,8 +153,11 @@ def test_initial_values_outside_the_bounds_warn_and_are_clipped():
 
 
 def test_diagnose_names_a_collapse_and_a_lower_lengthscale_bound():
-    model = ExactGPModel(torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
-                         __import__("gpytorch").likelihoods.GaussianLikelihood())
+    model = ExactGPModel(
+        torch.zeros(3, 2, dtype=torch.float64),
+        torch.zeros(3, dtype=torch.float64),
+        __import__("gpytorch").likelihoods.GaussianLikelihood(),
+    )
     space = HyperparameterSpace.for_data(model, torch.ones(2, dtype=torch.float64), 1.0)
     theta = space.initial()
     assert space.diagnose(theta) == []

@@ -53,8 +53,14 @@ class _GaussianNLL(torch.autograd.Function):
         return W, W.diagonal().sum(), grad * alpha
 
 
-def negative_log_likelihood(X: torch.Tensor, y: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor,
-                            noise: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+def negative_log_likelihood(
+    X: torch.Tensor,
+    y: torch.Tensor,
+    lengthscale: torch.Tensor,
+    outputscale: torch.Tensor,
+    noise: torch.Tensor,
+    mean: torch.Tensor,
+) -> torch.Tensor:
     """Total exact negative log marginal likelihood of ``y`` (n,) at inputs ``X`` (n, d), all float64,
     differentiable in the four hyperparameters (lengthscale (1, d or 1), outputscale, noise and mean 0-dim)."""
     K = ops.rbf_covariance(X, X, lengthscale, outputscale, check_values=False)
@@ -72,11 +78,16 @@ def cholesky_objective(model: ExactGPModel):
     def closure() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         f64 = torch.float64
-        nll = negative_log_likelihood(X, y, kern.base_kernel.lengthscale.to(f64), kern.outputscale.to(f64),
-                                      model.likelihood.noise.to(f64), model.mean_module.constant.to(f64))
+        nll = negative_log_likelihood(
+            X,
+            y,
+            kern.base_kernel.lengthscale.to(f64),
+            kern.outputscale.to(f64),
+            model.likelihood.noise.to(f64),
+            model.mean_module.constant.to(f64),
+        )
         loss = nll / n
         loss.backward()
         return loss.detach()
 
     return closure
-

@@ -83,11 +83,22 @@ class HyperparameterSpace:
         y_var = y_var if y_var > 0 and math.isfinite(y_var) else 1.0
         floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound) * (1 + _ABOVE_CONSTRAINT)
         noise_lo = max(NOISE_BOUNDS[0] * y_var, floor)
-        lower = np.concatenate([np.log(LENGTHSCALE_BOUNDS[0] * spread),
-                                [math.log(OUTPUTSCALE_BOUNDS[0] * y_var), math.log(noise_lo), -np.inf]])
-        upper = np.concatenate([np.log(LENGTHSCALE_BOUNDS[1] * spread),
-                                [math.log(OUTPUTSCALE_BOUNDS[1] * y_var),
-                                 math.log(max(NOISE_BOUNDS[1] * y_var, 10 * noise_lo)), np.inf]])
+        lower = np.concatenate(
+            [
+                np.log(LENGTHSCALE_BOUNDS[0] * spread),
+                [math.log(OUTPUTSCALE_BOUNDS[0] * y_var), math.log(noise_lo), -np.inf],
+            ]
+        )
+        upper = np.concatenate(
+            [
+                np.log(LENGTHSCALE_BOUNDS[1] * spread),
+                [
+                    math.log(OUTPUTSCALE_BOUNDS[1] * y_var),
+                    math.log(max(NOISE_BOUNDS[1] * y_var, 10 * noise_lo)),
+                    np.inf,
+                ],
+            ]
+        )
         return cls(k, lower, upper, np.log(spread), math.log(y_var))
 
     @classmethod
@@ -110,10 +121,12 @@ class HyperparameterSpace:
         kern = model.covar_module
         base = kern.base_kernel
         lik = model.likelihood.noise_covar
-        return ((base.raw_lengthscale, base.raw_lengthscale_constraint),
-                (kern.raw_outputscale, kern.raw_outputscale_constraint),
-                (lik.raw_noise, lik.raw_noise_constraint),
-                (model.mean_module.raw_constant, None))
+        return (
+            (base.raw_lengthscale, base.raw_lengthscale_constraint),
+            (kern.raw_outputscale, kern.raw_outputscale_constraint),
+            (lik.raw_noise, lik.raw_noise_constraint),
+            (model.mean_module.raw_constant, None),
+        )
 
     def get(self, model: ExactGPModel) -> np.ndarray:
         """theta of the model's current hyperparameters, float64."""
@@ -155,8 +168,11 @@ class HyperparameterSpace:
         those not given :data:`DEFAULT_LENGTHSCALE_INIT` times each feature's spread and :data:`DEFAULT_INIT` times
         var(y) (outputscale, noise)."""
         k = self.n_lengthscales
-        ls = math.log(DEFAULT_LENGTHSCALE_INIT) + self.log_spread if lengthscale is None else \
-            np.log(np.broadcast_to(np.asarray(lengthscale, dtype=np.float64).reshape(-1), (k,)))
+        ls = (
+            math.log(DEFAULT_LENGTHSCALE_INIT) + self.log_spread
+            if lengthscale is None
+            else np.log(np.broadcast_to(np.asarray(lengthscale, dtype=np.float64).reshape(-1), (k,)))
+        )
         log_init = math.log(DEFAULT_INIT) + self.log_y_var
         os_ = log_init if outputscale is None else math.log(float(outputscale))
         noise_ = max(log_init, self.lower[k + 1]) if noise is None else math.log(float(noise))
@@ -193,15 +209,21 @@ class HyperparameterSpace:
         out = []
         idx = np.nonzero(lo[:k])[0].tolist()
         if idx:
-            out.append(f"the lengthscale(s) of feature(s) {idx} ended at the lower bound "
-                       f"({LENGTHSCALE_BOUNDS[0]:g} x the feature's std; fitted values {ls[idx].tolist()} in the "
-                       f"fitted units): the model interpolates every training point on its own")
+            out.append(
+                f"the lengthscale(s) of feature(s) {idx} ended at the lower bound "
+                f"({LENGTHSCALE_BOUNDS[0]:g} x the feature's std; fitted values {ls[idx].tolist()} in the "
+                f"fitted units): the model interpolates every training point on its own"
+            )
         if hi[:k].all():
-            out.append(f"every lengthscale ended at the upper bound ({LENGTHSCALE_BOUNDS[1]:g} x the feature's "
-                       f"std): the fit found no dependence on X and predicts a constant")
+            out.append(
+                f"every lengthscale ended at the upper bound ({LENGTHSCALE_BOUNDS[1]:g} x the feature's "
+                f"std): the fit found no dependence on X and predicts a constant"
+            )
         if lo[k]:
-            out.append(f"the outputscale collapsed to its lower bound ({OUTPUTSCALE_BOUNDS[0]:g} x var(y)): the "
-                       f"fit explains y as noise around a constant and predicts a constant")
+            out.append(
+                f"the outputscale collapsed to its lower bound ({OUTPUTSCALE_BOUNDS[0]:g} x var(y)): the "
+                f"fit explains y as noise around a constant and predicts a constant"
+            )
         if hi[k]:
             out.append(f"the outputscale ended at its upper bound ({OUTPUTSCALE_BOUNDS[1]:g} x var(y))")
         if hi[k + 1]:
@@ -214,8 +236,10 @@ class HyperparameterSpace:
         the box."""
         k = self.n_lengthscales
         ln10 = math.log(10.0)
-        theta = np.concatenate([
-            self.log_spread + rng.uniform(-1.0, 1.0, k) * ln10,
-            [self.log_y_var + rng.uniform(-1.0, 0.5) * ln10, self.log_y_var + rng.uniform(-3.0, -0.3) * ln10, 0.0],
-        ])
+        theta = np.concatenate(
+            [
+                self.log_spread + rng.uniform(-1.0, 1.0, k) * ln10,
+                [self.log_y_var + rng.uniform(-1.0, 0.5) * ln10, self.log_y_var + rng.uniform(-3.0, -0.3) * ln10, 0.0],
+            ]
+        )
         return self.clip(theta)

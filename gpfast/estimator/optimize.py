@@ -91,9 +91,16 @@ def _checked(fun: LossFunction, step_of: Callable[[], int], what: str) -> LossFu
     return checked
 
 
-def minimize_lbfgs(fun: LossFunction, theta0: np.ndarray, space: HyperparameterSpace, n: int, max_iter: int,
-                   tol: float | None = None, what: str = "L-BFGS-B",
-                   on_step: Callable[[float], None] | None = None) -> OptimizeResult:
+def minimize_lbfgs(
+    fun: LossFunction,
+    theta0: np.ndarray,
+    space: HyperparameterSpace,
+    n: int,
+    max_iter: int,
+    tol: float | None = None,
+    what: str = "L-BFGS-B",
+    on_step: Callable[[float], None] | None = None,
+) -> OptimizeResult:
     """L-BFGS-B from ``theta0`` for at most ``max_iter`` iterations, on ``n`` times the per-point loss."""
     from scipy.optimize import minimize
 
@@ -115,11 +122,24 @@ def minimize_lbfgs(fun: LossFunction, theta0: np.ndarray, space: HyperparameterS
     if max_iter <= 0:
         loss, _ = checked(theta0)
         return OptimizeResult(theta0, loss, [], 0, False, "max_iter=0")
-    bounds = [(None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi)
-              for lo, hi in zip(space.lower, space.upper)]
-    res = minimize(total, theta0, jac=True, method="L-BFGS-B", bounds=bounds, callback=callback,
-                   options={"maxiter": int(max_iter), "ftol": LBFGS_FTOL if tol is None else float(tol),
-                            "gtol": LBFGS_GTOL, "maxfun": max(15000, 4 * int(max_iter))})
+    bounds = [
+        (None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi)
+        for lo, hi in zip(space.lower, space.upper)
+    ]
+    res = minimize(
+        total,
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
+        bounds=bounds,
+        callback=callback,
+        options={
+            "maxiter": int(max_iter),
+            "ftol": LBFGS_FTOL if tol is None else float(tol),
+            "gtol": LBFGS_GTOL,
+            "maxfun": max(15000, 4 * int(max_iter)),
+        },
+    )
     theta = np.asarray(res.x, dtype=np.float64)
     loss = seen.get(theta.tobytes())
     if loss is None:
@@ -128,9 +148,16 @@ def minimize_lbfgs(fun: LossFunction, theta0: np.ndarray, space: HyperparameterS
     return OptimizeResult(theta, float(loss), history, int(res.nit), res.status == 0, message)
 
 
-def minimize_adam(fun: LossFunction, theta0: np.ndarray, space: HyperparameterSpace, max_iter: int, lr: float,
-                  tol: float | None = None, what: str = "Adam",
-                  on_step: Callable[[float], None] | None = None) -> OptimizeResult:
+def minimize_adam(
+    fun: LossFunction,
+    theta0: np.ndarray,
+    space: HyperparameterSpace,
+    max_iter: int,
+    lr: float,
+    tol: float | None = None,
+    what: str = "Adam",
+    on_step: Callable[[float], None] | None = None,
+) -> OptimizeResult:
     """Projected Adam from ``theta0`` for at most ``max_iter`` steps; ``tol=0`` runs them all."""
     tol = ADAM_TOL if tol is None else float(tol)
     theta = torch.tensor(space.clip(np.asarray(theta0, dtype=np.float64)), dtype=torch.float64)
