@@ -62,7 +62,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
     solver : {"auto", "cholesky", "cg"}, default="auto"
         Linear-algebra backend (see :mod:`gpfast.estimator.solver`). ``"auto"`` picks ``"cholesky"`` when three
         float64 n x n matrices fit in the device's free memory and ``n <= AUTO_CHOLESKY_MAX_N`` (100k on CUDA,
-        10k on CPU), else ``"cg"``. The choice is stored in ``solver_``.
+        10k on CPU), else ``"cg"``; it then trains with the exact objective up to ``AUTO_TRAIN_CHOLESKY_MAX_N`` (4096
+        on CUDA, 1500 on CPU, where CG steps become the cheaper way to a fit) and with CG above, while predictions
+        stay exact. The choices are stored in ``solver_`` and ``train_solver_``.
     optimizer : {"auto", "lbfgs", "adam"}, default="auto"
         How the hyperparameters are fitted (:mod:`gpfast.estimator.optimize`), in log space inside the bounds of
         :mod:`gpfast.estimator.hyperparameters`. ``"lbfgs"``: scipy's L-BFGS-B (strong-Wolfe line search) with
