@@ -56,9 +56,7 @@ def _gp(**kw):
 # check_methods_sample_order_invariance. The Cholesky instance keeps the float32 default (its predictions are
 # float64).
 # ----------------------------------------------------------------------------------------------------------
-@parametrize_with_checks(
-    [_gp(random_state=0), _gp(solver="cg", random_state=0, ard=False, dtype="float64")]
-)
+@parametrize_with_checks([_gp(random_state=0), _gp(solver="cg", random_state=0, ard=False, dtype="float64")])
 def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
@@ -530,8 +528,19 @@ def test_save_load_round_trip(tmp_path, solver, dtype):
     gp.save(path)
     gp2 = ExactGP.load(path)
     assert gp2.get_params() == {**gp.get_params(), "lengthscale_init": list(X.std(0))}
-    for attr in ("solver_", "history_", "n_iter_", "y_mean_", "y_std_", "noise_", "outputscale_", "constant_mean_",
-                 "log_marginal_likelihood_", "log_marginal_likelihood_method_", "n_features_in_"):
+    for attr in (
+        "solver_",
+        "history_",
+        "n_iter_",
+        "y_mean_",
+        "y_std_",
+        "noise_",
+        "outputscale_",
+        "constant_mean_",
+        "log_marginal_likelihood_",
+        "log_marginal_likelihood_method_",
+        "n_features_in_",
+    ):
         assert getattr(gp2, attr) == getattr(gp, attr), attr
     for attr in ("x_mean_", "x_std_", "lengthscale_"):
         np.testing.assert_array_equal(getattr(gp2, attr), getattr(gp, attr))

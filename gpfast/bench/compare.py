@@ -43,8 +43,9 @@ _KERNEL = {"gpytorch": "gpytorch", "gpytorch+gpfast": "gpfast"}
 
 def default_init(d: int) -> dict[str, object]:
     """GPyTorch's default initial hyperparameters for d inputs (standardised units), read off a fresh model."""
-    model = ExactGPModel(torch.zeros(2, d), torch.zeros(2), gpytorch.likelihoods.GaussianLikelihood(),
-                         kernel="gpytorch")
+    model = ExactGPModel(
+        torch.zeros(2, d), torch.zeros(2), gpytorch.likelihoods.GaussianLikelihood(), kernel="gpytorch"
+    )
     cov = model.covar_module
     return {
         "init_lengthscale": [float(v) for v in cov.base_kernel.lengthscale.detach().reshape(-1)],
@@ -85,10 +86,19 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
 
 
 def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
-    gp = ExactGP(max_iter=iters, lr=lr, optimizer="adam", tol=0.0, device=device, random_state=seed, verbose=verbose,
-                 standardize=False,
-                 lengthscale_init=np.asarray(init["init_lengthscale"], dtype=np.float64),
-                 outputscale_init=init["init_outputscale"], noise_init=init["init_noise"])
+    gp = ExactGP(
+        max_iter=iters,
+        lr=lr,
+        optimizer="adam",
+        tol=0.0,
+        device=device,
+        random_state=seed,
+        verbose=verbose,
+        standardize=False,
+        lengthscale_init=np.asarray(init["init_lengthscale"], dtype=np.float64),
+        outputscale_init=init["init_outputscale"],
+        noise_init=init["init_noise"],
+    )
     sync(device)
     t0 = time.perf_counter()
     gp.fit(X, y)
@@ -100,8 +110,11 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init):
     predict_s = time.perf_counter() - t0
     mean = torch.as_tensor(mean).double().cpu().numpy()
     var = torch.as_tensor(std).double().cpu().numpy() ** 2
-    info = {"final_loss": gp.history_[-1] if gp.history_ else float("nan"), "solver": str(gp.solver_),
-            "train_solver": str(gp.train_solver_)}
+    info = {
+        "final_loss": gp.history_[-1] if gp.history_ else float("nan"),
+        "solver": str(gp.solver_),
+        "train_solver": str(gp.train_solver_),
+    }
     return info, train_s, predict_s, mean, var
 
 
@@ -233,8 +246,17 @@ def compare(
 
 
 def _failed(status: str, dev: torch.device) -> dict:
-    keys = ("train_s", "s_per_iter", "predict_s", "total_s", "rmse_std", "rmse_orig", "nll_std", "nll_orig",
-            "peak_mem_bytes")
+    keys = (
+        "train_s",
+        "s_per_iter",
+        "predict_s",
+        "total_s",
+        "rmse_std",
+        "rmse_orig",
+        "nll_std",
+        "nll_orig",
+        "peak_mem_bytes",
+    )
     out = {k: None for k in keys}
     out["status"] = status
     out["mem_kind"] = "cuda_max_allocated" if dev.type == "cuda" else "cpu_rss_peak_increase"

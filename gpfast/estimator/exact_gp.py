@@ -255,8 +255,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         n, d = Xt.shape
         yt = validate_y(y, n)
         if n < 2:
-            raise ValueError(f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to "
-                             f"fit a GP.")
+            raise ValueError(
+                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
+            )
         x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
         inits = _params.initial_values(self, d, x_std.cpu(), y_std)
         device, dtype = settings.device, settings.dtype
@@ -268,8 +269,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         subset = self._subset_size(n)
         cg = self._cg_settings()
 
-        msg = (f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
-               f"{optimizer} on {choice.train_solver}, device={device}, dtype={dtype}")
+        msg = (
+            f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
+            f"{optimizer} on {choice.train_solver}, device={device}, dtype={dtype}"
+        )
         logger.info(msg)
         if self.verbose:
             print(msg, file=sys.stderr)
@@ -289,21 +292,41 @@ class ExactGP(RegressorMixin, BaseEstimator):
             if subset is not None:
                 gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
                 sub_idx = torch.randperm(n, generator=gen)[:subset].to(device)
-                sub_solver = self.solver if self.solver != "auto" else \
-                    _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver
-            train_kw = dict(cg=cg, optimizer=optimizer, lr=self.lr, tol=self.tol, dtype=dtype,
-                            verbose=bool(self.verbose), space=space)
+                sub_solver = (
+                    self.solver
+                    if self.solver != "auto"
+                    else _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver
+                )
+            train_kw = dict(
+                cg=cg,
+                optimizer=optimizer,
+                lr=self.lr,
+                tol=self.tol,
+                dtype=dtype,
+                verbose=bool(self.verbose),
+                space=space,
+            )
 
             def run(theta):
                 space.set(model, theta)
                 pre = None
                 if sub_idx is not None:
                     model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
-                    pre = train(model, self.pretrain_iter, sub_solver,
-                                desc=f"gpfast pretrain ({subset} pts, {sub_solver})", **train_kw)
+                    pre = train(
+                        model,
+                        self.pretrain_iter,
+                        sub_solver,
+                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
+                        **train_kw,
+                    )
                     model.set_train_data(inputs=Xd, targets=yd, strict=False)
-                full = train(model, self.max_iter, choice.train_solver,
-                             desc=f"gpfast fit ({optimizer}, {choice.train_solver})", **train_kw)
+                full = train(
+                    model,
+                    self.max_iter,
+                    choice.train_solver,
+                    desc=f"gpfast fit ({optimizer}, {choice.train_solver})",
+                    **train_kw,
+                )
                 return pre, full
 
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
@@ -325,12 +348,26 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if self.max_iter > 0:
             self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
         return dict(
-            device_=device, X_train_=Xs, y_train_=ys, x_mean_=x_mean.cpu().numpy(), x_std_=x_std.cpu().numpy(),
-            y_mean_=y_mean, y_std_=y_std, model_=model, likelihood_=likelihood, solver_=choice.solver,
-            train_solver_=choice.train_solver, optimizer_=optimizer, history_=result.history,
-            pretrain_history_=pre.history if pre is not None else [], n_iter_=result.n_iter,
-            converged_=result.converged, restart_losses_=restart_losses, log_marginal_likelihood_=lml,
-            log_marginal_likelihood_method_=lml_method, _posterior=posterior,
+            device_=device,
+            X_train_=Xs,
+            y_train_=ys,
+            x_mean_=x_mean.cpu().numpy(),
+            x_std_=x_std.cpu().numpy(),
+            y_mean_=y_mean,
+            y_std_=y_std,
+            model_=model,
+            likelihood_=likelihood,
+            solver_=choice.solver,
+            train_solver_=choice.train_solver,
+            optimizer_=optimizer,
+            history_=result.history,
+            pretrain_history_=pre.history if pre is not None else [],
+            n_iter_=result.n_iter,
+            converged_=result.converged,
+            restart_losses_=restart_losses,
+            log_marginal_likelihood_=lml,
+            log_marginal_likelihood_method_=lml_method,
+            _posterior=posterior,
         )
 
     def _clipped(self, space: HyperparameterSpace, theta0):
@@ -358,8 +395,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
             )
         problems = [] if y_constant else space.diagnose(result.theta)
         if problems:
-            warnings.warn("ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other "
-                          "initial values.", UserWarning, stacklevel=3)
+            warnings.warn(
+                "ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other initial values.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
         """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
@@ -389,14 +429,21 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _subset_size(self, n: int) -> int | None:
         subset = self.pretrain_subset
         if subset is not None and subset >= n:
-            warnings.warn(f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
-                          UserWarning, stacklevel=4)
+            warnings.warn(
+                f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
+                UserWarning,
+                stacklevel=4,
+            )
             return None
         return subset
 
     def _cg_settings(self) -> CGSettings:
-        return CGSettings(float(self.cg_tolerance), float(self.eval_cg_tolerance), int(self.max_cg_iterations),
-                          int(self.preconditioner_size))
+        return CGSettings(
+            float(self.cg_tolerance),
+            float(self.eval_cg_tolerance),
+            int(self.max_cg_iterations),
+            int(self.preconditioner_size),
+        )
 
     @staticmethod
     def _seeded(seed: int | None, device: torch.device):

@@ -131,8 +131,9 @@ def _resolve_device(est, bad) -> torch.device:
                 "`torchrun --nproc-per-node=K ...` and call gpfast.kernels.distributed.init() first."
             )
         if est.solver == "cholesky":
-            raise ValueError("ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use "
-                             "'auto' or 'cg').")
+            raise ValueError(
+                "ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use 'auto' or 'cg')."
+            )
         if est.device is None:
             nccl = tdist.get_backend() == "nccl"
             return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
@@ -144,8 +145,9 @@ def _resolve_device(est, bad) -> torch.device:
         raise bad("device", "None, 'cpu', 'cuda', 'cuda:<index>' or a torch.device") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"ExactGP: device={describe(est.device)} but CUDA is not available; use device='cpu' "
-                             f"or device=None.")
+            raise ValueError(
+                f"ExactGP: device={describe(est.device)} but CUDA is not available; use device='cpu' or device=None."
+            )
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         elif device.index >= torch.cuda.device_count():

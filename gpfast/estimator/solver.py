@@ -55,8 +55,9 @@ class SolverChoice:
     reason: str  # one line for the log
 
 
-def choose_solver(n: int, device: torch.device, free_memory: int, requested: str = "auto",
-                  distributed: bool = False) -> SolverChoice:
+def choose_solver(
+    n: int, device: torch.device, free_memory: int, requested: str = "auto", distributed: bool = False
+) -> SolverChoice:
     """The solver rule (module docstring) for n training points on ``device`` with ``free_memory`` bytes free.
 
     ``requested`` is ``"auto"``, ``"cholesky"`` or ``"cg"``; ``distributed`` forces CG. Raises ValueError when
@@ -82,8 +83,10 @@ def choose_solver(n: int, device: torch.device, free_memory: int, requested: str
         return SolverChoice("cg", "cg", exact, why)
     solver = "cholesky" if exact else "cg"
     train_solver = "cholesky" if (exact and n <= train_cap) else "cg"
-    why = (f"auto: n={n} {'<=' if n <= cap else '>'} {cap}, {CHOLESKY_WORKSPACE_FACTOR} float64 n x n matrices "
-           f"need {_gb(need)}, {_gb(free_memory)} free on {device}")
+    why = (
+        f"auto: n={n} {'<=' if n <= cap else '>'} {cap}, {CHOLESKY_WORKSPACE_FACTOR} float64 n x n matrices "
+        f"need {_gb(need)}, {_gb(free_memory)} free on {device}"
+    )
     return SolverChoice(solver, train_solver, exact, why)
 
 

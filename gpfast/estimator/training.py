@@ -21,8 +21,16 @@ from gpfast.estimator.hyperparameters import HyperparameterSpace
 from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
 from gpfast.models import ExactGPModel
 
-__all__ = ["CGSettings", "Objective", "TrainResult", "default_objective", "gpytorch_objective", "mll_estimate",
-           "solver_settings", "train"]
+__all__ = [
+    "CGSettings",
+    "Objective",
+    "TrainResult",
+    "default_objective",
+    "gpytorch_objective",
+    "mll_estimate",
+    "solver_settings",
+    "train",
+]
 
 #: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
 #: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
@@ -90,10 +98,20 @@ def default_objective(solver: str | None) -> Callable[[ExactGPModel], Objective]
     return cholesky_objective if solver == "cholesky" else gpytorch_objective
 
 
-def train(model: ExactGPModel, n_steps: int, solver: str | None, cg: CGSettings | None, optimizer: str,
-          lr: float, tol, dtype: torch.dtype, desc: str, verbose: bool,
-          objective: Callable[[ExactGPModel], Objective] | None = None,
-          space: HyperparameterSpace | None = None) -> TrainResult:
+def train(
+    model: ExactGPModel,
+    n_steps: int,
+    solver: str | None,
+    cg: CGSettings | None,
+    optimizer: str,
+    lr: float,
+    tol,
+    dtype: torch.dtype,
+    desc: str,
+    verbose: bool,
+    objective: Callable[[ExactGPModel], Objective] | None = None,
+    space: HyperparameterSpace | None = None,
+) -> TrainResult:
     """Minimise the negative marginal log likelihood per data point over the model's hyperparameters, from their
     current values, with ``optimizer`` ``"lbfgs"`` (L-BFGS-B) or ``"adam"`` (projected Adam, learning rate
     ``lr``) for at most ``n_steps`` iterations, in log space inside ``space``'s bounds (``None``: unbounded); see
