@@ -391,14 +391,14 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 f"({result.message}); the hyperparameters may be short of the marginal-likelihood optimum. Raise "
                 f"max_iter (now {self.max_iter}; it is a cap, not a plan), or set tol.",
                 ConvergenceWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         problems = [] if y_constant else space.diagnose(result.theta)
         if problems:
             warnings.warn(
                 "ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other initial values.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
