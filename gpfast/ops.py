@@ -389,7 +389,7 @@ def _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads: bo
 
 
 def _canonical_grad(grad, shape, like: torch.Tensor) -> torch.Tensor:
-    """The incoming gradient broadcast to the op's output shape (*batch, rows, cols) and flattened to (B, rows, cols)."""
+    """The incoming gradient broadcast to the op's output shape (*batch, rows, cols), flattened to (B, rows, cols)."""
     if not isinstance(grad, torch.Tensor):
         raise TypeError(f"grad must be a torch.Tensor of the output's shape {tuple(shape)}, got {type(grad).__name__}")
     if grad.dtype != like.dtype:

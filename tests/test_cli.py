@@ -44,9 +44,9 @@ def test_compare_yacht_writes_outputs(tmp_path, capsys):
         assert r["init_lengthscale"] == pytest.approx(first["init_lengthscale"], rel=1e-6)
         for key in ("init_outputscale", "init_noise", "init_mean"):
             assert r[key] == pytest.approx(first[key], rel=1e-6, abs=1e-7), (r["row"], key)
-    # same data, same start, same steps: the three fits agree closely
-    rmses = [r["rmse_std"] for r in rows]
-    assert max(rmses) - min(rmses) < 1e-3
+    # same data, same start, same loop: GPyTorch with either kernel fits the same (row (c) takes its steps in log
+    # space with gpfast's own optimiser, so after 3 steps it is elsewhere)
+    assert abs(rows[0]["rmse_std"] - rows[1]["rmse_std"]) < 1e-3
 
     with open(stem.with_suffix(".csv")) as f:
         csv_rows = list(csv.DictReader(f))

@@ -19,10 +19,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpfast.estimator.solver as est_mod
 from gpfast.estimator import ExactGP
-from gpfast.models import ExactGPModel
 
 F64 = torch.float64
-BIG = 10**9
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -58,9 +56,7 @@ def _gp(**kw):
 # check_methods_sample_order_invariance. The Cholesky instance keeps the float32 default (its predictions are
 # float64).
 # ----------------------------------------------------------------------------------------------------------
-@parametrize_with_checks(
-    [_gp(random_state=0), _gp(solver="cg", random_state=0, ard=False, dtype="float64")]
-)
+@parametrize_with_checks([_gp(random_state=0), _gp(solver="cg", random_state=0, ard=False, dtype="float64")])
 def test_sklearn_estimator_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", gpytorch.utils.warnings.GPInputWarning)
@@ -161,7 +157,7 @@ def test_fixed_hyperparameters_cg_close_to_cholesky():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# UCI sets: same test RMSE as a plain GPyTorch exact GP trained the same way
+# UCI sets: the default fit predicts as well as scikit-learn's GaussianProcessRegressor
 # ----------------------------------------------------------------------------------------------------------
 def _load_uci(name):
     try:
@@ -178,45 +174,24 @@ def _load_uci(name):
         return data[~test, :-1], data[~test, -1], data[test, :-1], data[test, -1]
 
 
-def _plain_gpytorch_rmse(X, y, Xt, yt, iters):
-    xm, xs = X.mean(0), X.std(0)
-    xs[xs == 0] = 1.0
-    ym, ys = y.mean(), y.std()
-    x = torch.from_numpy((X - xm) / xs)
-    t = torch.from_numpy((y - ym) / ys)
-    lik = gpytorch.likelihoods.GaussianLikelihood().to(F64)
-    model = ExactGPModel(x, t, lik, kernel="gpytorch").to(F64)
-    mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    model.train()
-    lik.train()
-    with gpytorch.settings.max_cholesky_size(BIG):
-        for _ in range(iters):
-            opt.zero_grad()
-            loss = -mll(model(x), t)
-            loss.backward()
-            opt.step()
-        model.eval()
-        lik.eval()
-        with torch.no_grad():
-            mean = lik(model(torch.from_numpy((Xt - xm) / xs))).mean.numpy() * ys + ym
-    return float(np.sqrt(np.mean((mean - yt) ** 2)))
-
-
-@pytest.mark.parametrize("name", ["yacht", "energy", "concrete"])
-def test_uci_rmse_matches_plain_gpytorch(name):
+@pytest.mark.parametrize("name", ["yacht", "energy", pytest.param("concrete", marks=pytest.mark.slow)])
+def test_uci_rmse_matches_sklearn_and_adam_runs(name):
+    """The default fit (L-BFGS to convergence) predicts as well as scikit-learn's GPR fitted to its optimum (issue
+    13's bar: RMSE within 2%). It used to be compared with 50 steps of plain GPyTorch's Adam; a converged fit is
+    not bound to beat an early-stopped one on one split (concrete: 4.46 against 4.12, scikit-learn's 4.44)."""
     X, y, Xt, yt = _load_uci(name)
-    iters = 50
-    ref = _plain_gpytorch_rmse(X, y, Xt, yt, iters)
-    gp = _gp(max_iter=iters, lr=0.1, dtype="float64", solver="cholesky", random_state=0).fit(X, y)
+    sk = GaussianProcessRegressor(ConstantKernel() * RBF(np.ones(X.shape[1])) + WhiteKernel(), normalize_y=True)
+    ref = float(np.sqrt(np.mean((sk.fit(X, y).predict(Xt) - yt) ** 2)))
+    gp = _gp(max_iter=1000, random_state=0).fit(X, y)
     rmse = float(np.sqrt(np.mean((gp.predict(Xt) - yt) ** 2)))
-    assert gp.n_iter_ == iters and len(gp.history_) == iters
+    assert gp.converged_
+    assert rmse <= 1.02 * ref, (name, rmse, ref)
+    # 50 Adam steps (tol=0: no early stop) run and lower the loss; as for plain GPyTorch's loop, 50 steps are not
+    # a converged fit
+    gp = _gp(max_iter=50, optimizer="adam", tol=0, lr=0.1, dtype="float64", solver="cholesky", random_state=0)
+    gp.fit(X, y)
+    assert gp.n_iter_ == 50 and len(gp.history_) == 50
     assert gp.history_[-1] < gp.history_[0]
-    assert rmse <= 1.05 * ref, (name, rmse, ref)
-    # the default float32 training gets there too
-    gp32 = _gp(max_iter=iters, random_state=0).fit(X, y)
-    rmse32 = float(np.sqrt(np.mean((gp32.predict(Xt) - yt) ** 2)))
-    assert rmse32 <= 1.05 * ref, (name, rmse32, ref)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -310,9 +285,10 @@ def test_bad_fit_input_raises_and_keeps_state(fitted, make, match):
     "param, value, match",
     [
         ("solver", "qr", r"invalid solver='qr'; expected one of 'auto', 'cholesky', 'cg'"),
-        ("optimizer", "sgd", r"invalid optimizer='sgd'; expected one of 'adam', 'lbfgs'"),
+        ("optimizer", "sgd", r"invalid optimizer='sgd'; expected one of 'auto', 'lbfgs', 'adam'"),
         ("lr", -1.0, r"invalid lr=-1.0; expected a positive float"),
         ("max_iter", 2.5, r"invalid max_iter=2.5"),
+        ("n_restarts", -1, r"invalid n_restarts=-1; expected an int >= 0"),
         ("tol", -1, r"invalid tol=-1"),
         ("dtype", "float16", r"invalid dtype='float16'"),
         ("device", "tpu", r"invalid device='tpu'"),
@@ -493,10 +469,10 @@ def test_hyperparameters_in_original_units():
 def test_tol_stops_early_and_lbfgs_runs():
     rng, _ = _rng()
     X, y, Xt, yt = _toy(rng, n=40)
-    gp = _gp(max_iter=200, tol=1e-2, random_state=0).fit(X, y)
-    assert 5 < gp.n_iter_ < 200 and len(gp.history_) == gp.n_iter_
-    gp = _gp(optimizer="lbfgs", lr=1.0, max_iter=15, random_state=0).fit(X, y)
-    assert gp.n_iter_ == 15 and gp.history_[-1] < gp.history_[0]
+    gp = _gp(optimizer="adam", max_iter=200, tol=1e-2, random_state=0).fit(X, y)  # 2 windows of 10 at least
+    assert 20 <= gp.n_iter_ < 200 and len(gp.history_) == gp.n_iter_ and gp.converged_
+    gp = _gp(optimizer="lbfgs", max_iter=1000, random_state=0).fit(X, y)
+    assert gp.converged_ and gp.history_[-1] < gp.history_[0]
     assert gp.score(Xt, yt) > 0.5
 
 

@@ -4,7 +4,7 @@ Example::
 
     from gpfast import ExactGP
 
-    gp = ExactGP(max_iter=50).fit(X_train, y_train)          # numpy or torch, on the GPU when there is one
+    gp = ExactGP().fit(X_train, y_train)                      # numpy or torch, on the GPU when there is one
     mean, std = gp.predict(X_test, return_std=True)            # std of the noisy target y, in y's units
     gp.score(X_test, y_test)                                   # R^2
     gp.save("gp.pt"); gp2 = ExactGP.load("gp.pt")
@@ -32,11 +32,20 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
 from sklearn.utils.validation import check_is_fitted
 
+from sklearn.exceptions import ConvergenceWarning
+
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
 from gpfast.estimator import solver as _solver
+from gpfast.estimator.hyperparameters import (
+    LENGTHSCALE_BOUNDS,
+    NOISE_BOUNDS,
+    OUTPUTSCALE_BOUNDS,
+    HyperparameterSpace,
+)
 from gpfast.estimator.inputs import validate_X, validate_y
-from gpfast.estimator.training import CGSettings, mll_estimate, train
+from gpfast.estimator.restarts import best_of_restarts, starting_points
+from gpfast.estimator.training import CGSettings, gpytorch_objective, mll_estimate, train
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
 from gpfast.train import Engine
@@ -55,27 +64,44 @@ class ExactGP(RegressorMixin, BaseEstimator):
     solver : {"auto", "cholesky", "cg"}, default="auto"
         Linear-algebra backend (see :mod:`gpfast.estimator.solver`). ``"auto"`` picks ``"cholesky"`` when three
         float64 n x n matrices fit in the device's free memory and ``n <= AUTO_CHOLESKY_MAX_N`` (100k on CUDA,
-        10k on CPU), else ``"cg"``. The choice is stored in ``solver_``.
-    optimizer : {"adam", "lbfgs"}, default="adam"
-        ``torch.optim.Adam``, or ``torch.optim.LBFGS`` (strong-Wolfe line search, one L-BFGS iteration per
-        ``max_iter`` step, so each step costs a few loss evaluations).
+        10k on CPU), else ``"cg"``; it then trains with the exact objective up to ``AUTO_TRAIN_CHOLESKY_MAX_N`` (4096
+        on CUDA, 1500 on CPU, where CG steps become the cheaper way to a fit) and with CG above, while predictions
+        stay exact. The choices are stored in ``solver_`` and ``train_solver_``.
+    optimizer : {"auto", "lbfgs", "adam"}, default="auto"
+        How the hyperparameters are fitted (:mod:`gpfast.estimator.optimize`), in log space inside the bounds of
+        :mod:`gpfast.estimator.hyperparameters`. ``"lbfgs"``: scipy's L-BFGS-B (strong-Wolfe line search) with
+        scikit-learn's tolerances, for a deterministic loss. ``"adam"``: Adam with a convergence test on the loss
+        averaged over windows of 10 steps. ``"auto"``: L-BFGS when training with the ``"cholesky"`` solver (the
+        exact float64 marginal likelihood), Adam with ``"cg"`` (a stochastic estimate). The choice is stored in
+        ``optimizer_``.
     lr : float, default=0.1
-        Learning rate (Adam), or initial step length (L-BFGS).
-    max_iter : int, default=50
-        Optimisation steps on the full data. ``0`` keeps the initial hyperparameters.
+        Adam's learning rate (L-BFGS takes no learning rate). One that makes the loss blow up raises
+        FloatingPointError (TrainingDivergedError) and leaves the estimator unchanged.
+    max_iter : int, default=1000
+        Cap on the optimiser's iterations on the full data (L-BFGS iterations or Adam steps). Stopping there
+        before the stopping rule is met gives a ``ConvergenceWarning`` and ``converged_ = False``. ``0`` keeps the
+        initial hyperparameters.
     tol : float or None, default=None
-        Stop early once ``|loss_i - loss_{i-1}| / max(|loss_{i-1}|, 1) < tol`` for 5 consecutive iterations
-        (relative change, absolute when the loss is below 1 in magnitude). ``None`` runs all ``max_iter``.
+        Stopping tolerance: L-BFGS's relative decrease of the loss per iteration (``ftol``, default 2.2e-9 as in
+        scipy and scikit-learn); Adam's relative change of the windowed mean loss (default 1e-4; ``0`` runs all
+        ``max_iter`` steps).
+    n_restarts : int, default=0
+        Further optimiser runs from random data-driven starting points (scikit-learn's ``n_restarts_optimizer``;
+        see :meth:`gpfast.estimator.hyperparameters.HyperparameterSpace.random`), seeded by ``random_state``; the
+        run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss).
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
-        Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None`` keeps GPyTorch's
-        initialisation (``softplus(0) ~= 0.693`` in standardised units). The noise is at least 1e-4 in
-        standardised units (GPyTorch's ``GaussianLikelihood`` constraint).
+        Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None``: GPyTorch's
+        initialisation (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
+        (:mod:`gpfast.estimator.hyperparameters`: outputscale ``[1e-4, 1e4]`` and noise ``[1e-4, 1e2]`` times the
+        variance of y, the noise floor being also GPyTorch's ``GaussianLikelihood`` constraint); initial values
+        outside are moved to the nearest bound, with a warning.
     lengthscale_init : float, array of shape (n_features,) or None, default=None
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
-        acts on the standardised inputs, so it must be a float in standardised units. ``None`` keeps
-        GPyTorch's initialisation (0.693 in standardised units).
+        acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
+        standard deviation (1 in standardised units, scikit-learn's default). Fitted lengthscales stay within
+        ``[1e-2, 1e3]`` times each feature's standard deviation.
     standardize : bool, default=True
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
@@ -88,13 +114,14 @@ class ExactGP(RegressorMixin, BaseEstimator):
     device : str, torch.device or None, default=None
         ``None`` picks ``"cuda"`` when available, else ``"cpu"``.
     dtype : {"float32", "float64"} or torch.dtype, default="float32"
-        Training (and CG prediction) precision. The Cholesky predictions and the exact log marginal
-        likelihood are always computed in float64. (A string default keeps ``get_params`` to plain types.)
+        Precision of CG training and CG prediction, and of the stored model. Training with the Cholesky solver,
+        the Cholesky predictions and the exact log marginal likelihood are always float64. (A string default
+        keeps ``get_params`` to plain types.)
     random_state : int, RandomState instance or None, default=None
         Seeds torch (CPU and CUDA, inside ``torch.random.fork_rng`` so the global generators are left alone)
         for the subset draw and the CG probe vectors: equal seeds give identical ``history_``.
-    verbose : bool, default=True
-        Print the solver choice and show a tqdm progress bar with the loss.
+    verbose : bool, default=False
+        Print the solver choice and show a tqdm progress bar with the loss (on stderr). Quiet by default.
     cg_tolerance : float, default=1.0
         CG residual tolerance during training (GPyTorch's default; the loss only needs rough solves).
     eval_cg_tolerance : float, default=0.01
@@ -109,20 +136,21 @@ class ExactGP(RegressorMixin, BaseEstimator):
         group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
         then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
         rank's GPU (or the CPU with the gloo backend).
+
     trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
         Who takes the training steps. ``"auto"``: gpfast's training engine (:mod:`gpfast.train`: warm-started,
         truncated preconditioned CG and Hutchinson gradients from one fused backward, no Lanczos) whenever the
-        steps use CG, and GPyTorch's exact loop when they use a dense Cholesky. ``"gpfast"``: the engine for every
-        step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``: GPyTorch's loop
-        (mBCG and stochastic Lanczos under CG, with ``cg_tolerance``, ``max_cg_iterations`` and
-        ``preconditioner_size``), for comparisons. The choice is stored in ``trainer_``.
+        steps use CG, and gpfast's exact float64 objective when they use a dense Cholesky. ``"gpfast"``: the
+        engine for every step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``:
+        GPyTorch's marginal likelihood when the steps use CG (mBCG and stochastic Lanczos, with ``cg_tolerance``,
+        ``max_cg_iterations`` and ``preconditioner_size``), for comparisons. Who trained is stored in
+        ``trainer_``.
     trainer_options : dict or None, default=None
         Settings of gpfast's engine, keys of :class:`gpfast.train.EngineSettings` (``num_probes``,
         ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``rebuild_every``,
         ``rebuild_lengthscale_change``, ``resample_every``, ``warm_start``, ``product``, ``memory_fraction``; the
         defaults and the measurements behind them are documented there); ``None`` keeps its defaults. The
         GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
-
     Attributes
     ----------
     X_train_, y_train_ : torch.Tensor
@@ -139,13 +167,20 @@ class ExactGP(RegressorMixin, BaseEstimator):
     train_solver_ : {"cholesky", "cg"}
         How the training steps were taken (differs from ``solver_`` only under ``solver="auto"``).
     device_ : torch.device
+    optimizer_ : {"lbfgs", "adam"}
+        The optimiser that fitted the hyperparameters.
     history_ : list of float
-        Training loss (negative marginal log likelihood per data point, standardised units) per step on the
-        full data; ``pretrain_history_`` the same on the subset.
+        Training loss (negative marginal log likelihood per data point, standardised units) per iteration on the
+        full data, of the run kept among the restarts; ``pretrain_history_`` the same on the subset.
     n_iter_ : int
-        Steps taken on the full data.
-    trainer_ : {"gpfast", "gpytorch"}
-        Who took the training steps on the full data (see ``trainer``).
+        Iterations taken on the full data by the run kept.
+    converged_ : bool
+        The optimiser's stopping rule was met before ``max_iter`` (False when ``max_iter=0``).
+    restart_losses_ : list of float
+        Final training loss of each run: the first start, then the ``n_restarts`` random ones.
+    trainer_ : {"gpfast", "exact", "gpytorch"}
+        Who took the training steps on the full data: gpfast's engine, the exact float64 Cholesky objective
+        (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``trainer``).
     cg_iterations_, cg_residuals_ : list of int, list of float, or None
         With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (the data
         column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS
@@ -178,10 +213,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def __init__(
         self,
         solver: str = "auto",
-        optimizer: str = "adam",
+        optimizer: str = "auto",
         lr: float = 0.1,
-        max_iter: int = 50,
+        max_iter: int = 1000,
         tol: float | None = None,
+        n_restarts: int = 0,
         ard: bool = True,
         noise_init: float | None = None,
         outputscale_init: float | None = None,
@@ -192,7 +228,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         device=None,
         dtype="float32",
         random_state=None,
-        verbose: bool = True,
+        verbose: bool = False,
         cg_tolerance: float = 1.0,
         eval_cg_tolerance: float = 0.01,
         max_cg_iterations: int = 1000,
@@ -206,6 +242,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.lr = lr
         self.max_iter = max_iter
         self.tol = tol
+        self.n_restarts = n_restarts
         self.ard = ard
         self.noise_init = noise_init
         self.outputscale_init = outputscale_init
@@ -254,19 +291,25 @@ class ExactGP(RegressorMixin, BaseEstimator):
         n, d = Xt.shape
         yt = validate_y(y, n)
         if n < 2:
-            raise ValueError(f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to "
-                             f"fit a GP.")
+            raise ValueError(
+                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
+            )
         x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
         inits = _params.initial_values(self, d, x_std.cpu(), y_std)
         device, dtype = settings.device, settings.dtype
         free = _solver.free_memory_bytes(device)
         choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
+        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver)
+        optimizer = _params.resolve_optimizer(settings.optimizer, train_solver)
+        # The exact objective is float64 whatever dtype says: L-BFGS's line search needs the loss to that precision.
+        train_dtype = torch.float64 if train_solver == "cholesky" else dtype
         subset = self._subset_size(n)
         cg = self._cg_settings()
-        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver)
 
-        msg = (f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training steps with "
-               f"{train_solver} ({trainer_used}), device={device}, dtype={dtype}")
+        msg = (
+            f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
+            f"{optimizer} on {train_solver} ({trainer_used}), device={device}, dtype={dtype}"
+        )
         logger.info(msg)
         if self.verbose:
             print(msg, file=sys.stderr)
@@ -275,34 +318,55 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ys = ((yt - y_mean) / y_std).to(device)
         with self._seeded(settings.seed, device):
             likelihood = gpytorch.likelihoods.GaussianLikelihood()
-            Xd, yd = Xs.to(dtype), ys.to(dtype)
-            pretrain_history = []
+            Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
+            model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
+            model = model.to(device=device, dtype=train_dtype)
+            space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
+            theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
+            if self.max_iter > 0 or subset is not None:
+                theta0 = self._clipped(space, theta0)
+            sub_idx = None
             if subset is not None:
                 gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
-                idx = torch.randperm(n, generator=gen)[:subset].to(device)
-                model = ExactGPModel(Xd[idx], yd[idx], likelihood, ard=bool(self.ard),
-                                     distributed=settings.distributed)
-            else:
-                model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
-            model = model.to(device=device, dtype=dtype)
-            self._initialise(model, inits, device, dtype)
-            train_kw = dict(cg=cg, optimizer=settings.optimizer, lr=self.lr, tol=self.tol, dtype=dtype,
-                            verbose=bool(self.verbose))
-            if subset is not None:
-                sub_solver = self.solver if self.solver != "auto" else \
-                    _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver
-                sub_solver, sub_trainer = _trainer.train_solver(trainer, sub_solver)
-                sub_engine = Engine(engine_settings, free) if sub_trainer == "gpfast" else None
-                pretrain_history = train(model, self.pretrain_iter, sub_solver,
-                                         desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
-                                         objective=sub_engine and sub_engine.objective, **train_kw)
-                if sub_engine is not None:
-                    sub_engine.finish()
-                model.set_train_data(inputs=Xd, targets=yd, strict=False)
-            engine = Engine(engine_settings, free) if trainer_used == "gpfast" else None
-            history = train(model, self.max_iter, train_solver, desc=f"gpfast fit ({train_solver}, {trainer_used})",
-                            objective=engine and engine.objective, **train_kw)
-            record = engine.finish() if engine is not None else None
+                sub_idx = torch.randperm(n, generator=gen)[:subset].to(device)
+                sub_solver, sub_trainer = _trainer.train_solver(
+                    trainer,
+                    self.solver
+                    if self.solver != "auto"
+                    else _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver,
+                )
+            train_kw = dict(
+                cg=cg,
+                optimizer=optimizer,
+                lr=self.lr,
+                tol=self.tol,
+                dtype=dtype,
+                verbose=bool(self.verbose),
+                space=space,
+            )
+
+            def run(theta):
+                space.set(model, theta)
+                pre = None
+                if sub_idx is not None:
+                    model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+                    pre, _ = self._train_with(
+                        sub_trainer, engine_settings, free, model, self.pretrain_iter, sub_solver,
+                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})", **train_kw,
+                    )
+                    model.set_train_data(inputs=Xd, targets=yd, strict=False)
+                full, record = self._train_with(
+                    trainer_used, engine_settings, free, model, self.max_iter, train_solver,
+                    desc=f"gpfast fit ({optimizer}, {train_solver}, {trainer_used})", **train_kw,
+                )
+                return pre, full, record
+
+            starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
+            (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+            space.set(model, result.theta)
+            if train_dtype != dtype:
+                model = model.to(dtype)
+                model.set_train_data(inputs=Xs.to(dtype), targets=ys.to(dtype), strict=False)
             model.eval()
             likelihood.eval()
             posterior = None
@@ -313,14 +377,74 @@ class ExactGP(RegressorMixin, BaseEstimator):
                     posterior = None
             else:
                 lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
+        if self.max_iter > 0:
+            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
         return dict(
-            device_=device, X_train_=Xs, y_train_=ys, x_mean_=x_mean.cpu().numpy(), x_std_=x_std.cpu().numpy(),
-            y_mean_=y_mean, y_std_=y_std, model_=model, likelihood_=likelihood, solver_=choice.solver,
-            train_solver_=train_solver, history_=history, pretrain_history_=pretrain_history,
-            n_iter_=len(history), log_marginal_likelihood_=lml, log_marginal_likelihood_method_=lml_method,
-            _posterior=posterior, trainer_=trainer_used,
+            device_=device,
+            X_train_=Xs,
+            y_train_=ys,
+            x_mean_=x_mean.cpu().numpy(),
+            x_std_=x_std.cpu().numpy(),
+            y_mean_=y_mean,
+            y_std_=y_std,
+            model_=model,
+            likelihood_=likelihood,
+            solver_=choice.solver,
+            train_solver_=train_solver,
+            trainer_=trainer_used,
+            optimizer_=optimizer,
+            history_=result.history,
+            pretrain_history_=pre.history if pre is not None else [],
+            n_iter_=result.n_iter,
+            converged_=result.converged,
+            restart_losses_=restart_losses,
+            log_marginal_likelihood_=lml,
+            log_marginal_likelihood_method_=lml_method,
+            _posterior=posterior,
             **_trainer.fitted_attributes(record),
         )
+
+    @staticmethod
+    def _train_with(trainer_used, engine_settings, free, model, n_steps, solver, **train_kw):
+        """:func:`~gpfast.estimator.training.train` with the objective of ``trainer_used``: gpfast's engine
+        (returning its record too), the exact float64 objective (the default for ``"cholesky"``), or GPyTorch's."""
+        if trainer_used == "gpfast":
+            engine = Engine(engine_settings, free)
+            result = train(model, n_steps, solver, objective=engine.objective, **train_kw)
+            return result, engine.finish()
+        objective = gpytorch_objective if trainer_used == "gpytorch" else None
+        return train(model, n_steps, solver, objective=objective, **train_kw), None
+
+    def _clipped(self, space: HyperparameterSpace, theta0):
+        """theta0 moved into the bounds, with a warning naming what was moved."""
+        outside = space.outside(theta0)
+        if outside:
+            warnings.warn(
+                f"ExactGP: the initial {', '.join(outside)} lie outside the bounds of the fit (see "
+                f"gpfast.estimator.hyperparameters: lengthscales {LENGTHSCALE_BOUNDS} x each feature's std, "
+                f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
+                f"bound instead.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return space.clip(theta0)
+
+    def _warn_about_fit(self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool) -> None:
+        if not result.converged and self.tol != 0:  # tol=0 asks for all max_iter steps
+            warnings.warn(
+                f"ExactGP: the optimiser ({optimizer}) stopped after {result.n_iter} iterations without converging "
+                f"({result.message}); the hyperparameters may be short of the marginal-likelihood optimum. Raise "
+                f"max_iter (now {self.max_iter}; it is a cap, not a plan), or set tol.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        problems = [] if y_constant else space.diagnose(result.theta)
+        if problems:
+            warnings.warn(
+                "ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other initial values.",
+                UserWarning,
+                stacklevel=4,
+            )
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
         """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
@@ -350,14 +474,21 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _subset_size(self, n: int) -> int | None:
         subset = self.pretrain_subset
         if subset is not None and subset >= n:
-            warnings.warn(f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
-                          UserWarning, stacklevel=4)
+            warnings.warn(
+                f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
+                UserWarning,
+                stacklevel=4,
+            )
             return None
         return subset
 
     def _cg_settings(self) -> CGSettings:
-        return CGSettings(float(self.cg_tolerance), float(self.eval_cg_tolerance), int(self.max_cg_iterations),
-                          int(self.preconditioner_size))
+        return CGSettings(
+            float(self.cg_tolerance),
+            float(self.eval_cg_tolerance),
+            int(self.max_cg_iterations),
+            int(self.preconditioner_size),
+        )
 
     @staticmethod
     def _seeded(seed: int | None, device: torch.device):
@@ -369,16 +500,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
         stack.enter_context(torch.random.fork_rng(devices=devices))
         torch.manual_seed(seed)  # also seeds every CUDA device
         return stack
-
-    @staticmethod
-    def _initialise(model: ExactGPModel, inits, device, dtype) -> None:
-        kw = dict(device=device, dtype=dtype)
-        if inits["noise"] is not None:
-            model.likelihood.noise = inits["noise"].to(**kw)
-        if inits["outputscale"] is not None:
-            model.covar_module.outputscale = inits["outputscale"].to(**kw)
-        if inits["lengthscale"] is not None:
-            model.covar_module.base_kernel.lengthscale = inits["lengthscale"].to(**kw)
 
     def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:
         x_std = torch.as_tensor(self.x_std_, dtype=torch.float64)

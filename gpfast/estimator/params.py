@@ -13,7 +13,10 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-__all__ = ["MIN_NOISE", "Settings", "initial_values", "resolve"]
+__all__ = ["MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
+
+#: ``optimizer`` values; ``"auto"`` is L-BFGS on the exact (Cholesky) objective and Adam on the CG estimate.
+OPTIMIZERS = ("auto", "lbfgs", "adam")
 
 #: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
 MIN_NOISE = 1e-4
@@ -59,12 +62,14 @@ def resolve(est) -> Settings:
 
     if not isinstance(est.solver, str) or est.solver not in ("auto", "cholesky", "cg"):
         raise bad("solver", "one of 'auto', 'cholesky', 'cg'")
-    if not isinstance(est.optimizer, str) or est.optimizer.lower() not in ("adam", "lbfgs"):
-        raise bad("optimizer", "one of 'adam', 'lbfgs'")
+    if not isinstance(est.optimizer, str) or est.optimizer.lower() not in OPTIMIZERS:
+        raise bad("optimizer", "one of " + ", ".join(repr(o) for o in OPTIMIZERS))
     if not _is_real(est.lr) or est.lr <= 0:
         raise bad("lr", "a positive float")
     if not _is_int(est.max_iter) or est.max_iter < 0:
         raise bad("max_iter", "an int >= 0")
+    if not _is_int(est.n_restarts) or est.n_restarts < 0:
+        raise bad("n_restarts", "an int >= 0")
     if est.tol is not None and (not _is_real(est.tol) or est.tol < 0):
         raise bad("tol", "None or a float >= 0")
     for name in ("ard", "standardize"):
@@ -96,6 +101,14 @@ def resolve(est) -> Settings:
     )
 
 
+def resolve_optimizer(optimizer: str, train_solver: str) -> str:
+    """``"auto"``: L-BFGS (deterministic line searches) on the exact float64 objective of the ``"cholesky"``
+    solver, Adam with its convergence test on the stochastic CG estimate. Otherwise the one asked for."""
+    if optimizer != "auto":
+        return optimizer
+    return "lbfgs" if train_solver == "cholesky" else "adam"
+
+
 def _resolve_dtype(dt, bad) -> torch.dtype:
     if isinstance(dt, torch.dtype) and dt in (torch.float32, torch.float64):
         return dt
@@ -118,8 +131,9 @@ def _resolve_device(est, bad) -> torch.device:
                 "`torchrun --nproc-per-node=K ...` and call gpfast.kernels.distributed.init() first."
             )
         if est.solver == "cholesky":
-            raise ValueError("ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use "
-                             "'auto' or 'cg').")
+            raise ValueError(
+                "ExactGP: distributed=True runs the matrix-free CG solver; got solver='cholesky' (use 'auto' or 'cg')."
+            )
         if est.device is None:
             nccl = tdist.get_backend() == "nccl"
             return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
@@ -131,8 +145,9 @@ def _resolve_device(est, bad) -> torch.device:
         raise bad("device", "None, 'cpu', 'cuda', 'cuda:<index>' or a torch.device") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"ExactGP: device={describe(est.device)} but CUDA is not available; use device='cpu' "
-                             f"or device=None.")
+            raise ValueError(
+                f"ExactGP: device={describe(est.device)} but CUDA is not available; use device='cpu' or device=None."
+            )
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         elif device.index >= torch.cuda.device_count():

@@ -31,8 +31,12 @@ __all__ = [
 AUTO_CHOLESKY_MAX_N: dict[str, int] = {"cuda": 100_000, "cpu": 10_000}
 #: With ``solver="auto"``, training steps use the dense Cholesky only up to this n, and CG above it: on an H200
 #: CG steps on the fused kernel were ~5x faster at n = 13.5k-15.6k (pol, elevators, bike, 2026-11-29: 13.8 s vs
-#: 2.6 s for 50 steps on pol), while prediction still uses the exact float64 Cholesky.
-AUTO_TRAIN_CHOLESKY_MAX_N: dict[str, int] = {"cuda": 4_096, "cpu": 10_000}
+#: 2.6 s for 50 steps on pol), while prediction still uses the exact float64 Cholesky. On the 2-core CPU box
+#: (2026-11-30, ``experiments/step_cost.py``, d=8): an exact float64 step (Cholesky + its inverse, n^3 flops) cost
+#: 1.55 s at n=3000 against 0.58 s for a CG step on gpfast's kernel and 0.71 s for GPyTorch's own loop; whole
+#: default fits took 35 s (exact, L-BFGS) against 14 s (CG, Adam) at n=2000, while at n=1353 (airfoil) the exact
+#: fit was the faster one (18 s against 26 s, and a higher likelihood: -275 against -340). 1500 lies between.
+AUTO_TRAIN_CHOLESKY_MAX_N: dict[str, int] = {"cuda": 4_096, "cpu": 1_500}
 #: The Cholesky solver needs about this many float64 n x n matrices of free memory (matrix, factor, workspace).
 CHOLESKY_WORKSPACE_FACTOR = 3
 

@@ -1,4 +1,6 @@
-"""The training loop of :class:`gpfast.ExactGP`: optimiser steps on GPyTorch's exact marginal likelihood."""
+"""The training of :class:`gpfast.ExactGP`: an optimiser (:mod:`~gpfast.estimator.optimize`) on the negative
+marginal log likelihood, computed by an objective: the exact float64 one of the ``"cholesky"`` solver
+(:mod:`~gpfast.estimator.exact_objective`), GPyTorch's (CG with ``"cg"``), or any other with the same contract."""
 
 from __future__ import annotations
 
@@ -9,22 +11,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import gpytorch
+import numpy as np
 import torch
 from linear_operator.utils.errors import NotPSDError
 from tqdm.auto import tqdm
 
+from gpfast.estimator.exact_objective import cholesky_objective
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
 from gpfast.models import ExactGPModel
 
-__all__ = ["TOL_PATIENCE", "CGSettings", "Objective", "gpytorch_objective", "mll_estimate", "solver_settings", "train"]
+__all__ = [
+    "CGSettings",
+    "Objective",
+    "TrainResult",
+    "default_objective",
+    "gpytorch_objective",
+    "mll_estimate",
+    "solver_settings",
+    "train",
+]
 
 #: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
 #: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
 #: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
 #: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
 Objective = Callable[[], torch.Tensor]
-
-#: Number of consecutive steps over which the relative loss change must stay below ``tol``.
-TOL_PATIENCE = 5
 
 
 @dataclass(frozen=True)
@@ -69,57 +81,85 @@ def gpytorch_objective(model: ExactGPModel) -> Objective:
     return closure
 
 
-def train(model: ExactGPModel, n_steps: int, solver: str | None, cg: CGSettings | None, optimizer: str,
-          lr: float, tol, dtype: torch.dtype, desc: str, verbose: bool,
-          objective: Callable[[ExactGPModel], Objective] | None = None) -> list[float]:
-    """Take up to ``n_steps`` optimiser steps on the negative marginal log likelihood per data point; return the
-    loss of each step. ``objective(model)`` builds the loss-and-gradient closure (default
-    :func:`gpytorch_objective`). Stops early when ``tol`` is set and the relative change stays below it for
-    :data:`TOL_PATIENCE` steps. Raises NotPSDError / FloatingPointError with advice when a step fails."""
-    history: list[float] = []
+@dataclass
+class TrainResult:
+    """What :func:`train` did: the loss per step (``history``), the steps taken, whether the optimiser's stopping
+    rule was met (``converged``, with scipy's or our ``message``), and the final loss and log hyperparameters."""
+
+    history: list[float]
+    n_iter: int
+    converged: bool
+    message: str
+    loss: float
+    theta: np.ndarray
+
+
+def default_objective(solver: str | None) -> Callable[[ExactGPModel], Objective]:
+    """The exact float64 Cholesky objective for ``solver="cholesky"``, GPyTorch's marginal likelihood otherwise."""
+    return cholesky_objective if solver == "cholesky" else gpytorch_objective
+
+
+def train(
+    model: ExactGPModel,
+    n_steps: int,
+    solver: str | None,
+    cg: CGSettings | None,
+    optimizer: str,
+    lr: float,
+    tol,
+    dtype: torch.dtype,
+    desc: str,
+    verbose: bool,
+    objective: Callable[[ExactGPModel], Objective] | None = None,
+    space: HyperparameterSpace | None = None,
+) -> TrainResult:
+    """Minimise the negative marginal log likelihood per data point over the model's hyperparameters, from their
+    current values, with ``optimizer`` ``"lbfgs"`` (L-BFGS-B) or ``"adam"`` (projected Adam, learning rate
+    ``lr``) for at most ``n_steps`` iterations, in log space inside ``space``'s bounds (``None``: unbounded); see
+    :mod:`~gpfast.estimator.optimize` for the stopping rules (``tol=None``: each one's default; ``tol=0`` with Adam
+    runs every step). ``objective(model)`` builds the loss-and-gradient closure (default
+    :func:`default_objective` of ``solver``), evaluated under :func:`solver_settings`. The model ends at the
+    returned hyperparameters. Raises NotPSDError / FloatingPointError (TrainingDivergedError) with advice when a
+    step fails."""
+    space = space or HyperparameterSpace.unbounded(model)
+    theta0 = space.get(model)
     if n_steps <= 0:
-        return history
+        return TrainResult([], 0, False, "max_iter=0", math.nan, theta0)
     model.train()
     model.likelihood.train()
-    params = [q for q in model.parameters() if q.requires_grad]  # includes the likelihood's
-    if optimizer == "adam":
-        opt = torch.optim.Adam(params, lr=float(lr))
-    else:
-        opt = torch.optim.LBFGS(params, lr=float(lr), max_iter=1, line_search_fn="strong_wolfe")
-    closure = (objective or gpytorch_objective)(model)
+    closure = (objective or default_objective(solver))(model)
+    n = model.train_targets.shape[-1]
+    calls = [0]
 
-    bar = tqdm(range(n_steps), desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        space.set(model, theta)
+        try:
+            loss = closure()
+        except NotPSDError as exc:
+            raise NotPSDError(
+                f"ExactGP: the training covariance stopped being numerically positive definite at evaluation "
+                f"{calls[0]} ({desc}, dtype={dtype}): {exc}. Try dtype='float64', solver='cholesky', or a "
+                f"smaller lr. The estimator was not modified."
+            ) from exc
+        calls[0] += 1
+        return float(loss.detach()), space.gradient(model)
+
+    bar = tqdm(total=n_steps, desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+
+    def on_step(loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", **getattr(closure, "postfix", dict)())
+
     try:
         with solver_settings(solver, cg):
-            for i in bar:
-                try:
-                    if optimizer == "adam":
-                        loss = closure()
-                        opt.step()
-                    else:
-                        loss = opt.step(closure)
-                except NotPSDError as exc:
-                    raise NotPSDError(
-                        f"ExactGP: the training covariance stopped being numerically positive definite at step {i} "
-                        f"({desc}, dtype={dtype}): {exc}. Try dtype='float64', a smaller lr, or a larger "
-                        f"noise_init. The estimator was not modified."
-                    ) from exc
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"ExactGP: the training loss became {value} at step {i} ({desc}); try a smaller lr, "
-                        f"dtype='float64', or solver='cholesky'. The estimator was not modified."
-                    )
-                history.append(value)
-                bar.set_postfix(loss=f"{value:.4f}", **getattr(closure, "postfix", dict)())
-                if tol is not None and len(history) > TOL_PATIENCE:
-                    recent = history[-TOL_PATIENCE - 1 :]
-                    changes = [abs(b - a) / max(abs(a), 1.0) for a, b in zip(recent[:-1], recent[1:])]
-                    if max(changes) < tol:
-                        break
+            if optimizer == "lbfgs":
+                res = minimize_lbfgs(fun, theta0, space, n, n_steps, tol, desc, on_step)
+            else:
+                res = minimize_adam(fun, theta0, space, n_steps, lr, tol, desc, on_step)
     finally:
         bar.close()
-    return history
+    space.set(model, res.theta)
+    return TrainResult(res.history, res.n_iter, res.converged, res.message, res.loss, res.theta)
 
 
 def mll_estimate(model: ExactGPModel, cg: CGSettings) -> float:

@@ -159,11 +159,13 @@ def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
 
 
 def train_solver(trainer: str, rule_train_solver: str) -> tuple[str, str]:
-    """``(train_solver, trainer_used)``: how the training steps are taken, given the solver rule's choice."""
-    if trainer == "gpytorch":
-        return rule_train_solver, "gpytorch"
-    if trainer == "gpfast" or rule_train_solver == "cg":
+    """``(train_solver, trainer_used)``: how the training steps are taken, given the solver rule's choice.
+    ``trainer_used`` is ``"gpfast"`` (the engine), ``"exact"`` (the float64 Cholesky objective of
+    :mod:`gpfast.estimator.exact_objective`) or ``"gpytorch"`` (GPyTorch's marginal likelihood under CG)."""
+    if trainer == "gpfast" or (trainer == "auto" and rule_train_solver == "cg"):
         return "cg", "gpfast"
+    if rule_train_solver == "cholesky":
+        return "cholesky", "exact"
     return rule_train_solver, "gpytorch"
 
 

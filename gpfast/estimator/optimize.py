@@ -1,0 +1,203 @@
+"""The two optimisers of :class:`gpfast.ExactGP`'s hyperparameters and when each says it has converged.
+
+Both minimise a loss ``fun(theta) -> (loss, gradient)`` (the negative log marginal likelihood per data point) over
+the log-space vector of :class:`~gpfast.estimator.hyperparameters.HyperparameterSpace`, inside its bounds.
+
+* :func:`minimize_lbfgs`: scipy's L-BFGS-B (a strong-Wolfe line search, Moré-Thuente's ``dcsrch``, and exact box
+  constraints), what scikit-learn's ``GaussianProcessRegressor`` runs. It needs a deterministic loss and gradient:
+  the exact float64 Cholesky objective. It minimises the *total* loss (n times the per-point one) with
+  scikit-learn's tolerances, so both stop at the same place: converged when the relative decrease of the loss in
+  a step is below ``ftol`` (2.2e-9 by default, scipy's) or the largest projected gradient entry is below
+  :data:`LBFGS_GTOL`.
+* :func:`minimize_adam`: Adam with a projection onto the box after each step, for a stochastic loss (the CG
+  estimate). Converged when the mean loss over the last :data:`ADAM_WINDOW` steps differs from the mean over the
+  window before by less than ``tol`` (:data:`ADAM_TOL` by default) relative to ``max(|mean|, 1)``, or by less
+  than :data:`NOISE_SE` standard errors of that difference (estimated from the spread within the two windows: a
+  stochastic loss cannot show smaller progress), or the gradient's largest entry is below :data:`ADAM_GTOL`. It
+  raises :class:`TrainingDivergedError` when the windowed loss rises more than ``max(|initial loss|, 1)`` above
+  the initial loss (a learning rate too large).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+
+__all__ = [
+    "ADAM_GTOL",
+    "ADAM_TOL",
+    "ADAM_WINDOW",
+    "LBFGS_FTOL",
+    "LBFGS_GTOL",
+    "NOISE_SE",
+    "OptimizeResult",
+    "TrainingDivergedError",
+    "minimize_adam",
+    "minimize_lbfgs",
+]
+
+#: L-BFGS-B's relative-decrease tolerance (scipy's and scikit-learn's default, ``factr = 1e7``).
+LBFGS_FTOL = 1e7 * np.finfo(float).eps
+#: L-BFGS-B's projected-gradient tolerance on the total loss (scipy's default).
+LBFGS_GTOL = 1e-5
+#: Adam: steps per window of the convergence test.
+ADAM_WINDOW = 10
+#: Adam: relative change of the windowed mean loss that counts as converged.
+ADAM_TOL = 1e-4
+#: Adam: the windowed change also counts as converged when below this many standard errors of itself (a stochastic
+#: loss, whose noise hides any smaller progress).
+NOISE_SE = 2.0
+#: Adam: gradient (of the per-point loss) small enough to stop on, for a deterministic loss.
+ADAM_GTOL = 1e-6
+
+#: fun(theta) -> (loss per data point, d loss / d theta), float64.
+LossFunction = Callable[[np.ndarray], tuple[float, np.ndarray]]
+
+
+class TrainingDivergedError(FloatingPointError):
+    """The training loss blew up (a learning rate too large for the problem)."""
+
+
+@dataclass
+class OptimizeResult:
+    """Where an optimiser stopped: ``theta`` and its ``loss`` (per data point), the loss at each step
+    (``history``), the number of steps, whether the stopping rule was met, and scipy's or our reason."""
+
+    theta: np.ndarray
+    loss: float
+    history: list[float] = field(default_factory=list)
+    n_iter: int = 0
+    converged: bool = False
+    message: str = ""
+
+
+def _checked(fun: LossFunction, step_of: Callable[[], int], what: str) -> LossFunction:
+    def checked(theta):
+        loss, grad = fun(theta)
+        if not (math.isfinite(loss) and np.isfinite(grad).all()):
+            raise FloatingPointError(
+                f"ExactGP: the training loss or its gradient became {loss} at step {step_of()} ({what}) with log "
+                f"hyperparameters {np.round(theta, 3).tolist()}; try dtype='float64', solver='cholesky' or a "
+                f"smaller lr. The estimator was not modified."
+            )
+        return loss, grad
+
+    return checked
+
+
+def minimize_lbfgs(
+    fun: LossFunction,
+    theta0: np.ndarray,
+    space: HyperparameterSpace,
+    n: int,
+    max_iter: int,
+    tol: float | None = None,
+    what: str = "L-BFGS-B",
+    on_step: Callable[[float], None] | None = None,
+) -> OptimizeResult:
+    """L-BFGS-B from ``theta0`` for at most ``max_iter`` iterations, on ``n`` times the per-point loss."""
+    from scipy.optimize import minimize
+
+    history: list[float] = []
+    seen: dict[bytes, float] = {}
+    checked = _checked(fun, lambda: len(history), what)
+
+    def total(theta):
+        loss, grad = checked(theta)
+        seen[theta.tobytes()] = loss
+        return n * loss, n * grad
+
+    def callback(xk):
+        history.append(seen.get(np.asarray(xk, dtype=np.float64).tobytes(), math.nan))
+        if on_step is not None:
+            on_step(history[-1])
+
+    theta0 = space.clip(np.asarray(theta0, dtype=np.float64))
+    if max_iter <= 0:
+        loss, _ = checked(theta0)
+        return OptimizeResult(theta0, loss, [], 0, False, "max_iter=0")
+    bounds = [
+        (None if not np.isfinite(lo) else lo, None if not np.isfinite(hi) else hi)
+        for lo, hi in zip(space.lower, space.upper)
+    ]
+    res = minimize(
+        total,
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
+        bounds=bounds,
+        callback=callback,
+        options={
+            "maxiter": int(max_iter),
+            "ftol": LBFGS_FTOL if tol is None else float(tol),
+            "gtol": LBFGS_GTOL,
+            "maxfun": max(15000, 4 * int(max_iter)),
+        },
+    )
+    theta = np.asarray(res.x, dtype=np.float64)
+    loss = seen.get(theta.tobytes())
+    if loss is None:
+        loss, _ = checked(theta)
+    message = res.message if isinstance(res.message, str) else res.message.decode()
+    return OptimizeResult(theta, float(loss), history, int(res.nit), res.status == 0, message)
+
+
+def minimize_adam(
+    fun: LossFunction,
+    theta0: np.ndarray,
+    space: HyperparameterSpace,
+    max_iter: int,
+    lr: float,
+    tol: float | None = None,
+    what: str = "Adam",
+    on_step: Callable[[float], None] | None = None,
+) -> OptimizeResult:
+    """Projected Adam from ``theta0`` for at most ``max_iter`` steps; ``tol=0`` runs them all."""
+    tol = ADAM_TOL if tol is None else float(tol)
+    theta = torch.tensor(space.clip(np.asarray(theta0, dtype=np.float64)), dtype=torch.float64)
+    opt = torch.optim.Adam([theta], lr=float(lr))
+    lower, upper = torch.from_numpy(space.lower), torch.from_numpy(space.upper)
+    history: list[float] = []
+    checked = _checked(fun, lambda: len(history), what)
+    converged, message = False, f"reached max_iter={max_iter}"
+    W = ADAM_WINDOW
+    for _ in range(max_iter):
+        loss, grad = checked(theta.numpy())
+        history.append(loss)
+        if on_step is not None:
+            on_step(loss)
+        if len(history) >= W:
+            recent = float(np.mean(history[-W:]))
+            if recent > history[0] + max(abs(history[0]), 1.0):
+                raise TrainingDivergedError(
+                    f"ExactGP: the training loss blew up ({what}, lr={lr:g}): from {history[0]:.4g} at the start to "
+                    f"a mean of {recent:.4g} over steps {len(history) - W}-{len(history) - 1}. Use a smaller lr "
+                    f"(or the default optimizer). The estimator was not modified."
+                )
+            if tol > 0 and len(history) >= 2 * W:
+                before = float(np.mean(history[-2 * W : -W]))
+                change = abs(recent - before)
+                # the standard error of that difference when the loss is a noisy estimate (CG); a loss still
+                # falling steadily has a change several times this, so it does not stop early
+                noise = NOISE_SE * math.sqrt((np.var(history[-W:]) + np.var(history[-2 * W : -W])) / (W - 1))
+                if change < tol * max(abs(recent), 1.0):
+                    converged, message = True, f"windowed relative change below tol={tol:g}"
+                elif change < noise:
+                    converged, message = True, f"windowed change within the loss's noise ({noise:.2g})"
+        if float(np.max(np.abs(grad))) < ADAM_GTOL and tol > 0:
+            converged, message = True, f"gradient below {ADAM_GTOL:g}"
+        if converged:
+            break
+        theta.grad = torch.from_numpy(np.asarray(grad, dtype=np.float64))
+        opt.step()
+        with torch.no_grad():
+            theta.copy_(torch.maximum(torch.minimum(theta, upper), lower))
+    theta_np = theta.detach().numpy().copy()
+    final = history[-1] if converged else checked(theta_np)[0]  # after max_iter steps: the loss where it stopped
+    return OptimizeResult(theta_np, float(final), history, len(history), converged, message)
