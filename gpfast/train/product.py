@@ -68,8 +68,10 @@ STORED_LAYOUTS = {
     "mm_pad12": _pad(12),
     "mm_pad16": _pad(16),
 }
-#: The layout the engine uses (``GPFAST_STORED_LAYOUT`` overrides it, for benchmarks).
-STORED_LAYOUT = "mm"
+#: The layout the engine uses (``GPFAST_STORED_LAYOUT`` overrides it, for benchmarks): ``vtk``, the fastest on the
+#: H200 on 2026-11-30 (n = 36k, 11 columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14,
+#: experiments/results/bench_stored_product.md).
+STORED_LAYOUT = "vtk"
 
 
 def stored_matmul(K: torch.Tensor, V: torch.Tensor, layout: str | None = None) -> torch.Tensor:
