@@ -144,6 +144,7 @@ class HyperparameterSpace:
         pieces = (theta[:k], theta[k : k + 1], theta[k + 1 : k + 2], theta[k + 2 :])
         with torch.no_grad():
             for (raw, con), piece in zip(self._parts(model), pieces):
+                piece = piece.to(raw.device)  # the constraint's bounds live on the model's device
                 v = piece if con is None else con.inverse_transform(piece.exp())
                 raw.copy_(v.reshape(raw.shape).to(raw))
 
@@ -153,14 +154,14 @@ class HyperparameterSpace:
         out = []
         for raw, con in self._parts(model):
             g = raw.grad
-            g = torch.zeros(raw.shape, dtype=torch.float64) if g is None else g.detach().cpu().to(torch.float64)
-            if con is not None:
-                r = raw.detach().cpu().to(torch.float64).requires_grad_(True)
+            g = torch.zeros_like(raw, dtype=torch.float64) if g is None else g.detach().to(torch.float64)
+            if con is not None:  # on the model's device, where the constraint's bounds live
+                r = raw.detach().to(torch.float64).requires_grad_(True)
                 with torch.enable_grad():
                     value = con.transform(r)
                     (slope,) = torch.autograd.grad(value.sum(), r)
                 g = g * value.detach() / slope
-            out.append(g.reshape(-1))
+            out.append(g.reshape(-1).cpu())
         return torch.cat(out).numpy()
 
     def initial(self, lengthscale=None, outputscale=None, noise=None) -> np.ndarray:
