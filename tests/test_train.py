@@ -412,9 +412,12 @@ def test_non_finite_gradient_stops_the_fit_and_keeps_the_estimator(monkeypatch):
 @pytest.mark.filterwarnings("ignore:gpfast's training engine. CG did not reach")
 @pytest.mark.parametrize("name", ["yacht", "concrete"])
 def test_engine_fit_reaches_gpytorch_on_uci(name):
-    """50 Adam steps: the engine (float32, defaults) reaches the test RMSE and NLL of GPyTorch's exact loop.
+    """50 Adam steps: the engine (float32, defaults) reaches the test RMSE and NLL of the same 50 Adam steps on the
+    exact marginal likelihood (float64 Cholesky gradients, the "cholesky" solver's objective); the optimiser is the
+    same, so only the gradients differ.
 
-    Seeded: the engine's fit is stochastic (Hutchinson probes). Measured over seeds 0-3 (EngineSettings): RMSE
+    Seeded: the engine's fit is stochastic (Hutchinson probes). Measured over seeds 0-3 against GPyTorch's own
+    loop, before the optimiser was shared (EngineSettings): RMSE
     within 0.4% on both, NLL within 0.003 on concrete and -0.002 to +0.045 on yacht (seed 0: -0.002), so an
     unseeded yacht check at 0.02 would fail on some draws."""
     from gpfast.datasets import load_uci
@@ -422,10 +425,12 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
 
     ds = load_uci(name, split=0)
     out = {}
-    for trainer, solver in (("gpytorch", "cholesky"), ("gpfast", "cg")):
+    for trainer, solver in (("exact", "cholesky"), ("gpfast", "cg")):
         gp = ExactGP(
             solver=solver,
-            trainer=trainer,
+            trainer="auto" if trainer == "exact" else trainer,
+            optimizer="adam",
+            tol=0,
             max_iter=50,
             verbose=False,
             standardize=False,
@@ -434,6 +439,6 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
         gp.solver_ = "cholesky"  # predict exactly in both, so that only the training differs
         mean, std = gp.predict(ds.X_test, return_std=True)
         out[trainer] = regression_metrics(mean, std**2, ds.y_test, 1.0)
-    got, want = out["gpfast"], out["gpytorch"]
+    got, want = out["gpfast"], out["exact"]
     assert got["rmse_std"] <= 1.02 * want["rmse_std"], (got, want)
     assert got["nll_std"] <= want["nll_std"] + 0.02, (got, want)
