@@ -4,7 +4,8 @@ Two ways, one interface (:class:`CovarianceProduct`):
 
 * ``"stored"``: K (this rank's rows of it) is formed once per training step by the fused forward
   (:func:`gpfast.ops.rbf_covariance`) and every CG product streams it (on CUDA with at most 16 columns by gpfast's
-  own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`). K is n x n in the training
+  own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`).
+  K is n x n in the training
   dtype (float32 by default), so this is chosen only when it fits the memory budget (:func:`choose_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
@@ -85,8 +86,9 @@ STORED_LAYOUTS = {
     "mm_pad16": _pad(16),
 }
 #: The cuBLAS layout the engine uses where the kernel does not apply (the CPU, or more than
-#: :data:`KERNEL_MAX_RHS` columns): ``vtk``, the fastest cuBLAS layout on the H200 on 2026-11-30 (n = 36k, 11
-#: columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14, experiments/results/bench_stored_product.md).
+#: :data:`KERNEL_MAX_RHS` columns): ``vtk``, the fastest cuBLAS layout on the H200 on 2026-11-30 (n = 36k,
+#: 11 columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14,
+#: experiments/results/bench_stored_product.md).
 STORED_LAYOUT = "vtk"
 #: On CUDA, products with at most this many columns use the ``kernel`` layout by default (its compiled buckets).
 KERNEL_MAX_RHS = 16
@@ -145,6 +147,11 @@ class CovarianceProduct:
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
         self.products = 0
+        # stored K on CUDA: its rows padded to a multiple of 4 columns (16 bytes in float32), so that
+        # ops.dense_matmul reads them with 16-byte loads; K is the (rows, n) view of a (rows, n + pad) block whose
+        # extra columns (copies of the last point) nobody reads
+        pad = (-self.n) % 4 if (mode == "stored" and x.is_cuda) else 0
+        self.x_cols = torch.cat([self.x, self.x[-1:].expand(pad, -1)]) if pad else self.x
 
     def update(self, lengthscale: torch.Tensor, outputscale: torch.Tensor, noise: torch.Tensor) -> None:
         """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form
@@ -152,7 +159,8 @@ class CovarianceProduct:
         self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
         if self.mode == "stored":
             self.K = None
-            self.K = ops.rbf_covariance(self.x_local, self.x, lengthscale, outputscale, check_values=False)
+            K = ops.rbf_covariance(self.x_local, self.x_cols, lengthscale, outputscale, check_values=False)
+            self.K = K[:, : self.n] if K.shape[1] != self.n else K
 
     def release(self) -> None:
         """Drop the stored K (the engine calls this when training ends)."""
