@@ -5,8 +5,8 @@ Two ways, one interface (:class:`CovarianceProduct`):
 * ``"stored"``: K (this rank's rows of it) is formed once per training step by the fused forward
   (:func:`gpfast.ops.rbf_covariance`) and every CG product streams it (on CUDA with at most 16 columns by gpfast's
   own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`).
-  K is n x n in the training
-  dtype (float32 by default), so this is chosen only when it fits the memory budget (:func:`choose_product`).
+  K is n x n in the training dtype (float32 by default), so this is chosen only when it fits the memory budget
+  (:func:`choose_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
 The gradient the engine needs (:meth:`CovarianceProduct.backward`) is the fused K @ V backward in both cases: it
