@@ -7,7 +7,7 @@
 #         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
 #         engine1m,
 #         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
-#         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 350)
+#         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -141,13 +141,13 @@ PYEOF
       ;;
     perf)
       # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
-      # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 350): build for sm_90 (ptxas lines of
-      # the new kernels echoed), the stored-product layouts at n = 36k (and 13.5k), the CUDA tests of what changed,
-      # bench_ops at the target shapes with both backward variants (GPFAST_BWD=sync is the first version), Nsight
-      # Compute on one backward call (n = 16384, d = 8, both variants) and one stored product, K @ V fwd+bwd at 36k,
-      # then a summary table. Steps run most valuable first, each cut to what is left of the budget. Files in $OUT:
+      # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of
+      # the new kernels echoed), the stored-product layouts at n = 36k, the CUDA tests of what changed, bench_ops at
+      # the target shapes with both backward variants (GPFAST_BWD=sync is the first version), Nsight Compute on one
+      # backward call (n = 16384, d = 8, both variants), the stored product at 13.5k, K @ V fwd+bwd at 36k, Nsight
+      # Compute on one stored product, then a summary table. Steps run most valuable first, each cut to what is left of the budget. Files in $OUT:
       # perf_{build,tests,bench,ncu}.log and perf_results.tar.gz (the benchmarks' md/json).
-      pb=${PERF_BUDGET:-350}; p0=$SECONDS
+      pb=${PERF_BUDGET:-345}; p0=$SECONDS
       export TORCH_CUDA_ARCH_LIST=9.0
       pleft() { local l=$(( pb - (SECONDS - p0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
       prun() {  # prun CAP LOG CMD...: CMD with the smaller of CAP and the budget left, appending to LOG
@@ -164,12 +164,11 @@ PYEOF
         | paste -d' ' - - - | sed -e 's/Compiling entry function //' | sort -u
       prun 75 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
       echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/perf_bench.log" | tail -9
-      prun 30 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 13500 --t 11 --reps 20 --out "$res" \
-        --stem bench_stored_product_13500; echo "stored product 13.5k rc=$?"
-      prun 110 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
-        tests/test_cuda_kernels.py tests/test_ops.py -k "dense_matmul or stored_product or backward or copy_pipeline or gradients"
+      prun 90 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
+        tests/test_cuda_kernels.py tests/test_ops.py \
+        -k "dense_matmul or stored_product or covariance_backward or legacy_kernels_agree or covariance_gradients"
       echo "tests rc=$?"; tail -4 "$OUT/perf_tests.log"
-      prun 100 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+      prun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
       ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -187,6 +186,8 @@ PYEOF
       else
         echo "no ncu found" | tee -a "$OUT/perf_ncu.log"
       fi
+      prun 30 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 13500 --t 11 --reps 20 --out "$res" \
+        --stem bench_stored_product_13500; echo "stored product 13.5k rc=$?"
       prun 45 "$OUT/perf_bench.log" python -m experiments.bench_matmul --cases 36000:11 --backward --reps 3 --no-gpytorch \
         --stem perf_matmul; echo "bench_matmul rc=$?"
       cp experiments/results/perf_matmul.md experiments/results/perf_matmul.json "$res/" 2>/dev/null
