@@ -5,7 +5,9 @@ Run on a GPU: ``python -m experiments.bench_ops``. Times are medians of CUDA-eve
 copy bandwidth measured on the H200 and its n m exponentials at 16 per SM per clock. The forward is timed with the
 kernel each shape gets by default and with each one forced (GPFAST_COV_FWD: differences, norm expansion, and the two
 legacy kernels); forward+backward with all four gradients and with the hyperparameters' only (the points need no
-gradient: the gradient mask skips their passes). ``--quick`` leaves out eager PyTorch and torch.compile.
+gradient: the gradient mask skips their passes). ``--quick`` leaves out eager PyTorch and torch.compile;
+``--bwd-variants`` adds the backward op alone (all gradients, and the hyperparameters' only) with the copy-pipelined
+dense backward (default) and the first version (GPFAST_BWD=sync).
 Writes experiments/results/bench_ops.{md,json}.
 """
 
@@ -39,7 +41,26 @@ def run_or_oom(fn):
 FWD_VARIANTS = ("diff", "expand", "rows", "tile")  # GPFAST_COV_FWD values: the new kernel's two forms, the legacy two
 
 
-def bench_shape(B, n, m, d, reps, quick=False):
+BWD_VARIANTS = ("default", "sync")  # GPFAST_BWD: the copy-pipelined dense backward (default), the first version
+
+
+def bench_backward_variants(row, x1, x2, l, s, G, reps):
+    """The backward op alone (no forward, no autograd), all gradients and the hyperparameters' only, with each
+    dense-backward variant: keys gpfast_bwd_<variant> and gpfast_bwd_theta_<variant>."""
+    B, n, d = x1.shape
+    args = (G, x1, x2, l.reshape(B, d), s)
+    op = torch.ops.gpfast.rbf_covariance_backward.default
+    for variant in BWD_VARIANTS:
+        if variant == "default":
+            os.environ.pop("GPFAST_BWD", None)
+        else:
+            os.environ["GPFAST_BWD"] = variant
+        row[f"gpfast_bwd_{variant}"] = cuda_time_ms(lambda: op(*args, True), reps=reps)
+        row[f"gpfast_bwd_theta_{variant}"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
+    os.environ.pop("GPFAST_BWD", None)
+
+
+def bench_shape(B, n, m, d, reps, quick=False, bwd_variants=False):
     dev = "cuda"
     x1 = torch.randn(B, n, d, device=dev)
     x2 = torch.randn(B, m, d, device=dev)
@@ -73,6 +94,8 @@ def bench_shape(B, n, m, d, reps, quick=False):
     del os.environ["GPFAST_COV_FWD"]
     row["gpfast_fwd_bwd"] = cuda_time_ms(fwd_bwd(gpfast_op), reps=reps)
     row["gpfast_fwd_bwd_theta"] = cuda_time_ms(fwd_bwd(gpfast_op, points=False), reps=reps)
+    if bwd_variants:
+        bench_backward_variants(row, x1, x2, l, s, G, reps)
     if n * m * B <= 2**20:
         row["gpfast_fwd_graph"] = graph_time_ms(fwd(gpfast_op))
     if not quick:
@@ -107,12 +130,15 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="leave out eager PyTorch and torch.compile")
     parser.add_argument("--shapes", nargs="+", help="B,n,m,d shapes (default: the four of the op issue)")
+    parser.add_argument(
+        "--bwd-variants", action="store_true", help="also time the backward op alone with each GPFAST_BWD variant"
+    )
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
     ops.rbf_covariance(torch.randn(2, 2, device="cuda"), torch.randn(2, 2, device="cuda"), 1.0, 1.0)
     rows = []
     for shape in shapes:
-        rows.append(bench_shape(*shape, reps=args.reps, quick=args.quick))
+        rows.append(bench_shape(*shape, reps=args.reps, quick=args.quick, bwd_variants=args.bwd_variants))
         print(rows[-1], flush=True)
     cols = [
         "shape",
@@ -125,6 +151,7 @@ def main(argv=None):
         "gpfast_fwd_graph",
         "gpfast_fwd_bwd",
         "gpfast_fwd_bwd_theta",
+        *(f"gpfast_bwd{w}_{v}" for v in BWD_VARIANTS for w in ("", "_theta")),
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -144,6 +171,7 @@ def main(argv=None):
             "gpfast fwd (graph replay)",
             "gpfast fwd+bwd",
             "gpfast fwd+bwd (l, s only)",
+            *(f"bwd op{w}, {v}" for v in BWD_VARIANTS for w in ("", " (l, s only)")),
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

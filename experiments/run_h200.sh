@@ -6,7 +6,8 @@
 #         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
 #         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
 #         engine1m,
-#         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below)
+#         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
+#         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -136,6 +137,116 @@ print(f"| {'what':44s} | {'measured':>16s} | target |")
 for name, val, target in lines:
     v = f"{val:.3g}" if isinstance(val, float) else str(val)
     print(f"| {name:44s} | {v:>16s} | {target} |")
+PYEOF
+      ;;
+    perf)
+      # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
+      # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of
+      # the new kernels echoed), the stored-product layouts at n = 36k, the CUDA tests of what changed, bench_ops at
+      # the target shapes with both backward variants (GPFAST_BWD=sync is the first version), Nsight Compute on one
+      # backward call (n = 16384, d = 8, both variants), the stored product at 13.5k, K @ V fwd+bwd at 36k, Nsight
+      # Compute on one stored product, then a summary table. Steps run most valuable first, each cut to what is left of the budget. Files in $OUT:
+      # perf_{build,tests,bench,ncu}.log and perf_results.tar.gz (the benchmarks' md/json).
+      pb=${PERF_BUDGET:-345}; p0=$SECONDS
+      export TORCH_CUDA_ARCH_LIST=9.0
+      pleft() { local l=$(( pb - (SECONDS - p0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+      prun() {  # prun CAP LOG CMD...: CMD with the smaller of CAP and the budget left, appending to LOG
+        local cap; cap=$(pleft "$1"); local logf=$2; shift 2
+        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
+        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
+        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
+      }
+      res="$OUT/perf_results"; mkdir -p "$res"
+      prun 240 "$OUT/perf_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/perf_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - p0 )) s; ptxas (registers, spills) of the new kernels:"
+      grep -A3 -E "Compiling entry function '.*(dense_matmul_kernelIfLi12|bwd_rows_kernelIfLi8ELi2ELi0E)" \
+        "$OUT/perf_build.log" | grep -oE "Compiling entry function '[^']*'|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
+        | paste -d' ' - - - | sed -e 's/Compiling entry function //' | sort -u
+      prun 75 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
+      echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/perf_bench.log" | tail -9
+      prun 90 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
+        tests/test_cuda_kernels.py tests/test_ops.py \
+        -k "dense_matmul or stored_product or covariance_backward or legacy_kernels_agree or covariance_gradients"
+      echo "tests rc=$?"; tail -4 "$OUT/perf_tests.log"
+      prun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
+      cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -n "$ncu_bin" ]; then
+        ncu_args=(--profile-from-start off --clock-control none --set basic --section WarpStateStats --section Occupancy
+                  --section ComputeWorkloadAnalysis -k "regex:bwd_rows_kernel|dense_matmul_kernel|dmm_sum_kernel")
+        ncu_fp64=(--metrics sm__inst_executed_pipe_fp64.avg.pct_of_peak_sustained_active,sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active)
+        for v in default sync; do  # a metric this ncu does not know fails the run: then again with the sections only
+          echo "#### ncu cov_bwd GPFAST_BWD=$v" >> "$OUT/perf_ncu.log"
+          prun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" "${ncu_fp64[@]}" \
+            python -m experiments.profile_ops --op cov_bwd \
+            || prun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op cov_bwd
+          echo "ncu cov_bwd $v rc=$?"
+        done
+      else
+        echo "no ncu found" | tee -a "$OUT/perf_ncu.log"
+      fi
+      prun 30 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 13500 --t 11 --reps 20 --out "$res" \
+        --stem bench_stored_product_13500; echo "stored product 13.5k rc=$?"
+      prun 45 "$OUT/perf_bench.log" python -m experiments.bench_matmul --cases 36000:11 --backward --reps 3 --no-gpytorch \
+        --stem perf_matmul; echo "bench_matmul rc=$?"
+      cp experiments/results/perf_matmul.md experiments/results/perf_matmul.json "$res/" 2>/dev/null
+      if [ -n "$ncu_bin" ]; then
+        echo "#### ncu dense_matmul" >> "$OUT/perf_ncu.log"
+        prun 45 "$OUT/perf_ncu.log" "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op dense_matmul
+        echo "ncu dense_matmul rc=$?"
+      fi
+      tar czf "$OUT/perf_results.tar.gz" -C "$OUT" perf_results && rm -rf "$res"
+      timeout 30 python - "$OUT" "$(tail -1 "$OUT/perf_tests.log")" "$(( SECONDS - p0 ))" <<'PYEOF'
+import io, json, re, sys, tarfile
+from pathlib import Path
+out, tests, took = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+files = {}
+try:
+    with tarfile.open(out / "perf_results.tar.gz") as tf:
+        for m in tf.getmembers():
+            if m.isfile() and m.name.endswith(".json"):
+                files[Path(m.name).name] = json.load(io.TextIOWrapper(tf.extractfile(m)))["rows"]
+except (OSError, ValueError, KeyError, tarfile.TarError) as exc:
+    print("could not read the results:", exc)
+def num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+lines = []
+for stem, label in (("bench_stored_product.json", "36k"), ("bench_stored_product_13500.json", "13.5k")):
+    rows = files.get(stem, [])
+    for r in rows:
+        if r["layout"].startswith("kernel") or r["layout"] == "vtk":
+            lines.append((f"stored K@V {label} t=11: {r['layout']}, ms (share of 4.27 TB/s)",
+                          f"{num(r['ms']):.3f} ({100 * num(r['share_of_4.27TBps']):.0f}%)",
+                          ">= 80%" if label == "36k" and r["layout"] == "kernel" else "-"))
+    k = [r for r in rows if r["layout"] == "kernel"]
+    if k:
+        lines.append((f"stored K@V {label}: kernel rel. err / repeatable", f"{k[0]['rel_err']:.1e} / {k[0]['bitwise_repeatable']}", "-"))
+ops_rows = {r["shape"]: r for r in files.get("bench_ops.json", [])}
+for shape, name in (("(1,16384,16384,8)", "d=8 n=16384"), ("(4,8192,8192,32)", "d=32"), ("(1,40000,40000,8)", "d=8 n=40000")):
+    r = ops_rows.get(shape, {})
+    lines.append((f"bwd op {name}, ms: default / sync", f"{num(r.get('gpfast_bwd_default')):.3f} / {num(r.get('gpfast_bwd_sync')):.3f}", "-"))
+    lines.append((f"bwd op (l, s) {name}, ms: default / sync",
+                  f"{num(r.get('gpfast_bwd_theta_default')):.3f} / {num(r.get('gpfast_bwd_theta_sync')):.3f}", "-"))
+    lines.append((f"fwd+bwd vs GPyTorch {name}, x faster",
+                  f"{num(r.get('gpytorch_fwd_bwd')) / num(r.get('gpfast_fwd_bwd', float('nan'))):.2f}", ">= 3" if "32" in name else ">= 10"))
+r = (files.get("perf_matmul.json") or [{}])[0]
+lines.append(("K@V 36k t=11: fwd / fwd+bwd (l, s), ms",
+              f"{num(r.get('gpfast_s')) * 1e3:.2f} / {num(r.get('gpfast_fwd_bwd_theta_s')) * 1e3:.2f}", "-"))
+ncu = (out / "perf_ncu.log").read_text(errors="replace") if (out / "perf_ncu.log").exists() else ""
+keys = ("Duration", "Registers Per Thread", "Theoretical Occupancy", "Achieved Occupancy", "Compute (SM) Throughput",
+        "DRAM Throughput", "Memory Throughput", "Issue Slots Busy", "Warp Cycles Per Issued Instruction",
+        "sm__inst_executed_pipe_fp64", "sm__pipe_fp64_cycles_active")
+print(f"\nperf stage summary ({took} s). tests: {tests.strip()}")
+print(f"| {'what':52s} | {'measured':>22s} | target |")
+for name, val, target in lines:
+    print(f"| {name:52s} | {val:>22s} | {target} |")
+print("\nncu (per profiled kernel, in order: cov_bwd default pass 1, pass 2; sync pass 1, pass 2; dense_matmul, its sum):")
+for line in ncu.splitlines():
+    s = line.strip()
+    if s.startswith("####") or re.search(r"(bwd_rows_kernel|dense_matmul_kernel|dmm_sum_kernel).*Context", s) or \
+       any(s.startswith(k) for k in keys) or "ERR_" in s or "==ERROR==" in s:
+        print("  " + s[:150])
 PYEOF
       ;;
     *) echo "unknown stage $st"; exit 2 ;;

@@ -17,7 +17,7 @@ import torch
 
 from gpfast import _build
 
-__all__ = ["rbf_covariance", "rbf_covariance_backward", "rbf_matmul", "rbf_matmul_backward"]
+__all__ = ["dense_matmul", "rbf_covariance", "rbf_covariance_backward", "rbf_matmul", "rbf_matmul_backward"]
 
 
 def _register_python_parts() -> None:
@@ -66,6 +66,20 @@ def _register_python_parts() -> None:
 
     torch.library.register_autograd("gpfast::rbf_matmul", _mm_backward, setup_context=_mm_setup)
 
+    @torch.library.register_fake("gpfast::dense_matmul")
+    def _dense_fake(K, V):
+        return K.new_empty(K.shape[0], V.shape[1])
+
+    def _dense_setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def _dense_backward(ctx, grad):
+        K, V = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        return (grad @ V.t() if need[0] else None), (K.t() @ grad if need[1] else None)
+
+    torch.library.register_autograd("gpfast::dense_matmul", _dense_backward, setup_context=_dense_setup)
+
 
 def _bwd_fake(x1, x2, lengthscale, outputscale, x_grads):
     gx1, gx2 = (torch.empty_like(x1), torch.empty_like(x2)) if x_grads else (x1.new_empty(0), x1.new_empty(0))
@@ -96,6 +110,7 @@ if _LOAD_ERROR is None:  # the overloads themselves: calling them skips the pack
     _cov_bwd_op = torch.ops.gpfast.rbf_covariance_backward.default
     _mm_op = torch.ops.gpfast.rbf_matmul.default
     _mm_bwd_op = torch.ops.gpfast.rbf_matmul_backward.default
+    _dense_op = torch.ops.gpfast.dense_matmul.default
 
 
 def _ensure_loaded() -> None:
@@ -356,6 +371,38 @@ def rbf_matmul(x1, x2, lengthscale, outputscale, v, *, check_values: bool = True
     x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, check_values)
     out = _mm_op(x1c, x2c, lc, sc, vc).reshape(*batch, x1c.shape[1], vc.shape[2])
     return out.squeeze(-1) if vector else out
+
+
+def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``K @ V`` for a stored matrix K (rows, n) and a few right-hand sides V (n, t) or (n,): the training engine's
+    stored-K product.
+
+    float32 or float64, one dtype and one device. On CUDA, for t <= 16 and K with column stride 1 (row-major, any
+    row stride), a bandwidth kernel of gpfast's own reads K once with 16-byte loads (issue 12's target: 80% of the
+    H200's 4.27 TB/s); otherwise, and with ``GPFAST_DENSE_MATMUL=cublas``, cuBLAS. On the CPU, ``torch.mm``.
+    Results are bitwise repeatable. Differentiable in both inputs (dense gradients).
+    """
+    _ensure_loaded()
+    for name, a in (("K", K), ("V", V)):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if a.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float32 or float64, got dtype {a.dtype}")
+    if K.dim() != 2:
+        raise ValueError(f"K must have shape (rows, n), got shape {tuple(K.shape)}")
+    if V.dim() not in (1, 2):
+        raise ValueError(f"V must have shape (n, t) or (n,), got shape {tuple(V.shape)}")
+    if V.dtype != K.dtype:
+        raise TypeError(f"V has dtype {V.dtype} but K has {K.dtype}; pass them in one dtype")
+    if V.device != K.device:
+        raise ValueError(f"V is on {V.device} but K is on {K.device}; put them on one device")
+    if V.shape[0] != K.shape[1]:
+        raise ValueError(f"V must have n={K.shape[1]} rows (K's column count), got shape {tuple(V.shape)}")
+    if K.is_cuda and not _CUDA_OPS:
+        raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here; use K @ V")
+    if V.dim() == 1:
+        return _dense_op(K, V.unsqueeze(1)).squeeze(1)
+    return _dense_op(K, V)
 
 
 # --------------------------------------------------------------------------------------------------------------

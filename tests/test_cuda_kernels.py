@@ -261,6 +261,25 @@ def test_covariance_backward_mask_and_determinism(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", BWD_SHAPES + [((), 1000, 3000, 8), ((), 513, 2049, 5)])
+@pytest.mark.parametrize("x_grads", [True, False])
+def test_covariance_backward_copy_pipeline_matches_sync(monkeypatch, dtype, shape, x_grads):
+    """The dense backward's cp.async variant (the default) and the first version (GPFAST_BWD=sync) do the same
+    arithmetic in the same order: bit for bit the same gradients, none of them poisoned."""
+    batch, n, m, d = shape
+    x1, x2, l, s = canonical(batch, n, m, d, dtype, shift=3.0)
+    w = torch.randn(x1.shape[0], n, m, device="cuda", dtype=dtype)
+    monkeypatch.delenv("GPFAST_BWD", raising=False)
+    poison_allocator("cuda", 8 * (n + m) * 32 * 64)
+    new = cov_grads(x1, x2, l, s, w, x_grads)
+    monkeypatch.setenv("GPFAST_BWD", "sync")
+    old = cov_grads(x1, x2, l, s, w, x_grads)
+    for name, a, b in zip(("x1", "x2", "lengthscale", "outputscale"), new, old):
+        assert torch.isfinite(a).all(), name
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [((), 70, 90, 29), ((2,), 97, 301, 3), ((), 300, 1100, 8), ((), 40, 5000, 16)])
 def test_backward_legacy_kernels_agree(monkeypatch, dtype, shape):
     batch, n, m, d = shape

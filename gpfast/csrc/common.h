@@ -40,6 +40,19 @@ inline void check_rhs(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   TORCH_CHECK(v.device() == x1.device(), op, ": v must be on x1's device ", x1.device(), ", got ", v.device());
 }
 
+// dense_matmul's arguments: K (rows, n) and V (n, t), float32 or float64, one dtype, one device.
+inline void check_dense_matmul(const at::Tensor& K, const at::Tensor& V, const char* op) {
+  TORCH_CHECK(K.dim() == 2, op, ": K must be (rows, n), got ", K.dim(), " dims with shape ", K.sizes());
+  TORCH_CHECK(V.dim() == 2, op, ": V must be (n, t), got ", V.dim(), " dims with shape ", V.sizes());
+  TORCH_CHECK(K.size(1) == V.size(0), op, ": K is ", K.sizes(), " but V has ", V.size(0), " rows (need ",
+              K.size(1), ")");
+  TORCH_CHECK(K.scalar_type() == at::kFloat || K.scalar_type() == at::kDouble, op,
+              ": K must be float32 or float64, got ", K.scalar_type());
+  TORCH_CHECK(V.scalar_type() == K.scalar_type(), op, ": V must share K's dtype ", K.scalar_type(), ", got ",
+              V.scalar_type());
+  TORCH_CHECK(V.device() == K.device(), op, ": V must be on K's device ", K.device(), ", got ", V.device());
+}
+
 // z = x / lengthscale, contiguous, zero-padded on the feature axis to `dpad` columns. Zero columns add
 // nothing to a squared distance and get zero gradient, so kernels may round d up freely.
 inline at::Tensor prescale(const at::Tensor& x, const at::Tensor& lengthscale, int64_t dpad) {

@@ -15,6 +15,12 @@ at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const
   return outputscale.unsqueeze(1) * at::exp(-0.5 * diff.pow(2).sum(-1));
 }
 
+// K @ V for a stored K, on the CPU: at::mm (the CUDA kernel is cuda/dense_matmul.cu).
+at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
+  check_dense_matmul(K, V, "dense_matmul");
+  return at::mm(K, V);
+}
+
 }  // namespace gpfast
 
 TORCH_LIBRARY(gpfast, m) {
@@ -31,8 +37,13 @@ TORCH_LIBRARY(gpfast, m) {
   m.def(
       "rbf_matmul_backward(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v,"
       " bool x_grads=True) -> (Tensor, Tensor, Tensor, Tensor)");
+  // K @ V for a stored K (rows, n), row-major, and V (n, t): the training engine's stored-K product. CUDA: a
+  // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
+  m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
   m.impl("rbf_covariance_diag", &gpfast::rbf_covariance_diag);
 }
+
+TORCH_LIBRARY_IMPL(gpfast, CPU, m) { m.impl("dense_matmul", &gpfast::dense_matmul_cpu); }

@@ -3,8 +3,10 @@
 Two ways, one interface (:class:`CovarianceProduct`):
 
 * ``"stored"``: K (this rank's rows of it) is formed once per training step by the fused forward
-  (:func:`gpfast.ops.rbf_covariance`) and every CG product is a GEMM that streams it. K is n x n in the training
-  dtype (float32 by default), so this is chosen only when it fits the memory budget (:func:`choose_product`).
+  (:func:`gpfast.ops.rbf_covariance`) and every CG product streams it (on CUDA with at most 16 columns by gpfast's
+  own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`).
+  K is n x n in the training dtype (float32 by default), so this is chosen only when it fits the memory budget
+  (:func:`choose_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
 The gradient the engine needs (:meth:`CovarianceProduct.backward`) is the fused K @ V backward in both cases: it
@@ -25,7 +27,16 @@ import torch
 from gpfast import ops
 from gpfast.kernels import distributed as _dist
 
-__all__ = ["PRODUCTS", "STORED_LAYOUT", "STORED_LAYOUTS", "CovarianceProduct", "choose_product", "stored_matmul"]
+__all__ = [
+    "KERNEL_MAX_RHS",
+    "PRODUCTS",
+    "STORED_LAYOUT",
+    "STORED_LAYOUTS",
+    "CovarianceProduct",
+    "choose_product",
+    "default_layout",
+    "stored_matmul",
+]
 
 PRODUCTS = ("auto", "stored", "matrix_free")
 
@@ -57,10 +68,16 @@ def _pad(t: int):
     return mm_padded
 
 
+def _kernel(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    # gpfast's own bandwidth kernel for a stored K and t <= 16 (cuBLAS beyond; torch.mm on the CPU)
+    return ops.dense_matmul(K, V)
+
+
 #: How a stored block of K multiplies the right-hand sides (all give K @ V; ``vtk`` needs the whole symmetric K
 #: and is replaced by ``mm`` on a row block). On the H200 ``experiments/bench_stored_product.py`` measures them
-#: (11 columns at n = 36k, against 4.27 TB/s) and the fastest should become :data:`STORED_LAYOUT`.
+#: (11 columns at n = 36k, against 4.27 TB/s). ``kernel`` is :func:`gpfast.ops.dense_matmul`.
 STORED_LAYOUTS = {
+    "kernel": _kernel,
     "mm": _mm,
     "mm_vt": _mm_vt,
     "linear": _linear,
@@ -68,15 +85,29 @@ STORED_LAYOUTS = {
     "mm_pad12": _pad(12),
     "mm_pad16": _pad(16),
 }
-#: The layout the engine uses (``GPFAST_STORED_LAYOUT`` overrides it, for benchmarks): ``vtk``, the fastest on the
-#: H200 on 2026-11-30 (n = 36k, 11 columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14,
+#: The cuBLAS layout the engine uses where the kernel does not apply (the CPU, or more than
+#: :data:`KERNEL_MAX_RHS` columns): ``vtk``, the fastest cuBLAS layout on the H200 on 2026-11-30 (n = 36k,
+#: 11 columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14,
 #: experiments/results/bench_stored_product.md).
 STORED_LAYOUT = "vtk"
+#: On CUDA, products with at most this many columns use the ``kernel`` layout by default (its compiled buckets).
+KERNEL_MAX_RHS = 16
+
+
+def default_layout(K: torch.Tensor, V: torch.Tensor) -> str:
+    """The engine's layout for this product: ``GPFAST_STORED_LAYOUT`` when set (benchmarks, or to back the kernel
+    out without a rebuild: ``GPFAST_STORED_LAYOUT=vtk``), else ``kernel`` on CUDA with at most
+    :data:`KERNEL_MAX_RHS` columns, else :data:`STORED_LAYOUT`."""
+    layout = os.environ.get("GPFAST_STORED_LAYOUT")
+    if layout:
+        return layout
+    t = V.shape[1] if V.dim() == 2 else 1
+    return "kernel" if K.is_cuda and t <= KERNEL_MAX_RHS else STORED_LAYOUT
 
 
 def stored_matmul(K: torch.Tensor, V: torch.Tensor, layout: str | None = None) -> torch.Tensor:
-    """``K @ V`` for a stored (rows, n) block of K and V (n, t), by the layout :data:`STORED_LAYOUT`."""
-    layout = layout or os.environ.get("GPFAST_STORED_LAYOUT", STORED_LAYOUT)
+    """``K @ V`` for a stored (rows, n) block of K and V (n, t), by ``layout`` (default :func:`default_layout`)."""
+    layout = layout or default_layout(K, V)
     if layout == "vtk" and K.shape[0] != K.shape[1]:
         layout = "mm"
     return STORED_LAYOUTS[layout](K, V)
@@ -116,6 +147,11 @@ class CovarianceProduct:
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
         self.products = 0
+        # stored K on CUDA: its rows padded to a multiple of 4 columns (16 bytes in float32), so that
+        # ops.dense_matmul reads them with 16-byte loads; K is the (rows, n) view of a (rows, n + pad) block whose
+        # extra columns (copies of the last point) nobody reads
+        pad = (-self.n) % 4 if (mode == "stored" and x.is_cuda) else 0
+        self.x_cols = torch.cat([self.x, self.x[-1:].expand(pad, -1)]) if pad else self.x
 
     def update(self, lengthscale: torch.Tensor, outputscale: torch.Tensor, noise: torch.Tensor) -> None:
         """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form
@@ -123,7 +159,8 @@ class CovarianceProduct:
         self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
         if self.mode == "stored":
             self.K = None
-            self.K = ops.rbf_covariance(self.x_local, self.x, lengthscale, outputscale, check_values=False)
+            K = ops.rbf_covariance(self.x_local, self.x_cols, lengthscale, outputscale, check_values=False)
+            self.K = K[:, : self.n] if K.shape[1] != self.n else K
 
     def release(self) -> None:
         """Drop the stored K (the engine calls this when training ends)."""

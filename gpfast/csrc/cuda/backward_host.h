@@ -69,7 +69,15 @@ RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const a
   a.n = n, a.m = m, a.batch = B, a.cols_per_split = cols;
   a.d = static_cast<int>(x_rows.size(2));
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
+  // dense weights: the copy-pipelined variant unless GPFAST_BWD=sync (the first version; bitwise the same results)
+  if constexpr (kTC == 0) {
+    if (!env_is("GPFAST_BWD", "sync"))
+      bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL, true><<<grid, kBwdThreads, 0, current_stream()>>>(a);
+    else
+      bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL, false><<<grid, kBwdThreads, 0, current_stream()>>>(a);
+  } else {
+    bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

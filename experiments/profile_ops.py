@@ -1,0 +1,52 @@
+"""One call of an op between cudaProfilerStart/Stop, for Nsight Compute (``ncu --profile-from-start off``).
+
+    ncu --profile-from-start off --clock-control none --set basic python -m experiments.profile_ops --op cov_bwd
+
+``--op cov_bwd``: rbf_covariance_backward at n = m = 16384, d = 8, float32, all gradients (its two row passes;
+GPFAST_BWD picks the variant); ``--op dense_matmul``: the stored-K product at n = 36000, t = 11. Inputs are built and
+the op run once (build, load, warm-up) before the profiled call.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from gpfast import ops
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--op", choices=["cov_bwd", "dense_matmul"], default="cov_bwd")
+    ap.add_argument("--n", type=int, default=None)
+    args = ap.parse_args(argv)
+    dev = "cuda"
+    if args.op == "cov_bwd":
+        n, d = args.n or 16384, 8
+        x1, x2 = torch.randn(1, n, d, device=dev), torch.randn(1, n, d, device=dev)
+        l, s = torch.rand(1, d, device=dev) + 0.5, torch.rand(1, device=dev) + 0.5
+        G = torch.randn(1, n, n, device=dev)
+
+        def call():
+            return torch.ops.gpfast.rbf_covariance_backward(G, x1, x2, l, s, True)
+    else:
+        n, t = args.n or 36000, 11
+        x = torch.randn(n, 8, device=dev)
+        K = ops.rbf_covariance(x, x, torch.full((8,), 1.5, device=dev), 1.0)
+        V = torch.randn(n, t, device=dev)
+
+        def call():
+            return ops.dense_matmul(K, V)
+
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled one {args.op} call at n = {n}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+// K @ V for a stored K (rows, n), row-major (column stride 1, any row stride), and a skinny V (n, t), t <= 16: the
+// training engine's stored-K product (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11). Memory-bound: K is read
+// once, so the kernel's job is to keep enough 16-byte loads in flight and to keep everything else off the critical
+// path.
+//
+// Work units. The columns are cut into S chunks of `chunk` columns (a multiple of 32 * VEC, at most CB) and the
+// rows into groups of RB = 8 warps x R rows; a unit is (chunk s, group g), numbered chunk-major (u = s * groups + g).
+// The grid is persistent (one block per SM at most blocks-per-SM) and block b takes the contiguous range of units
+// [b U / G, (b + 1) U / G): every block gets the same number of units to within one, and consecutive units share
+// their chunk, so a block stages V's rows of a chunk in shared memory (transposed, sV[c][j]) about once or twice in
+// its life: barriers only then, never per tile, so the warps drift freely and keep their loads in flight.
+//
+// A warp's share of a unit: R rows x the chunk's columns. Lane l reads, per row, VEC consecutive columns
+// (16 bytes: ld.global.nc, no L1 allocation) at (it * 32 + l) * VEC, so a warp reads 512 contiguous bytes per row per
+// iteration; the next iteration's R loads are issued before this one's arithmetic (two register buffers). V's
+// values for those VEC columns come from shared memory as one 16-byte load per right-hand side (conflict-free:
+// consecutive lanes, consecutive 16 bytes) and serve all R rows. Accumulators R x TC per lane, reduced over the warp
+// at the unit's end by a reduce-scatter (31 NP / 32 shuffles for NP values instead of 5 NP), in a fixed order.
+//
+// Output: unit (s, g) writes its rows of partial s, out[(s * rows + i) * t + c]; each element is written by exactly
+// one unit. With S == 1 that is the result; otherwise dmm_sum_kernel adds the S partials in a fixed order (in
+// double). Results are bitwise repeatable.
+//
+// Rows past `rows` (the last group) read row rows-1 again (finite values) and are never written; columns past n
+// read zeros and meet zero V. Rows whose stride or start is not 16-byte aligned take the kAligned = false variant
+// (scalar loads, same arithmetic).
+#pragma once
+
+#include "device_common.cuh"
+
+namespace gpfast {
+namespace cuda {
+
+constexpr int kDmmThreads = 256;
+constexpr int kDmmWarps = kDmmThreads / 32;
+
+template <typename T>
+__host__ __device__ constexpr int dmm_vec() {
+  return 16 / static_cast<int>(sizeof(T));
+}
+
+// Rows per warp: as many as the accumulators (R x TC) and two load buffers (2 x R x VEC) leave registers for
+// (about 200 at one block of 256 threads per SM).
+template <typename T, int TC>
+__host__ __device__ constexpr int dmm_rows_per_warp() {
+  if (sizeof(T) == 4) return TC <= 12 ? 8 : 6;
+  return TC <= 4 ? 8 : (TC <= 8 ? 6 : 4);
+}
+
+// Columns of V staged per chunk: the largest of 4096 .. 512 whose TC x (CB + 4) values fit in 200 KiB.
+template <typename T, int TC>
+__host__ __device__ constexpr int dmm_chunk_cols() {
+  int cb = 4096;
+  while (cb > 512 && static_cast<long>(TC) * (cb + 4) * static_cast<long>(sizeof(T)) > 200L * 1024) cb /= 2;
+  return cb;
+}
+
+template <typename T, int TC>
+__host__ __device__ constexpr int dmm_smem_bytes() {
+  return TC * (dmm_chunk_cols<T, TC>() + 4) * static_cast<int>(sizeof(T));
+}
+
+template <typename T>
+struct DmmArgs {
+  const T* K;     // (rows, n): element (i, j) at K[i * ldk + j]
+  const T* V;     // (n, t) contiguous
+  T* out;         // (S, rows, t) contiguous
+  int64_t ldk;
+  int64_t rows, n;
+  int64_t chunk;   // columns per chunk: a multiple of 32 * VEC, at most CB
+  int64_t groups;  // row groups: ceil(rows / (kDmmWarps * R))
+  int64_t units;   // S * groups
+  int t;
+};
+
+// 16 bytes of K, read once: not kept in L1 (V lives in shared memory; nothing else is reused).
+__device__ __forceinline__ void ldg_stream(const float* p, float (&v)[4]) {
+  asm volatile("ld.global.nc.L1::no_allocate.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+               : "l"(p));
+}
+__device__ __forceinline__ void ldg_stream(const double* p, double (&v)[2]) {
+  asm volatile("ld.global.nc.L1::no_allocate.v2.f64 {%0, %1}, [%2];" : "=d"(v[0]), "=d"(v[1]) : "l"(p));
+}
+
+// VEC values from 16-byte aligned shared memory.
+__device__ __forceinline__ void lds16(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ __forceinline__ void lds16(const double* p, double (&v)[2]) {
+  const double2 q = *reinterpret_cast<const double2*>(p);
+  v[0] = q.x, v[1] = q.y;
+}
+
+// Reduce-scatter over the warp of kCnt values (kCnt a multiple of 32): afterwards this lane holds in v[0 .. kCnt/32)
+// the warp-wide sums of the original values base .. base + kCnt/32 - 1. Pairwise in a fixed order.
+template <int kOff, int kCnt, typename T, int NP>
+__device__ __forceinline__ void dmm_reduce_scatter(T (&v)[NP], int lane, int& base) {
+  if constexpr (kOff >= 1) {
+    constexpr int kHalf = kCnt / 2;
+    const bool upper = (lane & kOff) != 0;
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) {
+      const T send = upper ? v[k] : v[k + kHalf];
+      const T keep = upper ? v[k + kHalf] : v[k];
+      v[k] = keep + __shfl_xor_sync(kFull, send, kOff);
+    }
+    if (upper) base += kHalf;
+    dmm_reduce_scatter<kOff / 2, kHalf>(v, lane, base);
+  }
+}
+
+template <typename T, int TC, bool kAligned>
+__global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmArgs<T> a) {
+  constexpr int VEC = dmm_vec<T>();
+  constexpr int R = dmm_rows_per_warp<T, TC>();
+  constexpr int CB = dmm_chunk_cols<T, TC>();
+  constexpr int kPitch = CB + 4;  // 16-byte rows; (4 c + j) spreads the staging stores over the banks
+  constexpr int RB = kDmmWarps * R;
+  constexpr int N = R * TC, NP = (N + 31) / 32 * 32;
+  constexpr int kStep = 32 * VEC;  // columns per warp iteration
+  extern __shared__ __align__(16) unsigned char dmm_smem[];
+  T* sV = reinterpret_cast<T*>(dmm_smem);  // [TC][kPitch]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = a.t;
+  const int64_t u_begin = static_cast<int64_t>(blockIdx.x) * a.units / gridDim.x;
+  const int64_t u_end = (static_cast<int64_t>(blockIdx.x) + 1) * a.units / gridDim.x;
+
+  // right-hand sides t .. TC-1 are zero for good (the first staging's barrier orders these stores)
+  for (int e = tid; e < (TC - t) * kPitch; e += kDmmThreads) sV[t * kPitch + e] = T(0);
+
+  int64_t staged = -1;
+  for (int64_t u = u_begin; u < u_end; ++u) {
+    const int64_t s = u / a.groups, g = u - s * a.groups;
+    const int64_t j0 = s * a.chunk;
+    const int cols = static_cast<int>(min(a.chunk, a.n - j0));
+    if (s != staged) {  // block-uniform
+      __syncthreads();  // every warp is done with the previous chunk
+      const T* v = a.V + j0 * t;
+      for (int e = tid; e < CB * t; e += kDmmThreads) {
+        const int jj = e / t, c = e - jj * t;
+        sV[c * kPitch + jj] = jj < cols ? v[e] : T(0);
+      }
+      __syncthreads();
+      staged = s;
+    }
+    const int64_t row0 = g * RB + static_cast<int64_t>(warp) * R;
+    if (row0 >= a.rows) continue;  // warp-uniform; the next staging's barriers are still met
+
+    const T* krow[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) krow[r] = a.K + min(row0 + r, a.rows - 1) * a.ldk + j0;
+
+    auto load = [&](int it, T (&buf)[R][VEC]) {
+      const int lc = (it * 32 + lane) * VEC;
+      if (kAligned && lc + VEC <= cols) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if constexpr (kAligned) ldg_stream(krow[r] + lc, buf[r]);
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) buf[r][i] = lc + i < cols ? __ldg(krow[r] + lc + i) : T(0);
+      }
+    };
+
+    T acc[R][TC];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < TC; ++c) acc[r][c] = T(0);
+
+    auto compute = [&](int it, const T (&buf)[R][VEC]) {
+      const T* vrow = sV + (it * 32 + lane) * VEC;
+#pragma unroll
+      for (int c = 0; c < TC; ++c) {
+        T v[VEC];
+        lds16(vrow + c * kPitch, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) acc[r][c] = fma(buf[r][i], v[i], acc[r][c]);
+      }
+    };
+
+    const int nit = (cols + kStep - 1) / kStep;
+    T b0[R][VEC], b1[R][VEC];
+    load(0, b0);
+    for (int it = 0; it < nit; it += 2) {  // two buffers, no register copies
+      if (it + 1 < nit) load(it + 1, b1);
+      compute(it, b0);
+      if (it + 2 < nit) load(it + 2, b0);
+      if (it + 1 < nit) compute(it + 1, b1);
+    }
+
+    T red[NP];
+#pragma unroll
+    for (int k = 0; k < NP; ++k) red[k] = k < N ? acc[k / TC][k % TC] : T(0);
+    int base = 0;
+    dmm_reduce_scatter<16, NP>(red, lane, base);
+    T* out = a.out + (s * a.rows) * t;
+#pragma unroll
+    for (int k = 0; k < NP / 32; ++k) {
+      const int idx = base + k;
+      const int r = idx / TC, c = idx - r * TC;
+      if (idx < N && c < t && row0 + r < a.rows) out[(row0 + r) * t + c] = red[k];
+    }
+  }
+}
+
+// out[i] = sum over s of part[s * count + i], in double, in order of s.
+template <typename T>
+__global__ void dmm_sum_kernel(const T* __restrict__ part, T* __restrict__ out, int64_t count, int splits) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double acc = 0.0;
+    for (int s = 0; s < splits; ++s) acc += static_cast<double>(part[s * count + i]);
+    out[i] = static_cast<T>(acc);
+  }
+}
+
+}  // namespace cuda
+}  // namespace gpfast
