@@ -140,7 +140,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
         Who takes the training steps. ``"auto"``: gpfast's training engine (:mod:`gpfast.train`: warm-started,
         truncated preconditioned CG and Hutchinson gradients from one fused backward, no Lanczos) whenever the
-        steps use CG, and gpfast's exact float64 objective when they use a dense Cholesky. ``"gpfast"``: the
+        steps use CG under Adam (under L-BFGS, GPyTorch's: see :func:`gpfast.train.settings.train_solver`), and
+        gpfast's exact float64 objective when they use a dense Cholesky. ``"gpfast"``: the
         engine for every step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``:
         GPyTorch's marginal likelihood when the steps use CG (mBCG and stochastic Lanczos, with ``cg_tolerance``,
         ``max_cg_iterations`` and ``preconditioner_size``), for comparisons. Who trained is stored in
@@ -299,8 +300,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         device, dtype = settings.device, settings.dtype
         free = _solver.free_memory_bytes(device)
         choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
-        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver)
+        train_solver, _ = _trainer.train_solver(trainer, choice.train_solver)
         optimizer = _params.resolve_optimizer(settings.optimizer, train_solver)
+        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver, optimizer)
         # The exact objective is float64 whatever dtype says: L-BFGS's line search needs the loss to that precision.
         train_dtype = torch.float64 if train_solver == "cholesky" else dtype
         subset = self._subset_size(n)
@@ -334,6 +336,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                     self.solver
                     if self.solver != "auto"
                     else _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver,
+                    optimizer,
                 )
             train_kw = dict(
                 cg=cg,

@@ -158,11 +158,14 @@ def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
     return trainer, EngineSettings.from_options(options)
 
 
-def train_solver(trainer: str, rule_train_solver: str) -> tuple[str, str]:
+def train_solver(trainer: str, rule_train_solver: str, optimizer: str = "adam") -> tuple[str, str]:
     """``(train_solver, trainer_used)``: how the training steps are taken, given the solver rule's choice.
     ``trainer_used`` is ``"gpfast"`` (the engine), ``"exact"`` (the float64 Cholesky objective of
-    :mod:`gpfast.estimator.exact_objective`) or ``"gpytorch"`` (GPyTorch's marginal likelihood under CG)."""
-    if trainer == "gpfast" or (trainer == "auto" and rule_train_solver == "cg"):
+    :mod:`gpfast.estimator.exact_objective`) or ``"gpytorch"`` (GPyTorch's marginal likelihood under CG).
+    ``"auto"`` gives CG steps to the engine only under Adam: L-BFGS's line search compares losses at nearby points,
+    and the engine's, from warm-started truncated solves and a carried log-determinant estimate, depend on the
+    path as well as the point (on yacht, L-BFGS on the engine's loss went uphill; on GPyTorch's it converges)."""
+    if trainer == "gpfast" or (trainer == "auto" and rule_train_solver == "cg" and optimizer != "lbfgs"):
         return "cg", "gpfast"
     if rule_train_solver == "cholesky":
         return "cholesky", "exact"
