@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import gpytorch
 import torch
@@ -119,6 +119,8 @@ class Engine:
         #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,), the probe
         #: solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
         self.last: dict = {}
+        self._state: _State | None = None
+        self._restore: dict | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     def objective(self, model):
@@ -146,6 +148,10 @@ class Engine:
         rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
         state = _State()
         state.s = rec.num_probes = cfg.probes_for(n)
+        if self._restore is not None:
+            state.load(self._restore, product, X, cfg.preconditioner_rank)
+            self._restore = None
+        self._state = state
 
         def closure() -> torch.Tensor:
             model.zero_grad(set_to_none=True)
@@ -175,6 +181,7 @@ class Engine:
             L = pivoted_cholesky(product.kernel_rows, diag, min(cfg.preconditioner_rank, n))
             state.pc = Preconditioner(L, s_host, X.dtype)
             state.built_at, state.l_build = step, l_host.clone()
+            state.build_hyper = (ls, s, noise)
         pc = state.pc
         pc.set_scales(s_host, noise_host)
         first = state.x is None
@@ -251,6 +258,18 @@ class Engine:
         return torch.tensor(loss, dtype=torch.float64)
 
     # ------------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The run's state after its last step, as plain types and CPU tensors (for a checkpoint, issue 16): the
+        EngineRecord and the step-to-step state of :class:`_State`. :meth:`load_state_dict` on a fresh engine,
+        before :meth:`objective`, makes that engine continue exactly where this one stands."""
+        return {"record": asdict(self.record), "state": self._state.state_dict() if self._state is not None else None}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from :meth:`state_dict`'s output; call before :meth:`objective`."""
+        self.record = EngineRecord(**saved["record"])
+        self._restore = saved["state"]
+
+    # ------------------------------------------------------------------------------------------------------------
     def finish(self) -> EngineRecord:
         """End the run: release the stored K, warn when the last step's CG missed its tolerance (or CG broke
         down), and return the records."""
@@ -296,9 +315,45 @@ class _State:
         self.Z: torch.Tensor | None = None  # the Hutchinson probes
         self.drawn_at = 0
         self.x: torch.Tensor | None = None  # the last solutions (warm starts)
+        self.build_hyper: tuple | None = None  # (lengthscale, outputscale, noise) given to the product at the build
         self.g = self.hyper = None
         self.data_fit = self.log_det = 0.0
         self.postfix: dict = {}
+
+    _TENSORS = ("l_build", "Z", "x", "g", "hyper")
+    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det")
+
+    def state_dict(self) -> dict:
+        """Plain types and CPU tensors; the preconditioner is kept as the hyperparameters it was built at."""
+
+        def cpu(t):
+            return None if t is None else t.detach().cpu().clone()
+
+        out = {k: cpu(getattr(self, k)) for k in self._TENSORS}
+        out.update({k: getattr(self, k) for k in self._NUMBERS})
+        out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
+        return out
+
+    def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor, rank: int) -> None:
+        """Restore :meth:`state_dict`'s output for training inputs X, rebuilding the preconditioner by the
+        same pivoted Cholesky, at the same hyperparameters, as the step that built it."""
+        if int(saved["s"]) != self.s:
+            raise ValueError(f"the saved engine state has {saved['s']} probes; these settings give {self.s}")
+        for k in self._NUMBERS:
+            setattr(self, k, saved[k])
+        for k in ("l_build", "g", "hyper"):
+            setattr(self, k, saved[k])
+        for k in ("Z", "x"):
+            t = saved[k]
+            setattr(self, k, None if t is None else t.to(device=X.device, dtype=X.dtype))
+        if saved["build_hyper"] is not None:
+            ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
+            self.build_hyper = (ls, s, noise)
+            product.update(ls, s, noise)
+            s_host = float(s.to(torch.float64).cpu())
+            diag = torch.full((X.shape[0],), s_host, dtype=X.dtype, device=X.device)
+            L = pivoted_cholesky(product.kernel_rows, diag, min(rank, X.shape[0]))
+            self.pc = Preconditioner(L, s_host, X.dtype)
 
 
 def _measure(rel: torch.Tensor) -> torch.Tensor:
