@@ -11,7 +11,8 @@ a subset when asked for, then the run on all the data). The checkpoint file hold
   and the engine's per-step records), so that a resumed fit skips them.
 * ``current``: the run under way: its index, every objective evaluation so far (hyperparameters in, loss and
   gradient out, float64), and the objective's state after the last of them (for gpfast's engine,
-  :meth:`gpfast.train.Engine.state_dict`: the probes, the warm-start solutions, the hyperparameters the
+  :meth:`gpfast.train.Engine.state_dict`: the generators' state the probes were drawn from (they are drawn
+  again on resume), the warm-start solutions, the hyperparameters the
   preconditioner was built at, the log-determinant's path integral and the EngineRecord).
 * ``rng``: torch's CPU generator (and the device's, on CUDA) after the last evaluation.
 
@@ -43,7 +44,7 @@ import torch
 from gpfast._version import __version__
 from gpfast.estimator import persistence
 from gpfast.estimator.training import TrainResult
-from gpfast.train.engine import EngineRecord
+from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint"]
 
@@ -76,17 +77,6 @@ def _describe_mismatch(saved: dict, now: dict) -> str:
     old, new = saved.get("settings", {}), now["settings"]
     diffs = [f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
     return "it was written with other settings: " + "; ".join(diffs)
-
-
-def _rng_state(device: torch.device) -> dict:
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _result_dict(result: TrainResult) -> dict:
@@ -140,10 +130,10 @@ class Checkpoint:
         try:
             _, state = persistence.read_state(self.path, format=CHECKPOINT_FORMAT)
         except ValueError as exc:
-            raise ValueError(
-                f"ExactGP: cannot resume from the checkpoint {where!r}: {str(exc).removeprefix(f'cannot load {where!r}: ')} "
-                f"Delete it to start the fit afresh."
-            ) from None
+            what = str(exc).removeprefix(f"cannot load {where!r}: ")
+            damaged = "truncated" in what or "corrupt" in what
+            advice = "Delete it to start the fit afresh." if damaged else "Pass another checkpoint path."
+            raise ValueError(f"ExactGP: cannot resume from the checkpoint {where!r}: {what} {advice}") from None
         missing = [k for k in ("fingerprint", "done", "current", "rng") if k not in state]
         current = state.get("current")
         if not missing and current is not None and current.get("index") != len(state["done"]):
@@ -180,7 +170,7 @@ class Checkpoint:
 
     def restore_rng(self) -> None:
         if self.pending_rng is not None:
-            _set_rng_state(self.pending_rng, self.device)
+            set_generator_state(self.pending_rng, self.device)
             self.pending_rng = None
 
     def write(self) -> None:
@@ -191,7 +181,7 @@ class Checkpoint:
             "fingerprint": self.fingerprint,
             "done": self.done,
             "current": self._live.state_dict() if self._live is not None else self.current,
-            "rng": self.pending_rng if self.pending_rng is not None else _rng_state(self.device),
+            "rng": self.pending_rng if self.pending_rng is not None else generator_state(self.device),
         }
         persistence.write_state(state, self.path)
 

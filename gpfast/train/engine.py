@@ -187,6 +187,7 @@ class Engine:
         first = state.x is None
         resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
         if resample:
+            state.z_rng = generator_state(X.device)
             state.Z = _rademacher(n, state.s, X, product.split is not None)
             state.drawn_at = step
         r = y - mu
@@ -313,6 +314,7 @@ class _State:
         self.built_at = 0
         self.l_build: torch.Tensor | None = None
         self.Z: torch.Tensor | None = None  # the Hutchinson probes
+        self.z_rng: dict | None = None  # the generators' state they were drawn from
         self.drawn_at = 0
         self.x: torch.Tensor | None = None  # the last solutions (warm starts)
         self.build_hyper: tuple | None = None  # (lengthscale, outputscale, noise) given to the product at the build
@@ -320,7 +322,7 @@ class _State:
         self.data_fit = self.log_det = 0.0
         self.postfix: dict = {}
 
-    _TENSORS = ("l_build", "Z", "x", "g", "hyper")
+    _TENSORS = ("l_build", "x", "g", "hyper")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det")
 
     def state_dict(self) -> dict:
@@ -332,6 +334,7 @@ class _State:
         out = {k: cpu(getattr(self, k)) for k in self._TENSORS}
         out.update({k: getattr(self, k) for k in self._NUMBERS})
         out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
+        out["z_rng"] = self.z_rng  # the probes are drawn again from it: half the size of a checkpoint at s = 10
         return out
 
     def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor, rank: int) -> None:
@@ -343,9 +346,14 @@ class _State:
             setattr(self, k, saved[k])
         for k in ("l_build", "g", "hyper"):
             setattr(self, k, saved[k])
-        for k in ("Z", "x"):
-            t = saved[k]
-            setattr(self, k, None if t is None else t.to(device=X.device, dtype=X.dtype))
+        if saved["x"] is not None:
+            self.x = saved["x"].to(device=X.device, dtype=X.dtype)
+        if saved["z_rng"] is not None:  # the draw of _step, from the generators' state before it
+            self.z_rng = saved["z_rng"]
+            devices = [X.device] if X.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                set_generator_state(self.z_rng, X.device)
+                self.Z = _rademacher(X.shape[0], self.s, X, False)
         if saved["build_hyper"] is not None:
             ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
             self.build_hyper = (ls, s, noise)
@@ -361,6 +369,17 @@ def _measure(rel: torch.Tensor) -> torch.Tensor:
     one (as GPyTorch's mBCG averages over columns), whichever is larger. The data column carries the data-fit
     term and its gradient; a probe's solve error only adds to the Hutchinson noise, which averages over probes."""
     return torch.maximum(rel[0], rel[1:].mean()) if rel.numel() > 1 else rel[0]
+
+
+def generator_state(device: torch.device) -> dict:
+    """torch's CPU generator state, and the CUDA device's when ``device`` is one (for checkpoints)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_generator_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _rademacher(n: int, s: int, like: torch.Tensor, broadcast: bool) -> torch.Tensor:
