@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import HAS_CUDA
 from gpfast import ExactGP
 from gpfast.cli import main as cli_main
 from gpfast.estimator import checkpoint as ckpt_module
@@ -101,6 +102,7 @@ def _interrupted(monkeypatch, path, X, y, after_writes: int, **kw) -> None:
 _CHILD = """
 import sys, time, warnings
 import numpy as np
+from conftest import HAS_CUDA
 from gpfast import ExactGP
 from gpfast.estimator import checkpoint as C
 warnings.simplefilter("ignore")
@@ -166,9 +168,11 @@ def test_fit_killed_by_a_signal_resumes_to_the_uninterrupted_fit(tmp_path, kw, a
     _assert_same_fit(resumed, _fit(X, y, **kw), X)
 
 
-@pytest.mark.parametrize("after", [1, 2, 5])
+@pytest.mark.parametrize("after", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
-    "kw", [ENGINE, EXACT_LBFGS, GPYTORCH_LBFGS], ids=["engine", "exact-lbfgs", "gpytorch-lbfgs"]
+    "kw",
+    [ENGINE, EXACT_LBFGS, pytest.param(GPYTORCH_LBFGS, marks=pytest.mark.slow)],
+    ids=["engine", "exact-lbfgs", "gpytorch-lbfgs"],
 )
 def test_interrupted_fit_resumes_bit_for_bit(monkeypatch, tmp_path, kw, after):
     X, y = _data()
@@ -227,6 +231,7 @@ def test_checkpoint_of_other_data_or_settings_is_refused_and_the_previous_fit_ke
     assert path.exists()  # a refused checkpoint is left alone
 
 
+@pytest.mark.slow
 def test_verbose_and_checkpoint_every_do_not_count_as_other_settings(written):
     X, y, path = written
     gp = _fit(X, y, checkpoint=path, checkpoint_every=5, verbose=False, **ENGINE)
@@ -327,3 +332,19 @@ def test_cli_checkpoint_usage_errors(tmp_path, capsys):
     out = tmp_path / "x.json"
     assert cli_main([*CLI, "--checkpoint", str(out), "--out", str(out)]) == 2
     assert "name the same file" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
+def test_interrupted_cuda_fit_resumes_within_the_cg_tolerance(monkeypatch, tmp_path):
+    """On a GPU, in float32: the resumed fit takes the same steps up to the device's floating-point
+    nondeterminism (typically bit for bit: the same kernels on the same inputs)."""
+    X, y = _data(3000, 8)
+    kw = dict(ENGINE, dtype="float32", device="cuda", n_restarts=0, pretrain_subset=None, max_iter=10)
+    path = tmp_path / "fit.ckpt"
+    _interrupted(monkeypatch, path, X, y, 2, **kw)
+    resumed, plain = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw), _fit(X, y, **kw)
+    np.testing.assert_allclose(resumed.history_, plain.history_, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(resumed.lengthscale_, plain.lengthscale_, rtol=1e-3)
+    np.testing.assert_allclose([resumed.noise_, resumed.outputscale_], [plain.noise_, plain.outputscale_], rtol=1e-3)
+    assert resumed.cg_iterations_[:4] == plain.cg_iterations_[:4]  # before the interruption: the log itself

@@ -75,7 +75,9 @@ def _describe_mismatch(saved: dict, now: dict) -> str:
             f"{str(saved.get('data_sha256'))[:16]}..., now {now['data_sha256'][:16]}...)"
         )
     old, new = saved.get("settings", {}), now["settings"]
-    diffs = [f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    diffs = [
+        f"{k}={old.get(k)!r} there, {new.get(k)!r} now" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    ]
     return "it was written with other settings: " + "; ".join(diffs)
 
 
@@ -118,9 +120,10 @@ class Checkpoint:
             return ckpt
         state = ckpt._read()
         if state["fingerprint"] != fp:
+            why = _describe_mismatch(state["fingerprint"], fp)
             raise ValueError(
-                f"ExactGP: cannot resume from the checkpoint {str(path)!r}: {_describe_mismatch(state['fingerprint'], fp)}."
-                f" Delete the file (or pass another checkpoint path) to start this fit afresh."
+                f"ExactGP: cannot resume from the checkpoint {str(path)!r}: {why}. Delete the file (or pass another "
+                f"checkpoint path) to start this fit afresh."
             )
         ckpt.done, ckpt.current, ckpt.pending_rng, ckpt.resumed = state["done"], state["current"], state["rng"], True
         return ckpt
