@@ -6,6 +6,8 @@
 #         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
 #         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
 #         engine1m,
+#         fit1m (issue 16: ExactGP on 1M synthetic points, d=8, 50 Adam steps, then 10k test points; resumable, call
+#                it again until its log ends "fit1m: done", see below),
 #         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
 #         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
@@ -60,6 +62,16 @@ for st in "$@"; do
              --reps 20 --out "$OUT" > "$OUT/stored_product.log" 2>&1; tail -10 "$OUT/stored_product.log" ;;
     engine1m) CUDA_VISIBLE_DEVICES=$G timeout 540 python -m experiments.engine_step --n 1000000 --d 8 --steps 3 \
              --out "$OUT" > "$OUT/engine1m.log" 2>&1; tail -12 "$OUT/engine1m.log" ;;
+    fit1m)
+      # One chunk of at most FIT1M_TIMEOUT (default 540) seconds of experiments/fit1m.py, resuming from .ckpt/fit1m/
+      # (git-ignored; it stays on a warm machine between calls). rc=124: the chunk was cut, call the stage again;
+      # the log ends "fit1m: done" once the results are in $OUT/fit1m.{md,json}. The state (~50 MB) is copied to
+      # $OUT/fit1m_state: on a fresh machine, put it back in .ckpt/fit1m and carry .ckpt to resume there.
+      mkdir -p .ckpt/fit1m
+      CUDA_VISIBLE_DEVICES=$G timeout ${FIT1M_TIMEOUT:-540} python -m experiments.fit1m --state .ckpt/fit1m --out "$OUT" \
+        --quiet >> "$OUT/fit1m.log" 2>&1
+      echo "fit1m rc=$? (124: cut at ${FIT1M_TIMEOUT:-540} s; call the stage again to resume)" | tee -a "$OUT/fit1m.log"
+      mkdir -p "$OUT/fit1m_state"; cp .ckpt/fit1m/* "$OUT/fit1m_state/" 2>/dev/null; tail -14 "$OUT/fit1m.log" ;;
     uci:*)
       IFS=: read -r _ sets rows <<< "$st"
       rows=${rows:-gpytorch,gpytorch+gpfast,gpfast}

@@ -300,15 +300,22 @@ def _check_fit_args(args) -> None:
         args.csv = _input_file(args.csv, "--csv")
     if args.distributed and args.solver == "cholesky":
         parser.error("--distributed runs the matrix-free CG solver: use --solver auto or cg")
-    for option in ("out", "save"):
+    if args.checkpoint_every is not None and args.checkpoint is None:
+        parser.error("--checkpoint-every applies only with --checkpoint")
+    if args.checkpoint and args.distributed:
+        parser.error("--checkpoint is not supported with --distributed")
+    outputs = ("out", "save", "checkpoint")
+    for option in outputs:
         if getattr(args, option):
             setattr(args, option, _output_file(getattr(args, option), f"--{option}"))
-    if args.out and args.save and args.out.resolve() == args.save.resolve():
-        parser.error("--out and --save name the same file")
-    for option in ("out", "save"):
+    for i, a in enumerate(outputs):
+        for b in outputs[i + 1 :]:
+            if getattr(args, a) and getattr(args, b) and getattr(args, a).resolve() == getattr(args, b).resolve():
+                parser.error(f"--{a} and --{b} name the same file")
+    for option in outputs:
         if getattr(args, option):
             _not_an_input(getattr(args, option), f"--{option}", {"--csv": args.csv if args.csv else None})
-    defaults = {"d": 8, "test": 10000, "split": 0, "pretrain_iter": 10}
+    defaults = {"d": 8, "test": 10000, "split": 0, "pretrain_iter": 10, "checkpoint_every": 10}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -406,6 +413,8 @@ def _fit_and_report(args, device, rank0: bool) -> int:
             distributed=args.distributed,
             pretrain_subset=args.pretrain_subset,
             pretrain_iter=args.pretrain_iter,
+            optimizer=args.optimizer,
+            tol=args.tol,
         )
         return ExactGP(**{**kw, **override})
 
@@ -421,7 +430,8 @@ def _fit_and_report(args, device, rank0: bool) -> int:
     _warm_up(make_gp, X, y, solvers)
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()
-    gp = make_gp()
+    gp = make_gp(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    resumed = args.checkpoint is not None and args.checkpoint.exists()
     t0 = now()
     try:
         gp.fit(X, y)
@@ -441,6 +451,11 @@ def _fit_and_report(args, device, rank0: bool) -> int:
         "train_s": t1 - t0,
         "s_per_iter": (t1 - t0) / max(gp.n_iter_, 1),
     }
+    if args.checkpoint is not None:
+        # train_s covers this call only; the engine's step times cover every step, resumed or not
+        result["resumed"] = resumed
+    if gp.step_seconds_ is not None:
+        result["step_s_total"] = float(sum(gp.step_seconds_))
     if X_test is not None:
         mean, std = gp.predict(X_test, return_std=True)
         t2 = now()
@@ -606,6 +621,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--lr", type=_positive_float, default=0.1, metavar="LR", help="Adam learning rate (default 0.1)")
     p.add_argument("--solver", default="auto", choices=["auto", "cholesky", "cg"], help="(default auto)")
+    p.add_argument(
+        "--optimizer",
+        default="auto",
+        choices=["auto", "lbfgs", "adam"],
+        help="(default auto: L-BFGS on the exact objective, Adam on CG)",
+    )
+    p.add_argument(
+        "--tol",
+        type=float,
+        default=None,
+        metavar="TOL",
+        help="the optimiser's stopping tolerance (default: its own; 0 with Adam takes all --iters steps)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="FILE",
+        help="resumable fit: write the training state here every --checkpoint-every steps, resume from it when it "
+        "exists (same data and settings), delete it when the fit succeeds",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=positive, default=None, metavar="K", help="steps between checkpoints (default 10)"
+    )
     p.add_argument(
         "--dtype", default="float32", choices=["float32", "float64"], help="training precision (default float32)"
     )

@@ -34,6 +34,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from sklearn.exceptions import ConvergenceWarning
 
+from gpfast.estimator import checkpoint as _checkpoint
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
 from gpfast.estimator import solver as _solver
@@ -152,6 +153,16 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ``rebuild_lengthscale_change``, ``resample_every``, ``warm_start``, ``product``, ``memory_fraction``; the
         defaults and the measurements behind them are documented there); ``None`` keeps its defaults. The
         GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
+    checkpoint : str, path or None, default=None
+        Make the fit resumable (:mod:`gpfast.estimator.checkpoint`): every ``checkpoint_every`` optimiser steps,
+        and after each optimiser run, the whole training state goes to this file (atomically, with a checksum).
+        A ``fit`` that finds the file there resumes from it when it was written for the same data and settings,
+        and otherwise raises ValueError saying what differs; the resumed fit takes the same steps as an
+        uninterrupted one (bit for bit on the CPU with a seed). The file is deleted when the fit succeeds.
+        Not with ``distributed=True``.
+    checkpoint_every : int, default=10
+        Optimiser steps between checkpoints (each one writes the engine's probes and warm starts: about
+        ``8 n (2 s + 1)`` bytes in float32, 85 MB at n = 1M).
     Attributes
     ----------
     X_train_, y_train_ : torch.Tensor
@@ -237,6 +248,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         distributed: bool = False,
         trainer: str = "auto",
         trainer_options: dict | None = None,
+        checkpoint=None,
+        checkpoint_every: int = 10,
     ):
         self.solver = solver
         self.optimizer = optimizer
@@ -262,6 +275,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.distributed = distributed
         self.trainer = trainer
         self.trainer_options = trainer_options
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
 
     # ------------------------------------------------------------------------------------------------------
     # fit
@@ -316,9 +331,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if self.verbose:
             print(msg, file=sys.stderr)
 
+        ckpt = None
+        if self.checkpoint is not None:
+            fp = _checkpoint.fingerprint(self, settings.seed, Xt, yt)
+            ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
+            if ckpt.resumed:
+                logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
         Xs = ((Xt - x_mean) / x_std).to(device)
         ys = ((yt - y_mean) / y_std).to(device)
-        with self._seeded(settings.seed, device):
+        with self._seeded(settings.seed, device, fork=ckpt is not None):
             likelihood = gpytorch.likelihoods.GaussianLikelihood()
             Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
             model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
@@ -346,6 +367,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 dtype=dtype,
                 verbose=bool(self.verbose),
                 space=space,
+                checkpoint=ckpt,
             )
 
             def run(theta):
@@ -366,6 +388,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
             (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+            if ckpt is not None:
+                ckpt.close()
             space.set(model, result.theta)
             if train_dtype != dtype:
                 model = model.to(dtype)
@@ -382,6 +406,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
         if self.max_iter > 0:
             self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
+        if ckpt is not None:
+            ckpt.remove()
         return dict(
             device_=device,
             X_train_=Xs,
@@ -408,15 +434,30 @@ class ExactGP(RegressorMixin, BaseEstimator):
         )
 
     @staticmethod
-    def _train_with(trainer_used, engine_settings, free, model, n_steps, solver, **train_kw):
+    def _train_with(trainer_used, engine_settings, free, model, n_steps, solver, checkpoint=None, **train_kw):
         """:func:`~gpfast.estimator.training.train` with the objective of ``trainer_used``: gpfast's engine
-        (returning its record too), the exact float64 objective (the default for ``"cholesky"``), or GPyTorch's."""
+        (returning its record too), the exact float64 objective (the default for ``"cholesky"``), or GPyTorch's.
+        With a ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
+        log = checkpoint.next_run() if checkpoint is not None else None
+        if log is not None and log.done is not None:
+            result, record = log.done
+            train_kw["space"].set(model, result.theta)
+            return result, record
+        record = None
         if trainer_used == "gpfast":
             engine = Engine(engine_settings, free)
-            result = train(model, n_steps, solver, objective=engine.objective, **train_kw)
-            return result, engine.finish()
-        objective = gpytorch_objective if trainer_used == "gpytorch" else None
-        return train(model, n_steps, solver, objective=objective, **train_kw), None
+            if log is not None:
+                if log.engine_state is not None:
+                    engine.load_state_dict(log.engine_state)
+                log.objective_state = engine.state_dict
+            result = train(model, n_steps, solver, objective=engine.objective, recorder=log, **train_kw)
+            record = engine.finish()
+        else:
+            objective = gpytorch_objective if trainer_used == "gpytorch" else None
+            result = train(model, n_steps, solver, objective=objective, recorder=log, **train_kw)
+        if checkpoint is not None:
+            checkpoint.finish_run(log, result, record)
+        return result, record
 
     def _clipped(self, space: HyperparameterSpace, theta0):
         """theta0 moved into the bounds, with a warning naming what was moved."""
@@ -494,14 +535,16 @@ class ExactGP(RegressorMixin, BaseEstimator):
         )
 
     @staticmethod
-    def _seeded(seed: int | None, device: torch.device):
-        """Seed torch's generators inside ``fork_rng`` (the global ones are left alone), or do nothing."""
-        if seed is None:
+    def _seeded(seed: int | None, device: torch.device, fork: bool = False):
+        """Seed torch's generators inside ``fork_rng`` (the global ones are left alone), or do nothing (with
+        ``fork``: fork without seeding, as a resumed fit sets the generators' state)."""
+        if seed is None and not fork:
             return contextlib.nullcontext()
         devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
         stack = contextlib.ExitStack()
         stack.enter_context(torch.random.fork_rng(devices=devices))
-        torch.manual_seed(seed)  # also seeds every CUDA device
+        if seed is not None:
+            torch.manual_seed(seed)  # also seeds every CUDA device
         return stack
 
     def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,12 @@ def resolve(est) -> Settings:
         raise bad("preconditioner_size", "an int >= 0")
     if est.verbose not in (True, False, 0, 1):
         raise bad("verbose", "True or False")
+    if est.checkpoint is not None and not isinstance(est.checkpoint, (str, os.PathLike)):
+        raise bad("checkpoint", "None or a file path")
+    if not _is_int(est.checkpoint_every) or est.checkpoint_every < 1:
+        raise bad("checkpoint_every", "an int >= 1")
+    if est.checkpoint is not None and est.distributed:
+        raise ValueError("ExactGP: checkpoint is not supported with distributed=True; set checkpoint=None.")
     return Settings(
         optimizer=est.optimizer.lower(),
         dtype=_resolve_dtype(est.dtype, bad),

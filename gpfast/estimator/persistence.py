@@ -103,6 +103,8 @@ def _params(est) -> dict[str, Any]:
         params["random_state"] = None
     if isinstance(params.get("device"), torch.device):
         params["device"] = str(params["device"])
+    if params.get("checkpoint") is not None:
+        params["checkpoint"] = os.fspath(params["checkpoint"])
     return params
 
 
@@ -179,22 +181,24 @@ def write_state(state: dict, path, format_version: int = FORMAT_VERSION) -> None
 # ------------------------------------------------------------------------------------------------------------
 
 
-def read_state(path) -> tuple[int, dict]:
+def read_state(path, format: str = FORMAT) -> tuple[int, dict]:
     """The format version and the state dict of a gpfast file (checked for damage and type, not yet for
-    consistency); ``path`` is a file name or a binary file object. Raises ``ValueError`` for any bad file
-    (``FileNotFoundError`` and other ``OSError`` when it cannot be read at all)."""
+    consistency); ``path`` is a file name or a binary file object; ``format``: the payload's expected ``format``
+    entry (a checkpoint's is :data:`gpfast.estimator.checkpoint.CHECKPOINT_FORMAT`, and only model files have
+    the legacy formats 0 and 1). Raises ``ValueError`` for any bad file (``FileNotFoundError`` and other
+    ``OSError`` when it cannot be read at all)."""
     data = path.read() if hasattr(path, "read") else Path(path).read_bytes()
     if not data:
         raise _bad(path, "the file is empty (0 bytes); a gpfast model file is never empty.")
     if data.startswith(SIGNATURE) or _near_signature(data):
-        return _read_headed(path, data)
+        return _read_headed(path, data, format)
     if len(data) < len(SIGNATURE) and SIGNATURE.startswith(data):
         raise _bad(
             path,
             f"the file is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header of "
             f"a gpfast model file.",
         )
-    if data.startswith(b"PK\x03\x04"):
+    if data.startswith(b"PK\x03\x04") and format == FORMAT:
         return _read_legacy(path, data)
     raise _bad(
         path,
@@ -211,7 +215,7 @@ def _near_signature(data: bytes) -> bool:
     return flipped <= 2
 
 
-def _read_headed(path, data: bytes) -> tuple[int, dict]:
+def _read_headed(path, data: bytes, format: str = FORMAT) -> tuple[int, dict]:
     if len(data) < HEADER_SIZE:
         raise _bad(
             path,
@@ -261,8 +265,9 @@ def _read_headed(path, data: bytes) -> tuple[int, dict]:
     if version < 2:
         raise _bad(path, f"the file is corrupt: its header says format {version}, but formats before 2 have no header.")
     state = _torch_load(path, payload)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise _bad(path, f"the file is corrupt: its checksum matches but its data are not a {FORMAT} state.")
+    if not isinstance(state, dict) or state.get("format") != format:
+        found = state.get("format") if isinstance(state, dict) else None
+        raise _bad(path, f"its checksum matches but its data are not a {format} state (format {found!r}).")
     if state.get("format_version") != version:
         raise _bad(
             path,

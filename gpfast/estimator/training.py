@@ -112,6 +112,7 @@ def train(
     verbose: bool,
     objective: Callable[[ExactGPModel], Objective] | None = None,
     space: HyperparameterSpace | None = None,
+    recorder=None,
 ) -> TrainResult:
     """Minimise the negative marginal log likelihood per data point over the model's hyperparameters, from their
     current values, with ``optimizer`` ``"lbfgs"`` (L-BFGS-B) or ``"adam"`` (projected Adam, learning rate
@@ -120,7 +121,8 @@ def train(
     runs every step). ``objective(model)`` builds the loss-and-gradient closure (default
     :func:`default_objective` of ``solver``), evaluated under :func:`solver_settings`. The model ends at the
     returned hyperparameters. Raises NotPSDError / FloatingPointError (TrainingDivergedError) with advice when a
-    step fails."""
+    step fails. ``recorder``: a :class:`gpfast.estimator.checkpoint.RunLog` that replays and logs the objective's
+    evaluations and is told of each step (for checkpoints)."""
     space = space or HyperparameterSpace.unbounded(model)
     theta0 = space.get(model)
     if n_steps <= 0:
@@ -144,11 +146,15 @@ def train(
         calls[0] += 1
         return float(loss.detach()), space.gradient(model)
 
+    if recorder is not None:
+        fun = recorder.wrap(fun)
     bar = tqdm(total=n_steps, desc=desc, disable=not verbose, leave=False, file=sys.stderr)
 
     def on_step(loss: float) -> None:
         bar.update(1)
         bar.set_postfix(loss=f"{loss:.4f}", **getattr(closure, "postfix", dict)())
+        if recorder is not None:
+            recorder.step()
 
     try:
         with solver_settings(solver, cg):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import gpytorch
 import torch
@@ -119,6 +119,8 @@ class Engine:
         #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,), the probe
         #: solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
         self.last: dict = {}
+        self._state: _State | None = None
+        self._restore: dict | None = None
 
     # ------------------------------------------------------------------------------------------------------------
     def objective(self, model):
@@ -146,6 +148,10 @@ class Engine:
         rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
         state = _State()
         state.s = rec.num_probes = cfg.probes_for(n)
+        if self._restore is not None:
+            state.load(self._restore, product, X, cfg.preconditioner_rank)
+            self._restore = None
+        self._state = state
 
         def closure() -> torch.Tensor:
             model.zero_grad(set_to_none=True)
@@ -175,11 +181,13 @@ class Engine:
             L = pivoted_cholesky(product.kernel_rows, diag, min(cfg.preconditioner_rank, n))
             state.pc = Preconditioner(L, s_host, X.dtype)
             state.built_at, state.l_build = step, l_host.clone()
+            state.build_hyper = (ls, s, noise)
         pc = state.pc
         pc.set_scales(s_host, noise_host)
         first = state.x is None
         resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
         if resample:
+            state.z_rng = generator_state(X.device)
             state.Z = _rademacher(n, state.s, X, product.split is not None)
             state.drawn_at = step
         r = y - mu
@@ -251,6 +259,18 @@ class Engine:
         return torch.tensor(loss, dtype=torch.float64)
 
     # ------------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The run's state after its last step, as plain types and CPU tensors (for a checkpoint, issue 16): the
+        EngineRecord and the step-to-step state of :class:`_State`. :meth:`load_state_dict` on a fresh engine,
+        before :meth:`objective`, makes that engine continue exactly where this one stands."""
+        return {"record": asdict(self.record), "state": self._state.state_dict() if self._state is not None else None}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Continue from :meth:`state_dict`'s output; call before :meth:`objective`."""
+        self.record = EngineRecord(**saved["record"])
+        self._restore = saved["state"]
+
+    # ------------------------------------------------------------------------------------------------------------
     def finish(self) -> EngineRecord:
         """End the run: release the stored K, warn when the last step's CG missed its tolerance (or CG broke
         down), and return the records."""
@@ -294,11 +314,54 @@ class _State:
         self.built_at = 0
         self.l_build: torch.Tensor | None = None
         self.Z: torch.Tensor | None = None  # the Hutchinson probes
+        self.z_rng: dict | None = None  # the generators' state they were drawn from
         self.drawn_at = 0
         self.x: torch.Tensor | None = None  # the last solutions (warm starts)
+        self.build_hyper: tuple | None = None  # (lengthscale, outputscale, noise) given to the product at the build
         self.g = self.hyper = None
         self.data_fit = self.log_det = 0.0
         self.postfix: dict = {}
+
+    _TENSORS = ("l_build", "x", "g", "hyper")
+    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det")
+
+    def state_dict(self) -> dict:
+        """Plain types and CPU tensors; the preconditioner is kept as the hyperparameters it was built at."""
+
+        def cpu(t):
+            return None if t is None else t.detach().cpu().clone()
+
+        out = {k: cpu(getattr(self, k)) for k in self._TENSORS}
+        out.update({k: getattr(self, k) for k in self._NUMBERS})
+        out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
+        out["z_rng"] = self.z_rng  # the probes are drawn again from it: half the size of a checkpoint at s = 10
+        return out
+
+    def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor, rank: int) -> None:
+        """Restore :meth:`state_dict`'s output for training inputs X, rebuilding the preconditioner by the
+        same pivoted Cholesky, at the same hyperparameters, as the step that built it."""
+        if int(saved["s"]) != self.s:
+            raise ValueError(f"the saved engine state has {saved['s']} probes; these settings give {self.s}")
+        for k in self._NUMBERS:
+            setattr(self, k, saved[k])
+        for k in ("l_build", "g", "hyper"):
+            setattr(self, k, saved[k])
+        if saved["x"] is not None:
+            self.x = saved["x"].to(device=X.device, dtype=X.dtype)
+        if saved["z_rng"] is not None:  # the draw of _step, from the generators' state before it
+            self.z_rng = saved["z_rng"]
+            devices = [X.device] if X.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                set_generator_state(self.z_rng, X.device)
+                self.Z = _rademacher(X.shape[0], self.s, X, False)
+        if saved["build_hyper"] is not None:
+            ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
+            self.build_hyper = (ls, s, noise)
+            product.update(ls, s, noise)
+            s_host = float(s.to(torch.float64).cpu())
+            diag = torch.full((X.shape[0],), s_host, dtype=X.dtype, device=X.device)
+            L = pivoted_cholesky(product.kernel_rows, diag, min(rank, X.shape[0]))
+            self.pc = Preconditioner(L, s_host, X.dtype)
 
 
 def _measure(rel: torch.Tensor) -> torch.Tensor:
@@ -306,6 +369,17 @@ def _measure(rel: torch.Tensor) -> torch.Tensor:
     one (as GPyTorch's mBCG averages over columns), whichever is larger. The data column carries the data-fit
     term and its gradient; a probe's solve error only adds to the Hutchinson noise, which averages over probes."""
     return torch.maximum(rel[0], rel[1:].mean()) if rel.numel() > 1 else rel[0]
+
+
+def generator_state(device: torch.device) -> dict:
+    """torch's CPU generator state, and the CUDA device's when ``device`` is one (for checkpoints)."""
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def set_generator_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def _rademacher(n: int, s: int, like: torch.Tensor, broadcast: bool) -> torch.Tensor:
