@@ -262,7 +262,8 @@ def _fast_canonical(x1, x2, lengthscale, outputscale):
     """The canonical arguments by views alone when they are canonical up to the batch, else None (and the general
     path checks and broadcasts them). Fast: x1 (n, d), x2 (m, d), lengthscale (d,), (1, d), (1,) or (1, 1),
     outputscale a 0-dim tensor or a float; or x1 (B, n, d), x2 (B, m, d), lengthscale (B, 1, d) or (B, 1, 1),
-    outputscale (B,); one float dtype and one device. It saves about 50 us a call on the CPU."""
+    outputscale (B,); one float dtype and one device. At a tiny CPU shape the whole call drops from 51 to 21 us
+    (rbf_covariance; the raw op alone takes 10)."""
     if not (isinstance(x1, torch.Tensor) and isinstance(x2, torch.Tensor) and isinstance(lengthscale, torch.Tensor)):
         return None
     dtype, device, ndim = x1.dtype, x1.device, x1.dim()
