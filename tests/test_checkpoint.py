@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -102,7 +103,6 @@ def _interrupted(monkeypatch, path, X, y, after_writes: int, **kw) -> None:
 _CHILD = """
 import sys, time, warnings
 import numpy as np
-from conftest import HAS_CUDA
 from gpfast import ExactGP
 from gpfast.estimator import checkpoint as C
 warnings.simplefilter("ignore")
@@ -126,27 +126,36 @@ print("finished", flush=True)
 def _kill_after_writes(path: Path, after: int, kw: dict) -> None:
     """Run the fit in a subprocess and kill it with SIGKILL once it has written ``after`` checkpoints."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    errors = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty child cannot block on it
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, str(path), str(after), repr({**COMMON, **kw})],
         stdout=subprocess.PIPE,
+        stderr=errors,
         text=True,
         env=env,
     )
+    watchdog = threading.Timer(300, proc.kill)  # a child stuck before its announcement is killed, not waited on
+    watchdog.start()
     try:
-        deadline = time.monotonic() + 240
-        for line in proc.stdout:
+        announced = False
+        for line in proc.stdout:  # ends when the child exits: a child that dies early fails the test, never hangs it
             assert "finished" not in line, "the fit ended before it could be killed"
             if line.strip() == f"wrote {after}":
+                announced = True
                 break
-            assert time.monotonic() < deadline
-        while not path.exists():  # written and renamed before the announcement; poll anyway
-            time.sleep(0.01)
+        if not announced:
+            proc.wait(60)
+            errors.seek(0)
+            pytest.fail(f"the child exited with {proc.returncode} before writing {after} checkpoints:\n{errors.read()}")
+        assert path.exists()  # written and renamed before the announcement
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(60) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()
+        watchdog.cancel()
         proc.stdout.close()
+        errors.close()
 
 
 @pytest.mark.parametrize(
