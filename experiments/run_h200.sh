@@ -9,7 +9,8 @@
 #         fit1m (issue 16: ExactGP on 1M synthetic points, d=8, 50 Adam steps, then 10k test points; resumable, call
 #                it again until its log ends "fit1m: done", see below),
 #         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
-#         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345)
+#         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345),
+#         round (everything changed since the last GPU run, in value order; ROUND_BUDGET seconds, default 420)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -151,6 +152,44 @@ for name, val, target in lines:
     print(f"| {name:44s} | {v:>16s} | {target} |")
 PYEOF
       ;;
+    round)
+      # One call's worth of everything that changed since the last GPU run, most valuable first, within ROUND_BUDGET
+      # seconds (default 420): build for sm_90, every CUDA test, compute-sanitizer memcheck and racecheck (now also
+      # over the stored-K product and both backward variants), gpfast.ExactGP (row c) on pol, elevators, bike and
+      # kin40k, bench_ops at the target shapes with both backward variants, the stored product at n = 36k, then
+      # row c on protein and keggdirected. Files in $OUT: round_*.log and the benchmarks' md/json/csv under
+      # $OUT/round_results (copied by hand into experiments/results).
+      rb=${ROUND_BUDGET:-420}; r0=$SECONDS
+      export TORCH_CUDA_ARCH_LIST=9.0
+      rleft() { local l=$(( rb - (SECONDS - r0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+      rrun() {  # rrun CAP LOG CMD...: CMD with the smaller of CAP and the budget left, appending to LOG
+        local cap; cap=$(rleft "$1"); local logf=$2; shift 2
+        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
+        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
+        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
+      }
+      res="$OUT/round_results"; mkdir -p "$res"
+      rrun 240 "$OUT/round_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/round_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - r0 )) s"
+      rrun 120 "$OUT/round_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      tail -4 "$OUT/round_tests.log"
+      for tool in memcheck racecheck; do
+        rrun 60 "$OUT/round_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|all kernels ran" "$OUT/round_sanitize.log"
+      rrun 150 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --quiet --datasets pol elevators bike kin40k --rows gpfast --stem uci_pol_elevators_bike_kin40k_c \
+        --out "$res"; echo "uci rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log"
+      rrun 80 "$OUT/round_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
+      cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
+      rrun 60 "$OUT/round_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
+      echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/round_bench.log" | tail -12
+      rrun 200 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --quiet --datasets protein keggdirected --rows gpfast --stem uci_protein_keggdirected_c \
+        --out "$res"; echo "uci (protein, keggdirected) rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log" | tail -4
+      echo "round: $(( SECONDS - r0 )) s" ;;
     perf)
       # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
       # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of

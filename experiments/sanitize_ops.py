@@ -2,8 +2,9 @@
 
 Covers: the covariance forward's row-streaming kernel (differences and norm expansion, with and without vector
 stores) and both legacy kernels; K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with
-column splits, and its legacy kernel; both backward ops with and without point gradients (the row passes, the
-float64 dense fallback for d > 32 or t > 32, and the legacy kernels). Usage: ``python -m experiments.sanitize_ops``
+column splits, and its legacy kernel; both backward ops with and without point gradients (the copy-pipelined and the
+synchronous row passes, the float64 dense fallback for d > 32 or t > 32, and the legacy kernels); the stored-K product
+(``dense_matmul``) for t = 1..16 with a strided K. Usage: ``python -m experiments.sanitize_ops``
 (or ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``.
 """
 
@@ -44,9 +45,15 @@ def run_all():
                 v = torch.randn(B, m, t, device=dev, dtype=dtype)
                 ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
         os.environ.pop("GPFAST_MATMUL")
-        # both backward ops, with and without point gradients, new and legacy kernels
-        for legacy in (False, True):
-            os.environ["GPFAST_BWD"] = "legacy" if legacy else ""
+        # the stored-K product: every t up to 16, odd row and column counts, a row stride wider than n
+        for rows, n, t in [(37, 1027, 1), (130, 70, 11), (65, 300, 12), (9, 2001, 16), (3, 5, 7)]:
+            K = torch.randn(rows, n + 3, device=dev, dtype=dtype)[:, :n]
+            ops.dense_matmul(K, torch.randn(n, t, device=dev, dtype=dtype))
+            ops.dense_matmul(K.contiguous(), torch.randn(n, device=dev, dtype=dtype))
+        # both backward ops, with and without point gradients: the copy-pipelined kernels (default), the first
+        # synchronous version and the legacy kernels
+        for variant in ("", "sync", "legacy"):
+            os.environ["GPFAST_BWD"] = variant
             for B, n, m, d, t in [
                 (2, 67, 131, 3, 1),
                 (1, 130, 70, 8, 11),
