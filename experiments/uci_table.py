@@ -61,10 +61,25 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
             if not xs:  # a row not run (--rows), or not in the merged files
                 continue
             ok = [x for x in xs if x.get("status") == "ok"]
-            s = {"row": r, "splits": len(xs), "ok": len(ok),
-                 "status": "ok" if xs and len(ok) == len(xs) else ",".join(sorted({str(x["status"]) for x in xs}))}
-            for k in ("train_s", "predict_s", "total_s", "s_per_iter", "rmse_std", "rmse_orig", "nll_std",
-                      "nll_orig", "peak_mem_bytes", "cg_iterations_mean", "ms_per_step"):
+            s = {
+                "row": r,
+                "splits": len(xs),
+                "ok": len(ok),
+                "status": "ok" if xs and len(ok) == len(xs) else ",".join(sorted({str(x["status"]) for x in xs})),
+            }
+            for k in (
+                "train_s",
+                "predict_s",
+                "total_s",
+                "s_per_iter",
+                "rmse_std",
+                "rmse_orig",
+                "nll_std",
+                "nll_orig",
+                "peak_mem_bytes",
+                "cg_iterations_mean",
+                "ms_per_step",
+            ):
                 s[k], s[k + "_sd"] = _mean_sd([x.get(k) for x in ok])
             s["solver"] = ok[0].get("solver") if ok else None
             if ok and ok[0].get("train_solver") not in (None, s["solver"]):
@@ -79,10 +94,17 @@ def summarise(all_rows: list[dict], datasets) -> list[dict]:
         tr_c = a.get("train_s") / c["train_s"] if a.get("train_s") and c.get("train_s") else None
         pub = PUBLISHED.get(name)
         for r, s in stats.items():
-            out.append({"dataset": name, **s, "speedup_a_over_c_end_to_end": e2e, "speedup_a_over_b_train": tr,
-                        "speedup_a_over_c_train": tr_c,
-                        "published_rmse": pub[0] if pub else "see paper",
-                        "published_nll": pub[1] if pub else "see paper"})
+            out.append(
+                {
+                    "dataset": name,
+                    **s,
+                    "speedup_a_over_c_end_to_end": e2e,
+                    "speedup_a_over_b_train": tr,
+                    "speedup_a_over_c_train": tr_c,
+                    "published_rmse": pub[0] if pub else "see paper",
+                    "published_nll": pub[1] if pub else "see paper",
+                }
+            )
     return out
 
 
@@ -114,25 +136,57 @@ def merge_rows(files) -> tuple[list[dict], list[str], list[str]]:
 
 
 def to_markdown(summary: list[dict]) -> str:
-    cols = ["dataset", "n", "d", "row", "solver", "train s", "s/iter", "ms/step", "CG it/step", "predict s",
-            "RMSE (std)", "NLL (std)",
-            "RMSE (orig)", "NLL (orig)", "peak mem MiB", "(a)/(c) e2e", "(a)/(c) train", "(a)/(b) train",
-            f"RMSE [{PAPER}]", f"NLL [{PAPER}]", "status"]
+    cols = [
+        "dataset",
+        "n",
+        "d",
+        "row",
+        "solver",
+        "train s",
+        "s/iter",
+        "ms/step",
+        "CG it/step",
+        "predict s",
+        "RMSE (std)",
+        "NLL (std)",
+        "RMSE (orig)",
+        "NLL (orig)",
+        "peak mem MiB",
+        "(a)/(c) e2e",
+        "(a)/(c) train",
+        "(a)/(b) train",
+        f"RMSE [{PAPER}]",
+        f"NLL [{PAPER}]",
+        "status",
+    ]
     rows = []
     for s in summary:
         mem = s.get("peak_mem_bytes")
-        rows.append([
-            s["dataset"], s["n_train"], s["d"], s["row"], s.get("solver") or "-",
-            _fmt(s["train_s"], s["train_s_sd"], 2), _fmt(s["s_per_iter"], None, 4), _fmt(s["ms_per_step"], None, 1),
-            _fmt(s["cg_iterations_mean"], None, 1), _fmt(s["predict_s"], None, 3),
-            _fmt(s["rmse_std"], s["rmse_std_sd"]), _fmt(s["nll_std"], s["nll_std_sd"]),
-            _fmt(s["rmse_orig"], s["rmse_orig_sd"], 4), _fmt(s["nll_orig"], s["nll_orig_sd"]),
-            "-" if mem is None else f"{mem / 2**20:.0f}",
-            "-" if s["speedup_a_over_c_end_to_end"] is None else f"{s['speedup_a_over_c_end_to_end']:.2f}x",
-            "-" if s.get("speedup_a_over_c_train") is None else f"{s['speedup_a_over_c_train']:.2f}x",
-            "-" if s["speedup_a_over_b_train"] is None else f"{s['speedup_a_over_b_train']:.2f}x",
-            s["published_rmse"], s["published_nll"], s["status"],
-        ])
+        rows.append(
+            [
+                s["dataset"],
+                s["n_train"],
+                s["d"],
+                s["row"],
+                s.get("solver") or "-",
+                _fmt(s["train_s"], s["train_s_sd"], 2),
+                _fmt(s["s_per_iter"], None, 4),
+                _fmt(s["ms_per_step"], None, 1),
+                _fmt(s["cg_iterations_mean"], None, 1),
+                _fmt(s["predict_s"], None, 3),
+                _fmt(s["rmse_std"], s["rmse_std_sd"]),
+                _fmt(s["nll_std"], s["nll_std_sd"]),
+                _fmt(s["rmse_orig"], s["rmse_orig_sd"], 4),
+                _fmt(s["nll_orig"], s["nll_orig_sd"]),
+                "-" if mem is None else f"{mem / 2**20:.0f}",
+                "-" if s["speedup_a_over_c_end_to_end"] is None else f"{s['speedup_a_over_c_end_to_end']:.2f}x",
+                "-" if s.get("speedup_a_over_c_train") is None else f"{s['speedup_a_over_c_train']:.2f}x",
+                "-" if s["speedup_a_over_b_train"] is None else f"{s['speedup_a_over_b_train']:.2f}x",
+                s["published_rmse"],
+                s["published_nll"],
+                s["status"],
+            ]
+        )
     return md_table(cols, rows)
 
 
@@ -175,15 +229,24 @@ def main(argv=None) -> int:
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS))
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
     ap.add_argument("--stem", default="uci_table")
-    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS),
-                    help="a subset of the rows (for example to spread one set's rows over two GPUs; --merge joins "
-                         "the files)")
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        default=list(ROWS),
+        choices=list(ROWS),
+        help="a subset of the rows (for example to spread one set's rows over two GPUs; --merge joins the files)",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", action="append", default=[], help="a line of text added under the table (repeatable)")
-    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
-                    help="run nothing: build the table from the rows of earlier runs' JSON files (for example "
-                         "sets run in separate GPU sessions); a row (dataset, split, row) found in several files "
-                         "is taken from the last of them on the command line")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="run nothing: build the table from the rows of earlier runs' JSON files (for example "
+        "sets run in separate GPU sessions); a row (dataset, split, row) found in several files "
+        "is taken from the last of them on the command line",
+    )
     args = ap.parse_args(argv)
 
     out = Path(args.out)
@@ -197,26 +260,41 @@ def main(argv=None) -> int:
         args.splits = sorted({r["split"] for r in all_rows})
         args.iters, args.lr, args.seed = (all_rows[0][k] for k in ("iters", "lr", "seed"))
         args.device = all_rows[0]["device"]
-    for name in ([] if args.merge else args.datasets):
+    for name in [] if args.merge else args.datasets:
         for split in args.splits:
             print(f"== {name} split {split}", file=sys.stderr, flush=True)
             try:
-                rows = compare(name, split=split, iters=args.iters, lr=args.lr, device=args.device,
-                               data_dir=args.data_dir, seed=args.seed, rows=args.rows, verbose=not args.quiet)
+                rows = compare(
+                    name,
+                    split=split,
+                    iters=args.iters,
+                    lr=args.lr,
+                    device=args.device,
+                    data_dir=args.data_dir,
+                    seed=args.seed,
+                    rows=args.rows,
+                    verbose=not args.quiet,
+                )
             except (ValueError, FileNotFoundError, TypeError) as exc:
                 print(f"   skipped: {exc}", file=sys.stderr)
                 continue
             for r in rows:
-                engine = (f", {r['ms_per_step']:.1f} ms/step, {r['cg_iterations_mean']:.1f} CG it/step"
-                          if r.get("ms_per_step") is not None else "")
-                print(f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}{engine}",
-                      file=sys.stderr)
+                engine = (
+                    f", {r['ms_per_step']:.1f} ms/step, {r['cg_iterations_mean']:.1f} CG it/step"
+                    if r.get("ms_per_step") is not None
+                    else ""
+                )
+                print(
+                    f"   {r['row']:16s} {r['status']:4s} train {r['train_s']} s, RMSE {r['rmse_std']}{engine}",
+                    file=sys.stderr,
+                )
             for r in rows:  # which GPU(s) the run saw, since runs may share a machine side by side
                 r["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
             all_rows += rows
             # keep partial results if a later set fails or the job is killed
             (out / f"{args.stem}.json").write_text(
-                json.dumps({"commit": git_rev(), "partial": True, "rows": all_rows}, indent=2, default=str))
+                json.dumps({"commit": git_rev(), "partial": True, "rows": all_rows}, indent=2, default=str)
+            )
 
     mach, date = machine(args.device), today()
     if args.merge:  # the machine and dates the rows were measured on, not this one
@@ -224,21 +302,32 @@ def main(argv=None) -> int:
         date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
     summary = summarise(all_rows, args.datasets)
     commit = ", ".join(commits) if args.merge else git_rev()
-    meta = {"machine": mach, "date": date, "commit": commit, "iters": args.iters, "lr": args.lr,
-            "splits": args.splits, "device": args.device, "seed": args.seed,
-            "published": f"{PAPER}: 'see paper' where not verified"}
+    meta = {
+        "machine": mach,
+        "date": date,
+        "commit": commit,
+        "iters": args.iters,
+        "lr": args.lr,
+        "splits": args.splits,
+        "device": args.device,
+        "seed": args.seed,
+        "published": f"{PAPER}: 'see paper' where not verified",
+    }
     (out / f"{args.stem}.json").write_text(
-        json.dumps({**meta, "summary": summary, "rows": all_rows}, indent=2, default=str))
+        json.dumps({**meta, "summary": summary, "rows": all_rows}, indent=2, default=str)
+    )
     if all_rows:
         write_csv(all_rows, out / f"{args.stem}.csv")
     table = to_markdown(summary)
-    text = (f"# UCI: stock GPyTorch (a) vs GPyTorch + gpfast kernel (b) vs gpfast.ExactGP (c)\n\n"
-            f"Machine: {mach}. Date: {date}. Commit: {meta['commit']}. {args.iters} Adam steps (lr {args.lr}), "
-            f"float32, splits {args.splits}, same initial hyperparameters for every row. Peak memory: "
-            f"{summary[0]['mem_kind'] if summary else '-'}. Speed-ups: (a)/(c) end to end (train + predict), "
-            f"(a)/(c) and (a)/(b) training only; ms/step and CG it/step: gpfast's training engine (row c). "
-            f"Published columns: {PAPER} (exact GP), 'see paper' where the numbers could not be verified.\n\n"
-            f"{table}\n")
+    text = (
+        f"# UCI: stock GPyTorch (a) vs GPyTorch + gpfast kernel (b) vs gpfast.ExactGP (c)\n\n"
+        f"Machine: {mach}. Date: {date}. Commit: {meta['commit']}. {args.iters} Adam steps (lr {args.lr}), "
+        f"float32, splits {args.splits}, same initial hyperparameters for every row. Peak memory: "
+        f"{summary[0]['mem_kind'] if summary else '-'}. Speed-ups: (a)/(c) end to end (train + predict), "
+        f"(a)/(c) and (a)/(b) training only; ms/step and CG it/step: gpfast's training engine (row c). "
+        f"Published columns: {PAPER} (exact GP), 'see paper' where the numbers could not be verified.\n\n"
+        f"{table}\n"
+    )
     extra = notes + args.note
     if extra:
         text += "\nNotes:\n\n" + "".join(f"- {line}\n" for line in extra)

@@ -574,4 +574,3 @@ def test_auto_trains_with_cg_above_the_training_cap_but_predicts_exactly(monkeyp
     m2, s2 = exact.predict(Xt, return_std=True)
     np.testing.assert_allclose(m1, m2, rtol=1e-10)
     np.testing.assert_allclose(s1, s2, rtol=1e-10)
-

@@ -48,8 +48,10 @@ def test_products_diagonal_and_rows(device, batch):
 def test_bilinear_derivative_matches_dense(device):
     x1, x2, l, s = make(device)
     op = RBFLinearOperator(x1, x2, l, s)
-    left, right = torch.randn(70, 5, dtype=torch.float64, device=device), torch.randn(50, 5, dtype=torch.float64,
-                                                                                      device=device)
+    left, right = (
+        torch.randn(70, 5, dtype=torch.float64, device=device),
+        torch.randn(50, 5, dtype=torch.float64, device=device),
+    )
     got = op._bilinear_derivative(left, right)
     assert got[0] is None and got[1] is None  # x1, x2 need no gradient
     K = ref.rbf_covariance(x1, x2, l, s)
@@ -117,9 +119,13 @@ def run_gp(threshold, x, y, xt):
     with torch.no_grad():
         model.covar_module.base_kernel.lengthscale = torch.tensor([0.8, 1.1, 1.6, 0.9])
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(lik, model)
-    with gpytorch.settings.max_cholesky_size(0), gpytorch.settings.cg_tolerance(1e-4), \
-            gpytorch.settings.num_trace_samples(10), \
-            gpytorch.settings.eval_cg_tolerance(1e-6), gpytorch.settings.max_preconditioner_size(15):
+    with (
+        gpytorch.settings.max_cholesky_size(0),
+        gpytorch.settings.cg_tolerance(1e-4),
+        gpytorch.settings.num_trace_samples(10),
+        gpytorch.settings.eval_cg_tolerance(1e-6),
+        gpytorch.settings.max_preconditioner_size(15),
+    ):
         loss = -mll(model(x), y)
         grads = torch.autograd.grad(loss, list(model.parameters()))
         model.eval(), lik.eval()

@@ -376,13 +376,25 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 if sub_idx is not None:
                     model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
                     pre, _ = self._train_with(
-                        sub_trainer, engine_settings, free, model, self.pretrain_iter, sub_solver,
-                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})", **train_kw,
+                        sub_trainer,
+                        engine_settings,
+                        free,
+                        model,
+                        self.pretrain_iter,
+                        sub_solver,
+                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
+                        **train_kw,
                     )
                     model.set_train_data(inputs=Xd, targets=yd, strict=False)
                 full, record = self._train_with(
-                    trainer_used, engine_settings, free, model, self.max_iter, train_solver,
-                    desc=f"gpfast fit ({optimizer}, {train_solver}, {trainer_used})", **train_kw,
+                    trainer_used,
+                    engine_settings,
+                    free,
+                    model,
+                    self.max_iter,
+                    train_solver,
+                    desc=f"gpfast fit ({optimizer}, {train_solver}, {trainer_used})",
+                    **train_kw,
                 )
                 return pre, full, record
 

@@ -32,8 +32,14 @@ class RBFLinearOperator(LinearOperator):
     x1: (..., n, d), x2: (..., m, d), lengthscale: (..., 1, d or 1), outputscale: batch shape (...).
     """
 
-    def __init__(self, x1: torch.Tensor, x2: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor,
-                 distributed: bool = False):
+    def __init__(
+        self,
+        x1: torch.Tensor,
+        x2: torch.Tensor,
+        lengthscale: torch.Tensor,
+        outputscale: torch.Tensor,
+        distributed: bool = False,
+    ):
         super().__init__(x1, x2, lengthscale, outputscale, distributed=distributed)
         self.x1, self.x2, self.lengthscale, self.outputscale = x1, x2, lengthscale, outputscale
         self.distributed = bool(distributed)
@@ -84,8 +90,17 @@ class RBFLinearOperator(LinearOperator):
         if rows is not None:
             left, x1 = left_vecs[..., rows[0] : rows[1], :], x1[..., rows[0] : rows[1], :]
         x_grads = wanted[0] or wanted[1]
-        grads = list(ops.rbf_matmul_backward(left, x1, self.x2.detach(), self.lengthscale.detach(),
-                                         self.outputscale.detach(), right_vecs, x_grads=x_grads))
+        grads = list(
+            ops.rbf_matmul_backward(
+                left,
+                x1,
+                self.x2.detach(),
+                self.lengthscale.detach(),
+                self.outputscale.detach(),
+                right_vecs,
+                x_grads=x_grads,
+            )
+        )
         if rows is not None:
             if wanted[0]:  # this rank's rows of the x1 gradient, zero elsewhere: the sum over ranks fills them in
                 full = grads[0].new_zeros(*grads[0].shape[:-2], self.x1.shape[-2], grads[0].shape[-1])
