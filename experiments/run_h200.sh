@@ -158,7 +158,7 @@ PYEOF
       # over the stored-K product and both backward variants), gpfast.ExactGP (row c) on pol, elevators, bike and
       # kin40k, bench_ops at the target shapes with both backward variants, the stored product at n = 36k, then
       # row c on protein and keggdirected. Files in $OUT: round_*.log and the benchmarks' md/json/csv under
-      # $OUT/round_results (copied by hand into experiments/results).
+      # $OUT/round_results.tar.gz (unpack into experiments/results).
       rb=${ROUND_BUDGET:-420}; r0=$SECONDS
       export TORCH_CUDA_ARCH_LIST=9.0
       rleft() { local l=$(( rb - (SECONDS - r0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
@@ -189,6 +189,7 @@ PYEOF
       rrun 200 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
         --iters 50 --quiet --datasets protein keggdirected --rows gpfast --stem uci_protein_keggdirected_c \
         --out "$res"; echo "uci (protein, keggdirected) rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log" | tail -4
+      tar czf "$OUT/round_results.tar.gz" -C "$OUT" round_results && rm -rf "$res"  # one file: the transfer limits counts
       echo "round: $(( SECONDS - r0 )) s" ;;
     perf)
       # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
