@@ -121,3 +121,26 @@ def test_engine_step_and_stored_product_scripts_write_their_tables(tmp_path):
     bench_stored_product.main(["--n", "200", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
     out = json.loads((tmp_path / "bench_stored_product.json").read_text())
     assert out["best"] in {r["layout"] for r in out["rows"]} and all(r["rel_err"] < 1e-5 for r in out["rows"])
+
+
+def test_uci_speedup_reads_json_and_markdown_tables(tmp_path):
+    from experiments import uci_speedup
+
+    a = _write(tmp_path / "a.json", [_row("kin40k", "gpytorch", 10.0, 20.0, 0.070, nll_std=-1.15)], "ca")
+    # row (c) as only a Markdown table survives of it: the one uci_table itself writes
+    c_json = _write(
+        tmp_path / "c.json",
+        [_row("kin40k", "gpfast", 2.0, 1.0, 0.077, nll_std=-1.10, ms_per_step=25.0), _row("pol", "gpfast", 1, 1, 1)],
+        "cc",
+    )
+    uci_table.main(["--merge", c_json, "--out", str(tmp_path), "--stem", "c_table"])
+    uci_speedup.main(["--a", a, "--c", str(tmp_path / "c_table.md"), "--out", str(tmp_path), "--stem", "s"])
+    out = json.loads((tmp_path / "s.json").read_text())
+    (r,) = out["rows"]
+    assert r["dataset"] == "kin40k" and out["no_baseline"] == ["pol"]
+    assert r["train_speedup"] == pytest.approx(5.0) and r["e2e_speedup"] == pytest.approx(10.0)
+    assert r["step_speedup"] == pytest.approx(200.0 / 25.0)
+    assert r["rmse_rel_diff"] == pytest.approx(0.1, abs=1e-3) and r["nll_diff"] == pytest.approx(0.05, abs=1e-3)
+    assert not r["accuracy_met"]  # RMSE 10% and NLL 0.05 worse
+    md = (tmp_path / "s.md").read_text()
+    assert "5.00 met" in md and "10.0 (10) met" in md and "MISSED" in md and "(2026-11-30, cc)" in md
