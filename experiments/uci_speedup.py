@@ -4,11 +4,12 @@
         --stem uci_speedup
 
 Runs nothing. Reads the rows of earlier ``experiments.uci_table`` runs, from their JSON files or, where only the
-Markdown table survived, from that table, and writes ``<stem>.{md,json}``: per set, (a)'s and (c)'s training
-seconds per step, (c)'s engine ms per step, the training and end-to-end (train + predict) speed-ups, and the
-RMSE and NLL differences, each against issue 12's targets (training >= 5x; end to end >= 10x on kin40k, protein and
-the kegg sets, >= 4x on the others; RMSE within 2% of (a), NLL within 0.02 of (a), or better). Each row names the
-files, dates and commits its numbers come from, since the two rows may come from different runs.
+Markdown table survived, from that table, and writes ``<stem>.{md,json,png}`` (the plot needs the [bench] extra):
+per set, (a)'s and (c)'s training seconds per step, (c)'s engine ms per step, the training and end-to-end (train +
+predict) speed-ups, and the RMSE and NLL differences, each against issue 12's targets (training >= 5x; end to end
+>= 10x on kin40k, protein and the kegg sets, >= 4x on the others; RMSE within 2% of (a), NLL within 0.02 of (a),
+or better). Each row names the files, dates and commits its numbers come from, since the two rows may come from
+different runs.
 """
 
 from __future__ import annotations
@@ -145,6 +146,41 @@ def to_markdown(rows: list[dict]) -> str:
     return md_table(head, body)
 
 
+def plot(rows: list[dict], path: Path) -> bool:
+    """Two panels: ms per training step of (a) and of (c)'s engine, and test RMSE of both; False without
+    matplotlib (the [bench] extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["dataset"] for r in rows]
+    x = list(range(len(rows)))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    step_c = [r["c_engine_ms_per_step"] or r["c_ms_per_iter"] for r in rows]
+    ax1.bar([i - 0.2 for i in x], [r["a_ms_per_iter"] for r in rows], 0.4, label="(a) stock GPyTorch")
+    ax1.bar([i + 0.2 for i in x], step_c, 0.4, label="(c) gpfast.ExactGP, engine step")
+    for i, r in enumerate(rows):
+        if r["step_speedup"]:
+            ax1.annotate(f"{r['step_speedup']:.1f}x", (i + 0.2, step_c[i]), ha="center", va="bottom", fontsize=8)
+    ax1.set_ylabel("ms per training step")
+    ax1.set_title("training step (lower is better)")
+    ax1.legend()
+    ax2.bar([i - 0.2 for i in x], [r["rmse_a"] for r in rows], 0.4, label="(a)")
+    ax2.bar([i + 0.2 for i in x], [r["rmse_c"] for r in rows], 0.4, label="(c)")
+    ax2.set_ylabel("test RMSE (standardised)")
+    ax2.set_title("accuracy after 50 steps (lower is better)")
+    ax2.legend()
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, names, rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--a", nargs="+", required=True, type=Path, help="uci_table results (.json or .md) with row (a)")
@@ -174,6 +210,7 @@ def main(argv=None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stem}.md").write_text(text)
     (args.out / f"{args.stem}.json").write_text(json.dumps({"rows": rows, "no_baseline": missing}, indent=2))
+    plot(rows, args.out / f"{args.stem}.png")
     print(text)
 
 
