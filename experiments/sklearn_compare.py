@@ -150,7 +150,7 @@ def main(argv=None):
                 g["lml"],
                 s["lml"],
                 f"{n_conv}/{len(splits)}",
-                " ".join(k_ for k_, v in ok.items() if not v) or "all",
+                " ".join(k_ for k_, v in ok.items() if not v) or "none",
             ]
         )
         summary.append({"dataset": name, "gpfast": g, "sklearn": s, "pass": ok, "converged": n_conv})
