@@ -1,6 +1,6 @@
 """Does gpfast's training engine lose accuracy against GPyTorch's loop? A CPU study on subsets of a UCI set.
 
-    python -m experiments.engine_subsets --dataset kin40k --sizes 4000 12000 --caps 15 40
+    python -m experiments.engine_subsets --dataset kin40k --data-dir .data/uci --sizes 4000 12000 --caps 15 40
 
 For each size n (the first n training rows of split 0; the first ``--n-test`` test rows), 50 Adam steps (lr 0.1)
 from GPyTorch's default initial hyperparameters with
@@ -127,7 +127,7 @@ def run_engine(X, y, init, iters, lr, cap):
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="kin40k")
-    ap.add_argument("--data-dir", default=".data/uci")
+    ap.add_argument("--data-dir", default=None, help="folder of the UCI sets (default: gpfast.datasets' search order)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[4000, 12000])
     ap.add_argument("--caps", type=int, nargs="+", default=[15, 40])
     ap.add_argument("--n-test", type=int, default=2000)

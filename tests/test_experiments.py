@@ -144,3 +144,28 @@ def test_uci_speedup_reads_json_and_markdown_tables(tmp_path):
     assert not r["accuracy_met"]  # RMSE 10% and NLL 0.05 worse
     md = (tmp_path / "s.md").read_text()
     assert "5.00 met" in md and "10.0 (10) met" in md and "MISSED" in md and "(2026-11-30, cc)" in md
+
+
+def test_engine_subsets_scores_both_rows_by_the_exact_posterior(tmp_path):
+    import numpy as np
+
+    from experiments import engine_subsets
+    from gpfast import ExactGP
+    from gpfast.datasets.uci import load_uci
+
+    args = ["--dataset", "yacht", "--sizes", "120", "--caps", "4", "--n-test", "25", "--out", str(tmp_path)]
+    engine_subsets.main(args)
+    rows = json.loads((tmp_path / "engine_subsets_yacht.json").read_text())["rows"]
+    assert [r["row"] for r in rows] == ["(a) GPyTorch loop", "(c) engine, CG cap 4"]
+    assert all(np.isfinite(r["rmse_std"]) and np.isfinite(r["nll_std"]) for r in rows)
+    assert isinstance(rows[1]["warm_start_better_than_zero"], bool) and rows[1]["warm_start_residual_max"] > 0
+    # the scoring is the exact posterior: it agrees with ExactGP's own Cholesky prediction at its hyperparameters
+    ds = load_uci("yacht", 0)
+    X, y, Xt, yt = ds.X_train[:120], ds.y_train[:120], ds.X_test, ds.y_test
+    gp = ExactGP(solver="cholesky", dtype="float64", standardize=False, max_iter=5, device="cpu").fit(X, y)
+    mu, sd = gp.predict(Xt, return_std=True)
+    hyper = (gp.lengthscale_, gp.outputscale_, gp.noise_, gp.constant_mean_)
+    rmse, nll = engine_subsets.exact_scores(X, y, Xt, yt, *hyper)
+    assert rmse == pytest.approx(float(np.sqrt(np.mean((mu - yt) ** 2))), rel=1e-8)
+    nll_gp = float(np.mean(0.5 * np.log(2 * np.pi * sd**2) + 0.5 * (yt - mu) ** 2 / sd**2))
+    assert nll == pytest.approx(nll_gp, rel=1e-8)
