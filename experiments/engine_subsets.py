@@ -70,12 +70,13 @@ def run_gpytorch(X, y, init, iters, lr):
     gpytorch_adam(model, iters, lr)
     seconds = time.perf_counter() - t0
     cov = model.covar_module
-    hyper = (
-        cov.base_kernel.lengthscale.detach().double().reshape(-1).numpy(),
-        float(cov.outputscale),
-        float(model.likelihood.noise),
-        float(model.mean_module.constant),
-    )
+    with torch.no_grad():
+        hyper = (
+            cov.base_kernel.lengthscale.double().reshape(-1).numpy(),
+            float(cov.outputscale),
+            float(model.likelihood.noise),
+            float(model.mean_module.constant),
+        )
     return hyper, seconds, {}
 
 
@@ -191,7 +192,8 @@ def main(argv=None) -> None:
         f"(lr {args.lr}) from GPyTorch's default hyperparameters, float32 training; the first n training rows and "
         f"the first {len(yt)} test rows of split 0; both rows scored by the exact float64 posterior at their "
         "fitted hyperparameters (standardised units). CG residuals: the engine's relative 2-norm residual measure "
-        "(the one its ConvergenceWarning names).\n\n" + table + "\n"
+        "(the one its ConvergenceWarning names). (c)'s train s includes the warm-start check's extra product per "
+        "step.\n\n" + table + "\n"
     )
     (args.out / f"{stem}.md").write_text(text)
     print(text)
