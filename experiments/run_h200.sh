@@ -23,6 +23,17 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GPFAST_BUILD_DIR=/tmp/gpb MAX_JOBS=16 NCCL_NVLS_ENABLE=0
 G=${GPU:-0}
 log() { echo "== $* ($(date +%T))"; }
+# Budgeted stages (kernels, round, perf): budget_start SECONDS at the stage's start, then brun CAP LOG CMD... runs
+# CMD on GPU $G with the smaller of CAP and what is left of the budget, appending to LOG; under 15 s left it is
+# skipped (rc 124), so that the whole stage stays inside one call.
+budget_start() { B_BUDGET=$1; B_T0=$SECONDS; }
+brun() {
+  local cap=$1 logf=$2 left=$(( B_BUDGET - (SECONDS - B_T0) )); shift 2
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
+  echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
+  CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
+}
 for st in "$@"; do
   log "$st"
   case "$st" in
@@ -87,33 +98,26 @@ for st in "$@"; do
       # cut to what is left of KERNELS_BUDGET, so that the whole stage stays under one 10-minute call (the sanitizers
       # come last: should the budget run out, the sanitize stage reruns them on their own). Files in $OUT:
       # kernels_{build,tests,sanitize,bench}.log and bench_{ops,matmul}.{md,json} (also in experiments/results).
-      kb=${KERNELS_BUDGET:-540}; k0=$SECONDS
+      budget_start ${KERNELS_BUDGET:-540}
       export TORCH_CUDA_ARCH_LIST=9.0  # part of the build's cache key: the tests and benchmarks reuse this build
-      kleft() { local l=$(( kb - (SECONDS - k0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-      krun() {  # krun CAP LOG CMD...: run CMD with the smaller of CAP and the budget left, appending to LOG
-        local cap; cap=$(kleft "$1"); local logf=$2; shift 2
-        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
-        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
-        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
-      }
-      krun 240 "$OUT/kernels_build.log" python -m gpfast.build --verbose \
+      brun 240 "$OUT/kernels_build.log" python -m gpfast.build --verbose \
         || { tail -40 "$OUT/kernels_build.log"; exit 1; }
       echo "ptxas: $(grep -c 'bytes spill stores' "$OUT/kernels_build.log") kernels," \
         "$(grep 'bytes spill stores' "$OUT/kernels_build.log" | grep -vc ' 0 bytes spill stores') with spills"
-      krun 200 "$OUT/kernels_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      brun 200 "$OUT/kernels_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       tail -4 "$OUT/kernels_tests.log"
-      krun 90 "$OUT/kernels_bench.log" python -m experiments.bench_ops --quick --reps 5; echo "bench_ops rc=$?"
-      krun 130 "$OUT/kernels_bench.log" python -m experiments.bench_matmul --cases 1000000:16 36000:11 36000:12 \
+      brun 90 "$OUT/kernels_bench.log" python -m experiments.bench_ops --quick --reps 5; echo "bench_ops rc=$?"
+      brun 130 "$OUT/kernels_bench.log" python -m experiments.bench_matmul --cases 1000000:16 36000:11 36000:12 \
         --backward --reps 3; echo "bench_matmul rc=$?"
       for tool in memcheck racecheck; do
-        krun 75 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        brun 75 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
         rc=$?; echo "$tool rc=$rc" | tee -a "$OUT/kernels_sanitize.log"; echo "$tool rc=$rc" >> "$OUT/kernels_sanitize.rc"
       done
       tail -6 "$OUT/kernels_sanitize.log"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json experiments/results/bench_matmul.md \
         experiments/results/bench_matmul.json "$OUT/" 2>/dev/null
       san=$(tr '\n' ' ' < "$OUT/kernels_sanitize.rc" 2>/dev/null); rm -f "$OUT/kernels_sanitize.rc"
-      timeout 30 python - "$OUT" "$(tail -1 "$OUT/kernels_tests.log")" "$san" "$(( SECONDS - k0 ))" <<'PYEOF'
+      timeout 30 python - "$OUT" "$(tail -1 "$OUT/kernels_tests.log")" "$san" "$(( SECONDS - B_T0 ))" <<'PYEOF'
 import json, sys
 from pathlib import Path
 out, tests, san, took = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
@@ -159,38 +163,31 @@ PYEOF
       # kin40k, bench_ops at the target shapes with both backward variants, the stored product at n = 36k, then
       # row c on protein and keggdirected. Files in $OUT: round_*.log and the benchmarks' md/json/csv under
       # $OUT/round_results.tar.gz (unpack into experiments/results).
-      rb=${ROUND_BUDGET:-420}; r0=$SECONDS
+      budget_start ${ROUND_BUDGET:-420}
       export TORCH_CUDA_ARCH_LIST=9.0
-      rleft() { local l=$(( rb - (SECONDS - r0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-      rrun() {  # rrun CAP LOG CMD...: CMD with the smaller of CAP and the budget left, appending to LOG
-        local cap; cap=$(rleft "$1"); local logf=$2; shift 2
-        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
-        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
-        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
-      }
       res="$OUT/round_results"; mkdir -p "$res"
-      rrun 240 "$OUT/round_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/round_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - r0 )) s"
-      rrun 120 "$OUT/round_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      brun 240 "$OUT/round_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/round_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 120 "$OUT/round_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       tail -4 "$OUT/round_tests.log"
       for tool in memcheck racecheck; do
-        rrun 60 "$OUT/round_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        brun 60 "$OUT/round_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
         echo "$tool rc=$?"
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|all kernels ran" "$OUT/round_sanitize.log"
-      rrun 150 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+      brun 150 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
         --iters 50 --quiet --datasets pol elevators bike kin40k --rows gpfast --stem uci_pol_elevators_bike_kin40k_c \
         --out "$res"; echo "uci rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log"
-      rrun 80 "$OUT/round_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+      brun 80 "$OUT/round_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
-      rrun 60 "$OUT/round_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
+      brun 60 "$OUT/round_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
       echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/round_bench.log" | tail -12
-      rrun 200 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+      brun 200 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
         --iters 50 --quiet --datasets protein keggdirected --rows gpfast --stem uci_protein_keggdirected_c \
         --out "$res"; echo "uci (protein, keggdirected) rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log" | tail -4
       tar czf "$OUT/round_results.tar.gz" -C "$OUT" round_results && rm -rf "$res"  # one file: the transfer limits counts
-      echo "round: $(( SECONDS - r0 )) s" ;;
+      echo "round: $(( SECONDS - B_T0 )) s" ;;
     perf)
       # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
       # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of
@@ -199,28 +196,21 @@ PYEOF
       # backward call (n = 16384, d = 8, both variants), the stored product at 13.5k, K @ V fwd+bwd at 36k, Nsight
       # Compute on one stored product, then a summary table. Steps run most valuable first, each cut to what is left of the budget. Files in $OUT:
       # perf_{build,tests,bench,ncu}.log and perf_results.tar.gz (the benchmarks' md/json).
-      pb=${PERF_BUDGET:-345}; p0=$SECONDS
+      budget_start ${PERF_BUDGET:-345}
       export TORCH_CUDA_ARCH_LIST=9.0
-      pleft() { local l=$(( pb - (SECONDS - p0) )); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
-      prun() {  # prun CAP LOG CMD...: CMD with the smaller of CAP and the budget left, appending to LOG
-        local cap; cap=$(pleft "$1"); local logf=$2; shift 2
-        if [ "$cap" -lt 15 ]; then echo "skipped (budget spent): $*" | tee -a "$logf"; return 124; fi
-        echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
-        CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
-      }
       res="$OUT/perf_results"; mkdir -p "$res"
-      prun 240 "$OUT/perf_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/perf_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - p0 )) s; ptxas (registers, spills) of the new kernels:"
+      brun 240 "$OUT/perf_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/perf_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s; ptxas (registers, spills) of the new kernels:"
       grep -A3 -E "Compiling entry function '.*(dense_matmul_kernelIfLi12|bwd_rows_kernelIfLi8ELi2ELi0E)" \
         "$OUT/perf_build.log" | grep -oE "Compiling entry function '[^']*'|[0-9]+ bytes spill stores|Used [0-9]+ registers" \
         | paste -d' ' - - - | sed -e 's/Compiling entry function //' | sort -u
-      prun 75 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
+      brun 75 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
       echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/perf_bench.log" | tail -9
-      prun 90 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
+      brun 90 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
         tests/test_cuda_kernels.py tests/test_ops.py \
         -k "dense_matmul or stored_product or covariance_backward or legacy_kernels_agree or covariance_gradients"
       echo "tests rc=$?"; tail -4 "$OUT/perf_tests.log"
-      prun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+      brun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
       ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -230,26 +220,26 @@ PYEOF
         ncu_fp64=(--metrics sm__inst_executed_pipe_fp64.avg.pct_of_peak_sustained_active,sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active)
         for v in default sync; do  # a metric this ncu does not know fails the run: then again with the sections only
           echo "#### ncu cov_bwd GPFAST_BWD=$v" >> "$OUT/perf_ncu.log"
-          prun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" "${ncu_fp64[@]}" \
+          brun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" "${ncu_fp64[@]}" \
             python -m experiments.profile_ops --op cov_bwd \
-            || prun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op cov_bwd
+            || brun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op cov_bwd
           echo "ncu cov_bwd $v rc=$?"
         done
       else
         echo "no ncu found" | tee -a "$OUT/perf_ncu.log"
       fi
-      prun 30 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 13500 --t 11 --reps 20 --out "$res" \
+      brun 30 "$OUT/perf_bench.log" python -m experiments.bench_stored_product --n 13500 --t 11 --reps 20 --out "$res" \
         --stem bench_stored_product_13500; echo "stored product 13.5k rc=$?"
-      prun 45 "$OUT/perf_bench.log" python -m experiments.bench_matmul --cases 36000:11 --backward --reps 3 --no-gpytorch \
+      brun 45 "$OUT/perf_bench.log" python -m experiments.bench_matmul --cases 36000:11 --backward --reps 3 --no-gpytorch \
         --stem perf_matmul; echo "bench_matmul rc=$?"
       cp experiments/results/perf_matmul.md experiments/results/perf_matmul.json "$res/" 2>/dev/null
       if [ -n "$ncu_bin" ]; then
         echo "#### ncu dense_matmul" >> "$OUT/perf_ncu.log"
-        prun 45 "$OUT/perf_ncu.log" "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op dense_matmul
+        brun 45 "$OUT/perf_ncu.log" "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op dense_matmul
         echo "ncu dense_matmul rc=$?"
       fi
       tar czf "$OUT/perf_results.tar.gz" -C "$OUT" perf_results && rm -rf "$res"
-      timeout 30 python - "$OUT" "$(tail -1 "$OUT/perf_tests.log")" "$(( SECONDS - p0 ))" <<'PYEOF'
+      timeout 30 python - "$OUT" "$(tail -1 "$OUT/perf_tests.log")" "$(( SECONDS - B_T0 ))" <<'PYEOF'
 import io, json, re, sys, tarfile
 from pathlib import Path
 out, tests, took = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
