@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 import warnings
 from pathlib import Path
@@ -29,31 +28,23 @@ import torch
 
 import gpfast.train.engine as engine_module
 from experiments import RESULTS
-from gpfast import ExactGP
+from gpfast import ExactGP, ops
 from gpfast.bench.compare import default_init, gpytorch_adam
 from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, today
 from gpfast.datasets.uci import load_uci
-from gpfast.models import ExactGPModel
+from gpfast.metrics import gaussian_nll, rmse
+from gpfast.models import ExactGPModel, ExactPosterior
 
 
 def exact_scores(X, y, Xt, yt, lengthscale, outputscale, noise, mean) -> tuple[float, float]:
-    """Test RMSE and NLL of the exact float64 posterior at the given hyperparameters."""
+    """Test RMSE and NLL of the exact float64 posterior (:class:`ExactPosterior`) at the given hyperparameters."""
     X, Xt = torch.as_tensor(X, dtype=torch.float64), torch.as_tensor(Xt, dtype=torch.float64)
     l = torch.as_tensor(np.asarray(lengthscale, dtype=np.float64).reshape(-1))
-
-    def k(a, b):
-        return outputscale * torch.exp(-0.5 * torch.cdist(a / l, b / l) ** 2)
-
-    L = torch.linalg.cholesky(k(X, X) + noise * torch.eye(len(X), dtype=torch.float64))
-    alpha = torch.cholesky_solve((torch.as_tensor(y, dtype=torch.float64) - mean)[:, None], L)
-    Ks = k(Xt, X)
-    mu = (Ks @ alpha).squeeze(1).numpy() + mean
-    v = torch.linalg.solve_triangular(L, Ks.T, upper=False)
-    var = (outputscale - (v * v).sum(0) + noise).numpy()
-    rmse = float(np.sqrt(np.mean((mu - yt) ** 2)))
-    nll = float(np.mean(0.5 * np.log(2 * math.pi * var) + 0.5 * (yt - mu) ** 2 / var))
-    return rmse, nll
+    post = ExactPosterior(ops.rbf_covariance(X, X, l, outputscale), torch.as_tensor(y), noise, mean, overwrite=True)
+    k_ss = torch.full((len(Xt),), float(outputscale), dtype=torch.float64)
+    mu, var = post.predict(ops.rbf_covariance(X, Xt, l, outputscale), k_ss, return_var=True, include_noise=True)
+    return rmse(mu.numpy(), yt), gaussian_nll(mu.numpy(), var.numpy(), yt)
 
 
 def run_gpytorch(X, y, init, iters, lr):
