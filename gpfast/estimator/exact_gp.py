@@ -442,6 +442,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_=lml,
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
+            _cg_posterior=None,
             **_trainer.fitted_attributes(record),
         )
 
@@ -576,6 +577,13 @@ class ExactGP(RegressorMixin, BaseEstimator):
             self._posterior = prediction.exact_posterior(self.X_train_, self.y_train_, hyp)
         return self._posterior
 
+    def _get_cg_posterior(self):
+        if getattr(self, "_cg_posterior", None) is None:
+            hyp = prediction.hyperparameters_float64(self.model_)
+            dtype = self.model_.covar_module.raw_outputscale.dtype
+            self._cg_posterior = prediction.cg_posterior(self.X_train_, self.y_train_, hyp, dtype)
+        return self._cg_posterior
+
     def predict(self, X, return_std: bool = False, return_cov: bool = False, include_noise: bool = True):
         """Posterior predictive mean (and std or covariance) at X, in the units of y.
 
@@ -599,8 +607,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         device (in X's floating dtype) for a tensor X.
 
         With ``solver_ == "cholesky"`` the posterior is exact in float64 (factorisation done once in
-        ``fit``, test points processed in chunks); with ``"cg"`` it is GPyTorch's prediction
-        (``fast_pred_var`` off, so variances are solved for, not approximated) in the training dtype.
+        ``fit``, test points processed in chunks); with ``"cg"`` every mean and variance is solved for by
+        preconditioned CG in the training dtype with float64 refinement, and stopped on a certified bound of its
+        own error (variances to 0.1%, means to 1e-5 std(y); :class:`gpfast.models.CGPosterior`, which warns
+        when a bound cannot be met).
         """
         if return_std and return_cov:
             raise ValueError("ExactGP.predict: at most one of return_std and return_cov can be True, got both True.")
@@ -614,8 +624,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             hyp = prediction.hyperparameters_float64(self.model_)
             res = prediction.predict_exact(self._get_posterior(), self.X_train_, Xs, hyp, **flags)
         else:
-            dtype = self.model_.covar_module.raw_outputscale.dtype
-            res = prediction.predict_cg(self.model_, Xs, dtype, self._cg_settings(), **flags)
+            res = prediction.predict_cg(self._get_cg_posterior(), Xs, **flags)
         if not (return_std or return_cov):
             return info.out(res * self.y_std_ + self.y_mean_)
         mean, second = res
@@ -644,12 +653,14 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def __getstate__(self):
         state = self.__dict__.copy()
         state.pop("_posterior", None)  # an n x n float64 factor: rebuilt on the first predict after unpickling
+        state.pop("_cg_posterior", None)  # its preconditioner and solutions: rebuilt likewise
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         if "model_" in state:
             self._posterior = None
+            self._cg_posterior = None
 
     def save(self, path) -> None:
         """Save the fitted estimator to ``path`` (see :mod:`gpfast.estimator.persistence` for the format)."""

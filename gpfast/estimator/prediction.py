@@ -1,21 +1,14 @@
-"""Posterior predictions of a fitted :class:`gpfast.ExactGP`: exact in float64 by Cholesky, or GPyTorch's CG."""
+"""Posterior predictions of a fitted :class:`gpfast.ExactGP`: exact in float64 by Cholesky, or by CG with a
+certified error bound on every mean and variance (:mod:`gpfast.models.cg_posterior`)."""
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-
-import gpytorch
 import torch
 
-from gpfast.estimator.training import CGSettings, solver_settings
-from gpfast.models import ExactGPModel, ExactPosterior
+from gpfast.models import CGPosterior, ExactGPModel, ExactPosterior
 from gpfast.ops import rbf_covariance
 
-__all__ = ["exact_posterior", "hyperparameters_float64", "predict_cg", "predict_exact"]
-
-# Bytes of (chunk x n) temporaries allowed per prediction chunk with the CG solver.
-_CG_CHUNK_BYTES = 256 * 2**20
+__all__ = ["cg_posterior", "exact_posterior", "hyperparameters_float64", "predict_cg", "predict_exact"]
 
 
 def hyperparameters_float64(model: ExactGPModel) -> dict[str, torch.Tensor]:
@@ -70,47 +63,22 @@ def predict_exact(
     )
 
 
-def predict_cg(
-    model: ExactGPModel,
-    X: torch.Tensor,
-    dtype: torch.dtype,
-    cg: CGSettings,
-    return_std: bool,
-    return_cov: bool,
-    include_noise: bool,
-):
-    """GPyTorch's prediction (``fast_pred_var`` off, so variances are solved for) in the training dtype, in chunks
-    of test points whose (chunk x n) temporaries stay under ~256 MB. Returns float64 tensors."""
-    likelihood = model.likelihood
-    model.eval()
-    likelihood.eval()
-    device = X.device
-    Xd = X.to(dtype)
-    n = model.train_inputs[0].shape[0]
-    step = max(1, _CG_CHUNK_BYTES // (4 * max(n, 1)))
+def cg_posterior(X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tensor], dtype: torch.dtype) -> CGPosterior:
+    """The CG posterior of the training data: solves in ``dtype`` refined in float64, each prediction with a
+    certified error bound (:class:`gpfast.models.CGPosterior`)."""
+    return CGPosterior(
+        X,
+        y,
+        hyp["lengthscale"].reshape(-1),
+        float(hyp["outputscale"]),
+        float(hyp["noise"]),
+        float(hyp["mean"]),
+        dtype=dtype,
+    )
+
+
+def predict_cg(posterior: CGPosterior, X: torch.Tensor, return_std: bool, return_cov: bool, include_noise: bool):
+    """Mean (and variance or covariance) at standardised inputs X, float64, by the CG posterior."""
     if return_cov:
-        step = max(Xd.shape[0], 1)  # the full covariance needs all test points at once
-    means, seconds = [], []
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.no_grad())
-        stack.enter_context(solver_settings("cg", cg))
-        stack.enter_context(gpytorch.settings.fast_pred_var(False))
-        stack.enter_context(gpytorch.settings.skip_posterior_variances(not (return_std or return_cov)))
-        stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message=".*input matches the stored training data.*")
-        for s in range(0, Xd.shape[0], step):
-            dist = model(Xd[s : s + step])
-            if include_noise:
-                dist = likelihood(dist)
-            means.append(dist.mean.to(torch.float64))
-            if return_std:
-                seconds.append(dist.variance.to(torch.float64))
-            elif return_cov:
-                seconds.append(dist.covariance_matrix.to(torch.float64))
-    empty = torch.zeros(0, dtype=torch.float64, device=device)
-    mean = torch.cat(means) if means else empty
-    if not (return_std or return_cov):
-        return mean
-    if return_cov:
-        return mean, (seconds[0] if seconds else torch.zeros(0, 0, dtype=torch.float64, device=device))
-    return mean, (torch.cat(seconds) if seconds else empty)
+        return posterior.predict_covariance(X, include_noise=include_noise)
+    return posterior.predict(X, return_var=return_std, include_noise=include_noise)

@@ -1,6 +1,16 @@
-"""The GPyTorch model, and the exact float64 GP posterior by Cholesky factorisation."""
+"""The GPyTorch model, and the GP posterior: exact by float64 Cholesky, or by CG with certified error bounds."""
 
+from gpfast.models.cg_posterior import CGPosterior, CGPredictionWarning
 from gpfast.models.exact_posterior import CholeskyError, CholeskyJitterWarning, ExactPosterior, robust_cholesky
 from gpfast.models.gp import KERNELS, ExactGPModel
 
-__all__ = ["KERNELS", "CholeskyError", "CholeskyJitterWarning", "ExactGPModel", "ExactPosterior", "robust_cholesky"]
+__all__ = [
+    "KERNELS",
+    "CGPosterior",
+    "CGPredictionWarning",
+    "CholeskyError",
+    "CholeskyJitterWarning",
+    "ExactGPModel",
+    "ExactPosterior",
+    "robust_cholesky",
+]
