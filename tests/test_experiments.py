@@ -169,3 +169,16 @@ def test_engine_subsets_scores_both_rows_by_the_exact_posterior(tmp_path):
     assert rmse == pytest.approx(float(np.sqrt(np.mean((mu - yt) ** 2))), rel=1e-8)
     nll_gp = float(np.mean(0.5 * np.log(2 * np.pi * sd**2) + 0.5 * (yt - mu) ** 2 / sd**2))
     assert nll == pytest.approx(nll_gp, rel=1e-8)
+
+
+def test_cg_prediction_script_agrees_with_cholesky_on_a_small_set(tmp_path):
+    from experiments import cg_prediction
+
+    cg_prediction.main(["--agree", "300", "--d", "3", "--device", "cpu", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "cg_prediction.json").read_text())["rows"]
+    for name in ("test", "train", "far"):
+        part = rows[0][name]
+        assert part["bound_holds"]
+        assert part["max_mean_diff_std_y"] <= 5e-3 and part["max_rel_std_diff"] <= 0.02
+        assert part["min_std"] >= rows[0]["noise_std"]
+    assert "| 300 | train (300) |" in (tmp_path / "cg_prediction.md").read_text()

@@ -442,7 +442,12 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_=lml,
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
-            _cg_posterior=None,
+            # built here, not on the first predict, so that predict leaves the estimator unchanged
+            _cg_posterior=(
+                prediction.cg_posterior(Xs, ys, prediction.hyperparameters_float64(model), dtype)
+                if choice.solver == "cg"
+                else None
+            ),
             **_trainer.fitted_attributes(record),
         )
 

@@ -577,5 +577,6 @@ def load(cls, path, device=None):
     est.log_marginal_likelihood_ = float(state["log_marginal_likelihood_"])
     est.log_marginal_likelihood_method_ = state["log_marginal_likelihood_method_"]
     est._posterior = None
+    est._cg_posterior = None
     est._set_hyperparameter_attributes(hyperparameters_float64(model))
     return est

@@ -70,9 +70,11 @@ class CGPosterior:
         Kernel output scale ``s``, noise variance and constant prior mean.
     dtype : torch.dtype, default=torch.float32
         Working dtype of the CG iterations; the bounds, the refinement residuals and the results are float64.
-    rank : int, default=256
+    rank : int, default=1024
         Rank of the pivoted-Cholesky preconditioner (capped at n). The bound above needs it; a higher rank cuts
-        the iterations where the kernel's spectrum decays slowly.
+        the iterations where the kernel's spectrum decays slowly (synthetic d=8, n=3000, noise 0.01: 1024
+        against 256 took a third of the CG iterations, 86 against 270 for the mean weights and 31 against 102
+        for 32 variances). Its cost is O(n rank^2) once: 8 GB and about a second of bandwidth at n = 1M.
     variance_rtol : float, default=1e-3
         Each test point's variance is certified to within this fraction of its predictive variance (of y when
         ``include_noise``, else of f). 1e-3 in the variance is 5e-4 in the standard deviation.
@@ -111,7 +113,7 @@ class CGPosterior:
         mean: float = 0.0,
         *,
         dtype: torch.dtype = torch.float32,
-        rank: int = 256,
+        rank: int = 1024,
         variance_rtol: float = 1e-3,
         mean_atol: float = 1e-5,
         max_iter: int = 1000,
