@@ -10,7 +10,9 @@
 #                it again until its log ends "fit1m: done", see below),
 #         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
 #         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345),
-#         round (everything changed since the last GPU run, in value order; ROUND_BUDGET seconds, default 420)
+#         round (everything changed since the last GPU run, in value order; ROUND_BUDGET seconds, default 420),
+#         verify (build, CUDA tests, sanitizers, CG prediction vs Cholesky at 100k, bench_ops; VERIFY_BUDGET 560),
+#         accuracy (UCI: the engine against 50 exact-gradient Adam steps; CG prediction at 1M; ACCURACY_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host; results otherwise say "unknown".
@@ -291,6 +293,51 @@ for line in ncu.splitlines():
         print("  " + s[:150])
 PYEOF
       ;;
+    verify)
+      # Everything a change of kernels and predictions must pass, in one call of at most VERIFY_BUDGET seconds
+      # (default 560): build for sm_90, every CUDA test, compute-sanitizer memcheck and racecheck over every kernel
+      # (experiments/sanitize_ops.py, 120 s each so that racecheck finishes), the CG-path prediction against the
+      # float64 Cholesky at n = 100k (experiments/cg_prediction.py), bench_ops at the target shapes. Files in $OUT:
+      # verify_*.log and verify_results.tar.gz (unpack into experiments/results).
+      budget_start ${VERIFY_BUDGET:-560}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/verify_results"; mkdir -p "$res"
+      brun 240 "$OUT/verify_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/verify_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 150 "$OUT/verify_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      tail -6 "$OUT/verify_tests.log"
+      brun 110 "$OUT/verify_cgpred.log" python -m experiments.cg_prediction --agree 100000 --out "$res"
+      echo "cg_prediction rc=$?"; grep -E "^\| " "$OUT/verify_cgpred.log" | tail -5
+      for tool in memcheck racecheck; do
+        brun 120 "$OUT/verify_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|all kernels ran" "$OUT/verify_sanitize.log"
+      brun 80 "$OUT/verify_bench.log" python -m experiments.bench_ops --quick --reps 5 \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
+      cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
+      grep -E "^\| " "$OUT/verify_bench.log" | tail -5
+      tar czf "$OUT/verify_results.tar.gz" -C "$OUT" verify_results && rm -rf "$res"
+      echo "verify: $(( SECONDS - B_T0 )) s" ;;
+    accuracy)
+      # The training engine against the same 50 Adam steps with exact gradients (row "exact", float64 Cholesky) on
+      # the UCI sets, then the CG posterior's cost at 1M points, in one call of at most ACCURACY_BUDGET seconds
+      # (default 560). Expects a build in $GPFAST_BUILD_DIR (run after verify on a warm machine, or it builds).
+      budget_start ${ACCURACY_BUDGET:-560}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/accuracy_results"; mkdir -p "$res"
+      brun 240 "$OUT/accuracy_build.log" python -m gpfast.build || { tail -40 "$OUT/accuracy_build.log"; exit 1; }
+      brun 200 "$OUT/accuracy_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --datasets pol elevators bike kin40k --rows gpfast exact \
+        --stem uci_pol_elevators_bike_kin40k_c_exact --out "$res"; echo "uci rc=$?"
+      brun 200 "$OUT/accuracy_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --datasets protein keggdirected keggundirected --rows gpfast exact \
+        --stem uci_protein_kegg_c_exact --out "$res"; echo "uci (large sets) rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/accuracy_uci.log" | cut -d'|' -f2-5,10-13,20
+      brun 150 "$OUT/accuracy_cgpred1m.log" python -m experiments.cg_prediction --scale 1000000 --sample 4 \
+        --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_cgpred1m.log"
+      tar czf "$OUT/accuracy_results.tar.gz" -C "$OUT" accuracy_results && rm -rf "$res"
+      echo "accuracy: $(( SECONDS - B_T0 )) s" ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
