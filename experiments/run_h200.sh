@@ -306,7 +306,7 @@ PYEOF
       echo "build done at $(( SECONDS - B_T0 )) s"
       brun 150 "$OUT/verify_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       tail -6 "$OUT/verify_tests.log"
-      brun 110 "$OUT/verify_cgpred.log" python -m experiments.cg_prediction --agree 100000 --out "$res"
+      brun 110 "$OUT/verify_cgpred.log" python -m experiments.cg_prediction --agree 100000 --points 400 --out "$res"
       echo "cg_prediction rc=$?"; grep -E "^\| " "$OUT/verify_cgpred.log" | tail -5
       for tool in memcheck racecheck; do
         brun 120 "$OUT/verify_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
