@@ -113,3 +113,21 @@ def test_estimator_cg_predictions_equal_cholesky_ones(dtype):
     m2, c2 = cg.predict(X[:30], return_cov=True)
     d = np.sqrt(np.diag(c1))
     assert (np.abs(c2 - c1) / np.outer(d, d)).max() <= 2e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+@pytest.mark.parametrize("product", ["stored", "matrix_free"])
+def test_cuda_cg_posterior_agrees_with_cholesky(product):
+    X, y, ls, s, noise, X_test = _problem(6, n=3000)
+    mean_ex, var_ex = _exact(X, y, ls, s, noise, X_test)
+    dev = torch.device("cuda")
+    post = CGPosterior(X.to(dev), y.to(dev), ls.to(dev), s, noise, 0.0, dtype=torch.float32, product=product)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CGPredictionWarning)
+        mean, var = post.predict(X_test.to(dev), return_var=True, include_noise=True)
+    mean, var, err = mean.cpu(), var.cpu(), post.variance_error.cpu()
+    assert float((mean - mean_ex).abs().max()) <= 5e-3
+    assert float(((var / var_ex).sqrt() - 1).abs().max()) <= 0.02
+    assert bool(((var - var_ex).abs() <= err + 1e-9 * (s + noise)).all())
+    assert float(var.min()) >= noise
