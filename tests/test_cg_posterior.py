@@ -46,12 +46,15 @@ def test_problem_is_badly_conditioned():
     assert float(eig[-1] + noise) / float(eig[0] + noise) > 1e5
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("seed", [1])
-def test_cg_agrees_with_cholesky_and_its_bounds_hold(dtype, seed):
-    X, y, ls, s, noise, X_test = _problem(seed)
+@pytest.mark.parametrize(
+    "dtype, local_points",
+    [(torch.float32, 0), (torch.float64, 0), (torch.float32, 64), (torch.float32, 512)],
+    ids=["float32-cg", "float64-cg", "float32-local64", "float32-local-all"],
+)
+def test_cg_agrees_with_cholesky_and_its_bounds_hold(dtype, local_points):
+    X, y, ls, s, noise, X_test = _problem(1)
     mean_ex, var_ex = _exact(X, y, ls, s, noise, X_test)
-    post = CGPosterior(X, y, ls, s, noise, 0.0, dtype=dtype, rank=64)
+    post = CGPosterior(X, y, ls, s, noise, 0.0, dtype=dtype, rank=64, local_points=local_points)
     with warnings.catch_warnings():
         warnings.simplefilter("error", CGPredictionWarning)
         mean, var = post.predict(X_test, return_var=True, include_noise=True)
@@ -88,7 +91,7 @@ def test_covariance_matches_cholesky():
 
 def test_uncertified_variances_warn():
     X, y, ls, s, noise, X_test = _problem(4, n=300)
-    post = CGPosterior(X, y, ls, s, noise, 0.0, dtype=torch.float32, rank=1, max_iter=2, refinements=0)
+    post = CGPosterior(X, y, ls, s, noise, 0.0, dtype=torch.float32, rank=1, max_iter=2, refinements=0, local_points=0)
     with pytest.warns(CGPredictionWarning, match="certified only"):
         _, var = post.predict(X_test, return_var=True, include_noise=True)
     assert float(var.min()) >= noise  # even an uncertified answer stays a variance of y
