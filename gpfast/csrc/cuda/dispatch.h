@@ -1,4 +1,4 @@
-// Host-side helpers shared by the CUDA launchers: compile-time buckets, grid sizing, the dense fall-backs' forward.
+// Host-side helpers shared by the CUDA launchers: compile-time buckets, grid sizing, the dense fall-backs' hooks.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -75,7 +75,9 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
                            const at::Tensor& outputscale);
 
 // Rows of a dense block of K: bounded so that a block of doubles stays near 512 MB.
-inline int64_t dense_block_rows(int64_t m) { return std::max<int64_t>(1, (int64_t(1) << 26) / std::max<int64_t>(m, 1)); }
+inline int64_t dense_block_rows(int64_t m) {
+  return std::max<int64_t>(1, (int64_t(1) << 26) / std::max<int64_t>(m, 1));
+}
 
 // Blocks that split the columns when the rows alone give too few blocks to fill the GPU; returns the columns
 // per split, a multiple of `tile`, and sets `splits`.

@@ -96,8 +96,8 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor s = outputscale.contiguous();
   const int D = feature_bucket(d);
   const Forward kernel = forced ? *forced : default_forward(m, D);
-  TORCH_CHECK(kernel == Forward::kTile || D != 0, "_rbf_covariance_kernel: the row-streaming kernels need d <= 32, got d=",
-              d);
+  TORCH_CHECK(kernel == Forward::kTile || D != 0,
+              "_rbf_covariance_kernel: the row-streaming kernels need d <= 32, got d=", d);
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else
@@ -115,7 +115,7 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
 // rbf_covariance with a named kernel, "tile", "diff" or "expand", whatever the shape: for tests and benchmarks.
 at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                                   const at::Tensor& outputscale, c10::string_view kernel) {
-  Forward forced;
+  Forward forced = Forward::kTile;
   if (kernel == "tile")
     forced = Forward::kTile;
   else if (kernel == "diff")

@@ -1,5 +1,6 @@
 // CUDA launchers for rbf_covariance_backward. Device code: backward_rows.cuh.
 #include "backward_host.h"
+#include "dispatch.h"
 
 namespace gpfast {
 namespace cuda {

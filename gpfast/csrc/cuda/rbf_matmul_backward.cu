@@ -1,6 +1,7 @@
 // CUDA launchers for rbf_matmul_backward, the matrix-free gradients of K @ V for x1, x2, lengthscale and
 // outputscale (V's gradient K^T G is rbf_matmul itself). Device code: backward_rows.cuh.
 #include "backward_host.h"
+#include "dispatch.h"
 
 namespace gpfast {
 namespace cuda {
