@@ -3,18 +3,17 @@
 Run on a GPU: ``python -m experiments.bench_ops``. Times are medians of CUDA-event timings after warm-up;
 ``floor`` is the larger of the bytes the forward must move (inputs read once, K written once) over the 4.27 TB/s
 copy bandwidth measured on the H200 and its n m exponentials at 16 per SM per clock. The forward is timed with the
-kernel each shape gets by default and with each one forced (GPFAST_COV_FWD: differences, norm expansion, and the two
-legacy kernels); forward+backward with all four gradients and with the hyperparameters' only (the points need no
-gradient: the gradient mask skips their passes). ``--quick`` leaves out eager PyTorch and torch.compile;
-``--bwd-variants`` adds the backward op alone (all gradients, and the hyperparameters' only) with the copy-pipelined
-dense backward (default) and the first version (GPFAST_BWD=sync).
+kernel each shape gets by default and with each one forced through the private op ``_rbf_covariance_kernel`` (the
+row-streaming kernel by differences and by the norm expansion, and the tiled kernel); forward+backward with all four
+gradients and with the hyperparameters' only (the points need no gradient: the gradient mask skips their passes).
+``--quick`` leaves out eager PyTorch and torch.compile; ``--bwd-op`` adds the backward op alone (all gradients, and
+the hyperparameters' only).
 Writes experiments/results/bench_ops.{md,json}.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
@@ -38,29 +37,20 @@ def run_or_oom(fn):
         return "OOM"
 
 
-FWD_VARIANTS = ("diff", "expand", "rows", "tile")  # GPFAST_COV_FWD values: the new kernel's two forms, the legacy two
+FWD_KERNELS = ("diff", "expand", "tile")  # the row-streaming kernel's two forms, the tiled kernel
 
 
-BWD_VARIANTS = ("default", "sync")  # GPFAST_BWD: the copy-pipelined dense backward (default), the first version
-
-
-def bench_backward_variants(row, x1, x2, l, s, G, reps):
-    """The backward op alone (no forward, no autograd), all gradients and the hyperparameters' only, with each
-    dense-backward variant: keys gpfast_bwd_<variant> and gpfast_bwd_theta_<variant>."""
+def bench_backward_op(row, x1, x2, l, s, G, reps):
+    """The backward op alone (no forward, no autograd), all gradients and the hyperparameters' only: keys
+    gpfast_bwd and gpfast_bwd_theta."""
     B, n, d = x1.shape
     args = (G, x1, x2, l.reshape(B, d), s)
     op = torch.ops.gpfast.rbf_covariance_backward.default
-    for variant in BWD_VARIANTS:
-        if variant == "default":
-            os.environ.pop("GPFAST_BWD", None)
-        else:
-            os.environ["GPFAST_BWD"] = variant
-        row[f"gpfast_bwd_{variant}"] = cuda_time_ms(lambda: op(*args, True), reps=reps)
-        row[f"gpfast_bwd_theta_{variant}"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
-    os.environ.pop("GPFAST_BWD", None)
+    row["gpfast_bwd"] = cuda_time_ms(lambda: op(*args, True), reps=reps)
+    row["gpfast_bwd_theta"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
 
 
-def bench_shape(B, n, m, d, reps, quick=False, bwd_variants=False):
+def bench_shape(B, n, m, d, reps, quick=False, bwd_op=False):
     dev = "cuda"
     x1 = torch.randn(B, n, d, device=dev)
     x2 = torch.randn(B, m, d, device=dev)
@@ -88,14 +78,14 @@ def bench_shape(B, n, m, d, reps, quick=False, bwd_variants=False):
         return ops.rbf_covariance(a, b, c, e, check_values=False)
 
     row["gpfast_fwd"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
-    for variant in FWD_VARIANTS:  # each forward kernel, forced (the default picks one by shape)
-        os.environ["GPFAST_COV_FWD"] = variant
-        row[f"gpfast_fwd_{variant}"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
-    del os.environ["GPFAST_COV_FWD"]
+    forced = torch.ops.gpfast._rbf_covariance_kernel.default
+    l2 = l.reshape(B, d)
+    for kernel in FWD_KERNELS:  # each forward kernel, forced (the default picks one by shape)
+        row[f"gpfast_fwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: forced(x1, x2, l2, s, kernel), reps=reps)
     row["gpfast_fwd_bwd"] = cuda_time_ms(fwd_bwd(gpfast_op), reps=reps)
     row["gpfast_fwd_bwd_theta"] = cuda_time_ms(fwd_bwd(gpfast_op, points=False), reps=reps)
-    if bwd_variants:
-        bench_backward_variants(row, x1, x2, l, s, G, reps)
+    if bwd_op:
+        bench_backward_op(row, x1, x2, l, s, G, reps)
     if n * m * B <= 2**20:
         row["gpfast_fwd_graph"] = graph_time_ms(fwd(gpfast_op))
     if not quick:
@@ -130,15 +120,13 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="leave out eager PyTorch and torch.compile")
     parser.add_argument("--shapes", nargs="+", help="B,n,m,d shapes (default: the four of the op issue)")
-    parser.add_argument(
-        "--bwd-variants", action="store_true", help="also time the backward op alone with each GPFAST_BWD variant"
-    )
+    parser.add_argument("--bwd-op", action="store_true", help="also time the backward op alone")
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES
     ops.rbf_covariance(torch.randn(2, 2, device="cuda"), torch.randn(2, 2, device="cuda"), 1.0, 1.0)
     rows = []
     for shape in shapes:
-        rows.append(bench_shape(*shape, reps=args.reps, quick=args.quick, bwd_variants=args.bwd_variants))
+        rows.append(bench_shape(*shape, reps=args.reps, quick=args.quick, bwd_op=args.bwd_op))
         print(rows[-1], flush=True)
     cols = [
         "shape",
@@ -146,12 +134,12 @@ def main(argv=None):
         "gpfast_fwd",
         "gpfast_fwd_diff",
         "gpfast_fwd_expand",
-        "gpfast_fwd_rows",
         "gpfast_fwd_tile",
         "gpfast_fwd_graph",
         "gpfast_fwd_bwd",
         "gpfast_fwd_bwd_theta",
-        *(f"gpfast_bwd{w}_{v}" for v in BWD_VARIANTS for w in ("", "_theta")),
+        "gpfast_bwd",
+        "gpfast_bwd_theta",
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -166,12 +154,12 @@ def main(argv=None):
             "gpfast fwd",
             "fwd, differences",
             "fwd, norm expansion",
-            "fwd, legacy rows",
-            "fwd, legacy tiled",
+            "fwd, tiled",
             "gpfast fwd (graph replay)",
             "gpfast fwd+bwd",
             "gpfast fwd+bwd (l, s only)",
-            *(f"bwd op{w}, {v}" for v in BWD_VARIANTS for w in ("", " (l, s only)")),
+            "bwd op",
+            "bwd op (l, s only)",
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

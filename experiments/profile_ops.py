@@ -2,8 +2,8 @@
 
     ncu --profile-from-start off --clock-control none --set basic python -m experiments.profile_ops --op cov_bwd
 
-``--op cov_bwd``: rbf_covariance_backward at n = m = 16384, d = 8, float32, all gradients (its two row passes;
-GPFAST_BWD picks the variant); ``--op dense_matmul``: the stored-K product at n = 36000, t = 11. Inputs are built and
+``--op cov_bwd``: rbf_covariance_backward at n = m = 16384, d = 8, float32, all gradients (its two row passes);
+``--op dense_matmul``: the stored-K product at n = 36000, t = 11. Inputs are built and
 the op run once (build, load, warm-up) before the profiled call.
 """
 

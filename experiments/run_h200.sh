@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's work in named stages, so that one lease runs several of them (some side by side on two GPUs).
-# Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR STAGE [STAGE ...]
+# Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR [--commit SHA] STAGE [STAGE ...]
 # Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, bench_matmul_rhs, scaling1m, dist1, dist2, distfit,
 #         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>),
 #         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
@@ -14,13 +14,19 @@
 #         verify (build, CUDA tests, sanitizers, CG prediction vs Cholesky at 100k, bench_ops; VERIFY_BUDGET 560),
 #         accuracy (UCI: the engine against 50 exact-gradient Adam steps; CG prediction at 1M; ACCURACY_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
-# Set GPFAST_COMMIT to the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
-# `git describe --always --dirty` on the host; results otherwise say "unknown".
+# --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
+# `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
+# tables read (gpfast.bench.timing.git_rev); without it they say "unknown".
 # Each stage has its own time limit so that one slow stage cannot take the others' results with it.
 set -u
-[ $# -ge 2 ] || { echo "usage: $0 OUTDIR STAGE [STAGE ...]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OUTDIR [--commit SHA] STAGE [STAGE ...]" >&2; exit 2; }
 OUT=$1; shift
-[ -n "${GPFAST_COMMIT:-}" ] || echo "warning: GPFAST_COMMIT is not set; results will name no commit" >&2
+if [ "$1" = "--commit" ]; then
+  [ $# -ge 3 ] || { echo "usage: $0 OUTDIR [--commit SHA] STAGE [STAGE ...]" >&2; exit 2; }
+  echo "$2" > COMMIT; shift 2
+elif [ ! -d .git ] && [ ! -s COMMIT ]; then
+  echo "warning: no .git and no --commit; results will name no commit" >&2
+fi
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GPFAST_BUILD_DIR=/tmp/gpb MAX_JOBS=16 NCCL_NVLS_ENABLE=0
 G=${GPU:-0}
@@ -180,7 +186,7 @@ PYEOF
       brun 150 "$OUT/round_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
         --iters 50 --quiet --datasets pol elevators bike kin40k --rows gpfast --stem uci_pol_elevators_bike_kin40k_c \
         --out "$res"; echo "uci rc=$?"; grep -E "^   gpfast|^== " "$OUT/round_uci.log"
-      brun 80 "$OUT/round_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+      brun 80 "$OUT/round_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
       brun 60 "$OUT/round_bench.log" python -m experiments.bench_stored_product --n 36000 --t 11 --reps 20 --out "$res"
@@ -191,11 +197,10 @@ PYEOF
       tar czf "$OUT/round_results.tar.gz" -C "$OUT" round_results && rm -rf "$res"  # one file: the transfer limits counts
       echo "round: $(( SECONDS - B_T0 )) s" ;;
     perf)
-      # The stored-K product kernel (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11) and the copy-pipelined dense
-      # backward (issue 14) in one call of at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of
-      # the new kernels echoed), the stored-product layouts at n = 36k, the CUDA tests of what changed, bench_ops at
-      # the target shapes with both backward variants (GPFAST_BWD=sync is the first version), Nsight Compute on one
-      # backward call (n = 16384, d = 8, both variants), the stored product at 13.5k, K @ V fwd+bwd at 36k, Nsight
+      # The stored-K product kernel (>= 80% of 4.27 TB/s at n = 36k, t = 11) and the dense backward in one call of
+      # at most PERF_BUDGET seconds (default 345): build for sm_90 (ptxas lines of the kernels echoed), the
+      # stored-product layouts at n = 36k, the CUDA tests of these kernels, bench_ops at the target shapes with the
+      # backward op alone, Nsight Compute on one backward call (n = 16384, d = 8), the stored product at 13.5k, K @ V fwd+bwd at 36k, Nsight
       # Compute on one stored product, then a summary table. Steps run most valuable first, each cut to what is left of the budget. Files in $OUT:
       # perf_{build,tests,bench,ncu}.log and perf_results.tar.gz (the benchmarks' md/json).
       budget_start ${PERF_BUDGET:-345}
@@ -210,9 +215,9 @@ PYEOF
       echo "stored product rc=$?"; grep -E "^\| |fastest" "$OUT/perf_bench.log" | tail -9
       brun 90 "$OUT/perf_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_dense_matmul.py \
         tests/test_cuda_kernels.py tests/test_ops.py \
-        -k "dense_matmul or stored_product or covariance_backward or legacy_kernels_agree or covariance_gradients"
+        -k "dense_matmul or stored_product or covariance_backward or covariance_gradients"
       echo "tests rc=$?"; tail -4 "$OUT/perf_tests.log"
-      brun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-variants \
+      brun 90 "$OUT/perf_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8; echo "bench_ops rc=$?"
       cp experiments/results/bench_ops.md experiments/results/bench_ops.json "$res/" 2>/dev/null
       ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -220,13 +225,11 @@ PYEOF
         ncu_args=(--profile-from-start off --clock-control none --set basic --section WarpStateStats --section Occupancy
                   --section ComputeWorkloadAnalysis -k "regex:bwd_rows_kernel|dense_matmul_kernel|dmm_sum_kernel")
         ncu_fp64=(--metrics sm__inst_executed_pipe_fp64.avg.pct_of_peak_sustained_active,sm__pipe_fp64_cycles_active.avg.pct_of_peak_sustained_active)
-        for v in default sync; do  # a metric this ncu does not know fails the run: then again with the sections only
-          echo "#### ncu cov_bwd GPFAST_BWD=$v" >> "$OUT/perf_ncu.log"
-          brun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" "${ncu_fp64[@]}" \
-            python -m experiments.profile_ops --op cov_bwd \
-            || brun 45 "$OUT/perf_ncu.log" env GPFAST_BWD=$v "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op cov_bwd
-          echo "ncu cov_bwd $v rc=$?"
-        done
+        # a metric this ncu does not know fails the run: then again with the sections only
+        echo "#### ncu cov_bwd" >> "$OUT/perf_ncu.log"
+        brun 45 "$OUT/perf_ncu.log" "$ncu_bin" "${ncu_args[@]}" "${ncu_fp64[@]}" python -m experiments.profile_ops --op cov_bwd \
+          || brun 45 "$OUT/perf_ncu.log" "$ncu_bin" "${ncu_args[@]}" python -m experiments.profile_ops --op cov_bwd
+        echo "ncu cov_bwd rc=$?"
       else
         echo "no ncu found" | tee -a "$OUT/perf_ncu.log"
       fi
@@ -269,9 +272,7 @@ for stem, label in (("bench_stored_product.json", "36k"), ("bench_stored_product
 ops_rows = {r["shape"]: r for r in files.get("bench_ops.json", [])}
 for shape, name in (("(1,16384,16384,8)", "d=8 n=16384"), ("(4,8192,8192,32)", "d=32"), ("(1,40000,40000,8)", "d=8 n=40000")):
     r = ops_rows.get(shape, {})
-    lines.append((f"bwd op {name}, ms: default / sync", f"{num(r.get('gpfast_bwd_default')):.3f} / {num(r.get('gpfast_bwd_sync')):.3f}", "-"))
-    lines.append((f"bwd op (l, s) {name}, ms: default / sync",
-                  f"{num(r.get('gpfast_bwd_theta_default')):.3f} / {num(r.get('gpfast_bwd_theta_sync')):.3f}", "-"))
+    lines.append((f"bwd op {name}, ms: all / (l, s)", f"{num(r.get('gpfast_bwd')):.3f} / {num(r.get('gpfast_bwd_theta')):.3f}", "-"))
     lines.append((f"fwd+bwd vs GPyTorch {name}, x faster",
                   f"{num(r.get('gpytorch_fwd_bwd')) / num(r.get('gpfast_fwd_bwd', float('nan'))):.2f}", ">= 3" if "32" in name else ">= 10"))
 r = (files.get("perf_matmul.json") or [{}])[0]
@@ -285,7 +286,7 @@ print(f"\nperf stage summary ({took} s). tests: {tests.strip()}")
 print(f"| {'what':52s} | {'measured':>22s} | target |")
 for name, val, target in lines:
     print(f"| {name:52s} | {val:>22s} | {target} |")
-print("\nncu (per profiled kernel, in order: cov_bwd default pass 1, pass 2; sync pass 1, pass 2; dense_matmul, its sum):")
+print("\nncu (per profiled kernel, in order: cov_bwd pass 1, pass 2; dense_matmul, its sum):")
 for line in ncu.splitlines():
     s = line.strip()
     if s.startswith("####") or re.search(r"(bwd_rows_kernel|dense_matmul_kernel|dmm_sum_kernel).*Context", s) or \

@@ -1,14 +1,13 @@
 """Run every CUDA kernel path once on small odd shapes, for compute-sanitizer (memcheck, racecheck).
 
-Covers: the covariance forward's row-streaming kernel (differences and norm expansion, with and without vector
-stores) and both legacy kernels; K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with
-column splits, and its legacy kernel; both backward ops with and without point gradients (the copy-pipelined and the
-synchronous row passes, the float64 dense fallback for d > 32 or t > 32, and the legacy kernels); the stored-K product
-(``dense_matmul``) for t = 1..16 with a strided K. Usage: ``python -m experiments.sanitize_ops``
-(or ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``.
+Covers: the covariance forward's kernels, by default and each forced through the private op
+``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
+and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits;
+both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
+t > 32); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K. Usage:
+``python -m experiments.sanitize_ops`` (or ``python experiments/sanitize_ops.py``) under
+``compute-sanitizer --tool memcheck|racecheck``.
 """
-
-import os
 
 import torch
 
@@ -20,60 +19,54 @@ def run_all():
     dev = "cuda"
     for dtype in (torch.float32, torch.float64):
         # covariance forward: (B, n, m, d) with m % 4 != 0 (scalar stores) and m % 4 == 0 (vector stores)
-        for variant in ("", "diff", "expand", "rows", "tile"):
-            os.environ["GPFAST_COV_FWD"] = variant
-            for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40)]:
-                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
-                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
-                ops.rbf_covariance(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.3)
-        os.environ.pop("GPFAST_COV_FWD")
+        for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40)]:
+            x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+            x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+            l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
+            s = torch.full((B,), 1.3, device=dev, dtype=dtype)
+            torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
+            for kernel in ("diff", "expand", "tile") if d <= 32 else ("tile",):
+                torch.ops.gpfast._rbf_covariance_kernel(x1, x2, l, s, kernel)
         # K @ V: every right-hand-side bucket, and few rows against many columns (column splits)
-        for legacy in (False, True):
-            os.environ["GPFAST_MATMUL"] = "legacy" if legacy else ""
-            for B, n, m, d, t in [
-                (2, 67, 131, 3, 1),
-                (1, 130, 70, 8, 11),
-                (1, 33, 300, 16, 12),
-                (1, 40, 45, 29, 16),
-                (1, 20, 30, 5, 17),
-                (1, 9, 2000, 8, 8),
-                (1, 25, 40, 32, 33),
-                (1, 7, 9, 40, 3),
-            ]:
-                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
-                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
-                v = torch.randn(B, m, t, device=dev, dtype=dtype)
-                ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
-        os.environ.pop("GPFAST_MATMUL")
+        for B, n, m, d, t in [
+            (2, 67, 131, 3, 1),
+            (1, 130, 70, 8, 11),
+            (1, 33, 300, 16, 12),
+            (1, 40, 45, 29, 16),
+            (1, 20, 30, 5, 17),
+            (1, 9, 2000, 8, 8),
+            (1, 25, 40, 32, 33),
+            (1, 7, 9, 40, 3),
+        ]:
+            x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+            x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+            v = torch.randn(B, m, t, device=dev, dtype=dtype)
+            ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
         # the stored-K product: every t up to 16, odd row and column counts, a row stride wider than n
         for rows, n, t in [(37, 1027, 1), (130, 70, 11), (65, 300, 12), (9, 2001, 16), (3, 5, 7)]:
             K = torch.randn(rows, n + 3, device=dev, dtype=dtype)[:, :n]
             ops.dense_matmul(K, torch.randn(n, t, device=dev, dtype=dtype))
             ops.dense_matmul(K.contiguous(), torch.randn(n, device=dev, dtype=dtype))
-        # both backward ops, with and without point gradients: the copy-pipelined kernels (default), the first
-        # synchronous version and the legacy kernels
-        for variant in ("", "sync", "legacy"):
-            os.environ["GPFAST_BWD"] = variant
-            for B, n, m, d, t in [
-                (2, 67, 131, 3, 1),
-                (1, 130, 70, 8, 11),
-                (1, 33, 300, 16, 16),
-                (1, 40, 45, 29, 33),
-                (1, 20, 30, 40, 5),
-                (1, 300, 37, 32, 12),
-                (2, 19, 1027, 9, 2),
-            ]:
-                x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
-                x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
-                l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
-                s = torch.rand(B, device=dev, dtype=dtype) + 0.5
-                v = torch.randn(B, m, t, device=dev, dtype=dtype)
-                w = torch.randn(B, n, m, device=dev, dtype=dtype)
-                g = torch.randn(B, n, t, device=dev, dtype=dtype)
-                for x_grads in (True, False):
-                    torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
-                    torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
-        os.environ.pop("GPFAST_BWD")
+        # both backward ops, with and without point gradients
+        for B, n, m, d, t in [
+            (2, 67, 131, 3, 1),
+            (1, 130, 70, 8, 11),
+            (1, 33, 300, 16, 16),
+            (1, 40, 45, 29, 33),
+            (1, 20, 30, 40, 5),
+            (1, 300, 37, 32, 12),
+            (2, 19, 1027, 9, 2),
+        ]:
+            x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+            x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+            l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
+            s = torch.rand(B, device=dev, dtype=dtype) + 0.5
+            v = torch.randn(B, m, t, device=dev, dtype=dtype)
+            w = torch.randn(B, n, m, device=dev, dtype=dtype)
+            g = torch.randn(B, n, t, device=dev, dtype=dtype)
+            for x_grads in (True, False):
+                torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
+                torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
     torch.cuda.synchronize()
 
 

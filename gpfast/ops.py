@@ -379,8 +379,8 @@ def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     stored-K product.
 
     float32 or float64, one dtype and one device. On CUDA, for t <= 16 and K with column stride 1 (row-major, any
-    row stride), a bandwidth kernel of gpfast's own reads K once with 16-byte loads (issue 12's target: 80% of the
-    H200's 4.27 TB/s); otherwise, and with ``GPFAST_DENSE_MATMUL=cublas``, cuBLAS. On the CPU, ``torch.mm``.
+    row stride), a bandwidth kernel of gpfast's own reads K once with 16-byte loads (aiming at 80% of the H200's
+    4.27 TB/s); otherwise cuBLAS. On the CPU, ``torch.mm``.
     Results are bitwise repeatable. Differentiable in both inputs (dense gradients).
     """
     _ensure_loaded()

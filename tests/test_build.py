@@ -140,7 +140,7 @@ def test_every_source_enters_the_key():
         if p.suffix in (".cpp", ".cu", ".cuh", ".h")
     }
     assert names == on_disk
-    assert {"ops.cpp", "common.h", "cpu/rbf.cpp", "cuda/rbf_kernels.cuh", "cuda/dispatch.h"} <= names
+    assert {"ops.cpp", "common.h", "cpu/rbf.cpp", "cuda/covariance_tile.cuh", "cuda/dispatch.h"} <= names
     built = {Path(s).relative_to(_build.CSRC).as_posix() for s in _build._sources(with_cuda=True)}
     assert built <= names
 

@@ -1,13 +1,14 @@
-"""The CUDA kernels one by one (csrc/cuda): every forward variant, the K @ V buckets and the backward row passes,
+"""The CUDA kernels one by one (csrc/cuda): every forward kernel, the K @ V buckets and the backward row passes,
 against the float64 reference on fresh random inputs, with poisoned outputs, ragged sizes, data far from the origin,
-duplicated points, extreme lengthscales and the legacy kernels kept as fall-backs.
+duplicated points and extreme lengthscales.
 
 Error rules (``rel_err`` is the norm-wise relative error against float64):
 - differences (float64 everywhere, float32 forwards with d <= 8): at most 2x the plain float32 formula's error,
   as in test_ops;
-- the norm expansion (float32 forwards with d > 8, forced here with GPFAST_COV_FWD=expand, and K @ V in float32):
-  at most max(2x plain float32, 1e-6). Its rounding grows with |y|^2 rather than with the squared distance; an
-  emulation on the test distribution found 2-6e-7 against 1-3e-7 for plain float32 (csrc/cuda/covariance_forward.cuh);
+- the norm expansion (float32 forwards with d > 8, forced here through the private op _rbf_covariance_kernel, and
+  K @ V in float32): at most max(2x plain float32, 1e-6). Its rounding grows with |y|^2 rather than with the
+  squared distance; an emulation on the test distribution found 2-6e-7 against 1-3e-7 for plain float32
+  (csrc/cuda/covariance_forward.cuh);
 - gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
   outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw.
 """
@@ -31,13 +32,16 @@ def reference64(x1, x2, l, s):
     return ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double())
 
 
-def covariance(x1, x2, l, s, variant, monkeypatch):
-    if variant == "auto":
-        monkeypatch.delenv("GPFAST_COV_FWD", raising=False)
-    else:
-        monkeypatch.setenv("GPFAST_COV_FWD", variant)
+def forced_covariance(x1, x2, l, s, kernel):
+    """rbf_covariance with the named forward kernel ("tile", "diff" or "expand") whatever the shape."""
+    x1c, x2c, lc, sc, batch = ops._canonicalize(x1, x2, l, s, True)
+    K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
+    return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
+
+
+def covariance(x1, x2, l, s, variant):
     poison_allocator("cuda", x1.element_size() * x1.shape[-2] * x2.shape[-2] * max(1, math.prod(x1.shape[:-2])) * 2)
-    K = ops.rbf_covariance(x1, x2, l, s)
+    K = ops.rbf_covariance(x1, x2, l, s) if variant == "auto" else forced_covariance(x1, x2, l, s, variant)
     assert torch.isfinite(K).all(), "an output element was never written (poisoned memory showed through)"
     return K
 
@@ -65,25 +69,25 @@ FWD_SHAPES = [  # (batch, n, m, d): ragged rows and columns around the kernels' 
 ]
 
 
-@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "rows", "tile"])
+@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "tile"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", FWD_SHAPES)
 @pytest.mark.parametrize("shift", [0.0, 10.0])
-def test_forward_variants_match_float64(monkeypatch, variant, dtype, shape, shift):
+def test_forward_variants_match_float64(variant, dtype, shape, shift):
     batch, n, m, d = shape
     x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
     x1, x2 = x1 + shift, x2 + shift
-    K = covariance(x1, x2, l, s, variant, monkeypatch)
+    K = covariance(x1, x2, l, s, variant)
     K64 = reference64(x1, x2, l, s)
     plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
     assert rel_err(K, K64) <= forward_bound(variant, dtype, d, plain)
     assert (K <= s.reshape(*batch, 1, 1)).all()
 
 
-@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "rows", "tile"])
+@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "tile"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [2, 8, 16, 29])
-def test_diagonal_exact_duplicates_and_bound(monkeypatch, variant, dtype, d):
+def test_diagonal_exact_duplicates_and_bound(variant, dtype, d):
     """K(x, x) = s bit for bit, also for rows of x2 that duplicate rows of x1, and K <= s: on data far from the
     origin, with near duplicates (the expansion's recomputed pairs)."""
     n = 1500
@@ -91,13 +95,13 @@ def test_diagonal_exact_duplicates_and_bound(monkeypatch, variant, dtype, d):
     x[1::3] = x[::3][: x[1::3].shape[0]] + 1e-3 * torch.randn_like(x[1::3])
     l = (torch.rand(d, device="cuda", dtype=dtype) + 0.5) * max(1.0, (d / 8) ** 0.5)
     s = torch.tensor(1.7, device="cuda", dtype=dtype)
-    K = covariance(x, x, l, s, variant, monkeypatch)
+    K = covariance(x, x, l, s, variant)
     assert torch.equal(K.diagonal(), torch.full((n,), 1.7, device="cuda", dtype=dtype))
     assert (K <= s).all()
     # x2 = some rows of x1, shuffled, plus fresh points: the duplicated pairs are exactly s as well
     idx = torch.randperm(n, device="cuda")[:700]
     x2 = torch.cat([x[idx], torch.randn(400, d, device="cuda", dtype=dtype) * 3 + 10])
-    K2 = covariance(x, x2, l, s, variant, monkeypatch)
+    K2 = covariance(x, x2, l, s, variant)
     assert torch.equal(K2[idx, torch.arange(700, device="cuda")], torch.full((700,), 1.7, device="cuda", dtype=dtype))
     # near duplicates (distance ~1e-3 / l): as accurate as the float32 rounding of the points allows
     pairs = K.diagonal(1)[::3]
@@ -108,23 +112,22 @@ def test_diagonal_exact_duplicates_and_bound(monkeypatch, variant, dtype, d):
 
 @pytest.mark.parametrize("variant", ["diff", "expand"])
 @pytest.mark.parametrize("ls", [0.01, 0.05, 10.0, 300.0])
-def test_forward_extreme_lengthscales(monkeypatch, variant, ls):
+def test_forward_extreme_lengthscales(variant, ls):
     x1, x2, _, s = rand_inputs((), 200, 1500, 12, "cuda")
     l = torch.full((12,), ls, device="cuda")
-    K = covariance(x1, x2, l, s, variant, monkeypatch)
+    K = covariance(x1, x2, l, s, variant)
     K64 = reference64(x1, x2, l, s)
     plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
     assert rel_err(K, K64) <= forward_bound(variant, torch.float32, 12, plain)
     assert (K <= s).all() and (K >= 0).all()
 
 
-def test_forward_64bit_indexing_expansion(monkeypatch):
+def test_forward_64bit_indexing_expansion():
     n = 46400  # n * n > 2^31
     x = torch.randn(n, 16, device="cuda")
     l = torch.rand(16, device="cuda") + 1.0
-    monkeypatch.setenv("GPFAST_COV_FWD", "expand")
     poison_allocator("cuda", 4 * n * n)
-    K = ops.rbf_covariance(x, x, l, 1.5)
+    K = forced_covariance(x, x, l, torch.tensor(1.5, device="cuda"), "expand")
     rows = torch.tensor([0, 1, n // 2, n - 2, n - 1], device="cuda")
     want = reference64(x[rows], x, l, torch.tensor(1.5))
     assert rel_err(K[rows], want) < 2e-6
@@ -138,16 +141,11 @@ def test_forward_64bit_indexing_expansion(monkeypatch):
 KV_T = [1, 8, 11, 12, 16, 17, 32, 33]
 
 
-@pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("t", KV_T)
 @pytest.mark.parametrize("shape", [((), 130, 257, 3), ((2,), 257, 70, 8), ((), 70, 1000, 16), ((), 33, 300, 29)])
-def test_matmul_buckets_match_float64(monkeypatch, legacy, dtype, t, shape):
+def test_matmul_buckets_match_float64(dtype, t, shape):
     batch, n, m, d = shape
-    if legacy:
-        monkeypatch.setenv("GPFAST_MATMUL", "legacy")
-    else:
-        monkeypatch.delenv("GPFAST_MATMUL", raising=False)
     x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
     x1, x2 = x1 + 10, x2 + 10  # far from the origin: the kernels centre the points
     v = torch.randn(*batch, m, t, device="cuda", dtype=dtype)
@@ -258,40 +256,6 @@ def test_covariance_backward_mask_and_determinism(dtype, shape):
     again = cov_grads(x1, x2, l, s, w, True)
     for a, b in zip(full, again):
         assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", BWD_SHAPES + [((), 1000, 3000, 8), ((), 513, 2049, 5)])
-@pytest.mark.parametrize("x_grads", [True, False])
-def test_covariance_backward_copy_pipeline_matches_sync(monkeypatch, dtype, shape, x_grads):
-    """The dense backward's cp.async variant (the default) and the first version (GPFAST_BWD=sync) do the same
-    arithmetic in the same order: bit for bit the same gradients, none of them poisoned."""
-    batch, n, m, d = shape
-    x1, x2, l, s = canonical(batch, n, m, d, dtype, shift=3.0)
-    w = torch.randn(x1.shape[0], n, m, device="cuda", dtype=dtype)
-    monkeypatch.delenv("GPFAST_BWD", raising=False)
-    poison_allocator("cuda", 8 * (n + m) * 32 * 64)
-    new = cov_grads(x1, x2, l, s, w, x_grads)
-    monkeypatch.setenv("GPFAST_BWD", "sync")
-    old = cov_grads(x1, x2, l, s, w, x_grads)
-    for name, a, b in zip(("x1", "x2", "lengthscale", "outputscale"), new, old):
-        assert torch.isfinite(a).all(), name
-        assert torch.equal(a, b), name
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [((), 70, 90, 29), ((2,), 97, 301, 3), ((), 300, 1100, 8), ((), 40, 5000, 16)])
-def test_backward_legacy_kernels_agree(monkeypatch, dtype, shape):
-    batch, n, m, d = shape
-    x1, x2, l, s = canonical(batch, n, m, d, dtype)
-    w = torch.randn(x1.shape[0], n, m, device="cuda", dtype=dtype)
-    v = torch.randn(x1.shape[0], m, 11, device="cuda", dtype=dtype)
-    g = torch.randn(x1.shape[0], n, 11, device="cuda", dtype=dtype)
-    new = [*cov_grads(x1, x2, l, s, w), *torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)]
-    monkeypatch.setenv("GPFAST_BWD", "legacy")
-    old = [*cov_grads(x1, x2, l, s, w), *torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)]
-    for a, b in zip(new, old):  # the legacy kernels sum in the input dtype: float32 agrees to its rounding
-        assert rel_err(a, b) < (1e-10 if dtype == torch.float64 else 1e-3)
 
 
 @pytest.mark.parametrize("t", KV_T)

@@ -70,13 +70,12 @@ def test_dense_matmul_opcheck_and_gradients():
     assert torch.autograd.gradcheck(ops.dense_matmul, (K, V))
 
 
-def test_default_layout(monkeypatch):
-    monkeypatch.delenv("GPFAST_STORED_LAYOUT", raising=False)
+def test_default_layout():
     K, V = torch.randn(8, 8), torch.randn(8, 11)
     assert product.default_layout(K, V) == product.STORED_LAYOUT  # the CPU: no kernel
-    monkeypatch.setenv("GPFAST_STORED_LAYOUT", "mm")
-    assert product.default_layout(K, V) == "mm"
-    assert rel_err(product.stored_matmul(K, V), K.double() @ V.double()) < 1e-6
+    S = K + K.t()  # the default cuBLAS layout, vtk, is for the engine's symmetric K
+    assert rel_err(product.stored_matmul(S, V), S.double() @ V.double()) < 1e-6
+    assert rel_err(product.stored_matmul(K, V, "mm"), K.double() @ V.double()) < 1e-6
 
 
 # ---------------------------------------------------------------------------------------------- CUDA: the kernel
@@ -149,13 +148,11 @@ def test_cuda_dense_matmul_strides_and_views(dtype, t):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
-def test_cuda_dense_matmul_fallbacks_and_empty(monkeypatch):
+def test_cuda_dense_matmul_fallbacks_and_empty():
     K = torch.randn(300, 700, device="cuda")
     V = torch.randn(700, 20, device="cuda")
     check(ops.dense_matmul(K, V), K, V)  # t > 16: cuBLAS
-    monkeypatch.setenv("GPFAST_DENSE_MATMUL", "cublas")
-    check(ops.dense_matmul(K, V[:, :11]), K, V[:, :11])
-    monkeypatch.delenv("GPFAST_DENSE_MATMUL")
+    check(ops.dense_matmul(K.t().contiguous().t(), V[:, :11]), K, V[:, :11])  # column stride 300: cuBLAS
     assert ops.dense_matmul(K[:0], V).shape == (0, 20)
     assert ops.dense_matmul(K, V[:, :0]).shape == (300, 0)
     assert torch.equal(ops.dense_matmul(K[:, :0], V[:0, :5]), torch.zeros(300, 5, device="cuda"))
@@ -163,10 +160,9 @@ def test_cuda_dense_matmul_fallbacks_and_empty(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
-def test_cuda_stored_product_uses_the_kernel_and_aligned_rows(monkeypatch):
+def test_cuda_stored_product_uses_the_kernel_and_aligned_rows():
     """The engine's stored K: on CUDA its rows are padded to 16 bytes (n = 1001 here), and the default layout is
-    the kernel; both layouts give K @ V."""
-    monkeypatch.delenv("GPFAST_STORED_LAYOUT", raising=False)
+    the kernel; it and the cuBLAS layout give K @ V."""
     x = torch.randn(1001, 5, device="cuda")
     p = product.CovarianceProduct(x, "stored")
     l, s, noise = (
@@ -180,5 +176,4 @@ def test_cuda_stored_product_uses_the_kernel_and_aligned_rows(monkeypatch):
     assert product.default_layout(p.K, V) == "kernel"
     want = ops.rbf_covariance(x.double(), x.double(), l.double(), s.double()) @ V.double() + 0.1 * V.double()
     assert rel_err(p.matmul(V), want) < 1e-5
-    monkeypatch.setenv("GPFAST_STORED_LAYOUT", "vtk")
-    assert rel_err(p.matmul(V), want) < 1e-5
+    assert rel_err(product.stored_matmul(p.K, V, "vtk") + 0.1 * V, want) < 1e-5

@@ -80,20 +80,28 @@ def test_matmul_gradients_float32_vs_float64(device, shape):
         assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
+def cpu_path(op, args, x_grads=True, portable=False, column_buffer_mb=256):
+    """A CPU op through the private op that names its path: the portable build instead of AVX2+FMA, and the column
+    buffers' budget of the one-pass backward (0: the two-pass form). args are canonical: (B, n, d), (B, m, d),
+    (B, d), (B,) and (B, m, t), in the op's schema order. Returns the list of outputs."""
+    return torch.ops.gpfast._rbf_cpu_path(op, list(args), x_grads, portable, column_buffer_mb)
+
+
+def canonical_inputs(batch, n, m, d, dtype):
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cpu", dtype)
+    return ops._canonicalize(x1, x2, l, s, True)[:4]
+
+
 @pytest.mark.parametrize("op", ["covariance", "matmul"])
-def test_cpu_backward_fused_and_two_pass_agree(monkeypatch, op):
+def test_cpu_backward_fused_and_two_pass_agree(op):
     """The CPU backward's one-pass form (column sums in per-chunk buffers) against its two-pass fallback."""
-    x1, x2, l, s = rand_inputs((2,), 37, 23, 5, "cpu", torch.float64)
+    x1, x2, l, s = canonical_inputs((2,), 37, 23, 5, torch.float64)
     v = torch.randn(2, 23, 3, dtype=torch.float64)
-
-    def grads():
-        inputs = [t.clone().requires_grad_() for t in (x1, x2, l, s)]
-        out = ops.rbf_covariance(*inputs) if op == "covariance" else ops.rbf_matmul(*inputs, v)
-        return torch.autograd.grad(out, inputs, torch.ones_like(out) + out.detach())
-
-    fused = grads()
-    monkeypatch.setenv("GPFAST_CPU_COLUMN_BUFFER_MB", "0")
-    two_pass = grads()
+    args = (x1, x2, l, s) if op == "covariance" else (x1, x2, l, s, v)
+    out = cpu_path(f"rbf_{op}", args)[0]
+    grad = torch.ones_like(out) + out
+    fused = cpu_path(f"rbf_{op}_backward", (grad, *args))
+    two_pass = cpu_path(f"rbf_{op}_backward", (grad, *args), column_buffer_mb=0)
     for a, b in zip(fused, two_pass):
         assert rel_err(a, b) < 1e-13
         assert b.abs().max() > 0
@@ -109,25 +117,26 @@ def _cpu_has_avx2_fma():
 
 @pytest.mark.skipif(not _cpu_has_avx2_fma(), reason="needs a CPU with AVX2 and FMA (else only one build runs)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_portable_and_avx2_builds_agree(monkeypatch, dtype):
-    """The CPU kernels' AVX2+FMA build against their portable build (GPFAST_CPU_PORTABLE=1), on every op, with
-    column counts past one block of 128 and right-hand-side counts on both sides of the 8-lane split."""
-    x1, x2, l, s = rand_inputs((2,), 41, 300, 6, "cpu", dtype)
+def test_cpu_portable_and_avx2_builds_agree(dtype):
+    """The CPU kernels' AVX2+FMA build against their portable build, on every op (K @ V's v-gradient is K @ V with
+    the point sets swapped), with column counts past one block of 128 and right-hand-side counts on both sides of
+    the 8-lane split."""
+    x1, x2, l, s = canonical_inputs((2,), 41, 300, 6, dtype)
 
-    def everything():
+    def everything(portable):
         out = []
         for t in (3, 19):
             v = torch.randn(2, 300, t, dtype=dtype, generator=torch.Generator().manual_seed(t))
-            inputs = [a.clone().requires_grad_() for a in (x1, x2, l, s, v)]
-            kv = ops.rbf_matmul(*inputs)
-            out += [kv.detach(), *torch.autograd.grad(kv, inputs, torch.ones_like(kv) + kv.detach())]
-        inputs = [a.clone().requires_grad_() for a in (x1, x2, l, s)]
-        K = ops.rbf_covariance(*inputs)
-        return out + [K.detach(), *torch.autograd.grad(K, inputs, torch.ones_like(K) + K.detach())]
+            kv = cpu_path("rbf_matmul", (x1, x2, l, s, v), portable=portable)[0]
+            grad = torch.ones_like(kv) + kv
+            out += [kv, *cpu_path("rbf_matmul_backward", (grad, x1, x2, l, s, v), portable=portable)]
+            out += cpu_path("rbf_matmul", (x2, x1, l, s, grad), portable=portable)
+        K = cpu_path("rbf_covariance", (x1, x2, l, s), portable=portable)[0]
+        grad = torch.ones_like(K) + K
+        return out + [K, *cpu_path("rbf_covariance_backward", (grad, x1, x2, l, s), portable=portable)]
 
-    fast = everything()
-    monkeypatch.setenv("GPFAST_CPU_PORTABLE", "1")
-    portable = everything()
+    fast = everything(False)
+    portable = everything(True)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     for a, b in zip(fast, portable):
         assert b.abs().max() > 0
@@ -214,22 +223,17 @@ def test_autograd_asks_only_for_needed_gradients(monkeypatch):
 
 @pytest.mark.parametrize("op", ["covariance", "matmul"])
 @pytest.mark.parametrize("two_pass", [False, True])
-def test_cpu_backward_independent_of_threads(monkeypatch, op, two_pass):
+def test_cpu_backward_independent_of_threads(op, two_pass):
     """Bit-identical CPU gradients with 1, 2 and 3 threads, in the one-pass and the two-pass form, masked or not."""
-    if two_pass:
-        monkeypatch.setenv("GPFAST_CPU_COLUMN_BUFFER_MB", "0")
-    x1, x2, l, s = rand_inputs((2,), 301, 203, 6, "cpu", torch.float32)
+    x1, x2, l, s = canonical_inputs((2,), 301, 203, 6, torch.float32)
     v = torch.randn(2, 203, 5)
     grad = torch.randn(2, 301, 5 if op == "matmul" else 203)
+    args = (grad, x1, x2, l, s, v) if op == "matmul" else (grad, x1, x2, l, s)
 
     def run():
-        out = []
-        for x_grads in (True, False):
-            if op == "matmul":
-                out += [g for g in ops.rbf_matmul_backward(grad, x1, x2, l, s, v, x_grads=x_grads) if g is not None]
-            else:
-                out += [g for g in ops.rbf_covariance_backward(grad, x1, x2, l, s, x_grads=x_grads) if g is not None]
-        return out
+        full = cpu_path(f"rbf_{op}_backward", args, True, column_buffer_mb=0 if two_pass else 256)
+        masked = cpu_path(f"rbf_{op}_backward", args, False, column_buffer_mb=0 if two_pass else 256)
+        return full + masked[2:]  # without x_grads, the point gradients are empty stand-ins
 
     threads = torch.get_num_threads()
     try:

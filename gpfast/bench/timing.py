@@ -158,11 +158,16 @@ def now() -> str:
 
 
 def git_rev() -> str:
-    """The commit measured: ``GPFAST_COMMIT`` when set (the GPU machine gets a copy of the tree without .git)."""
-    if os.environ.get("GPFAST_COMMIT"):
-        return os.environ["GPFAST_COMMIT"]
+    """The commit measured: git's, else the ``COMMIT`` file at the repository root, which experiments/run_h200.sh
+    writes from its ``--commit`` argument (the GPU machine gets a copy of the tree without .git)."""
+    stamp = Path(__file__).resolve().parents[2] / "COMMIT"
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        return rev or "unknown (no git checkout)"
+        if rev:
+            return rev
     except OSError:
-        return "unknown"
+        pass
+    try:
+        return stamp.read_text().strip() or "unknown"
+    except OSError:
+        return "unknown (no git checkout)"

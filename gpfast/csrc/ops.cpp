@@ -40,6 +40,13 @@ TORCH_LIBRARY(gpfast, m) {
   // K @ V for a stored K (rows, n), row-major, and V (n, t): the training engine's stored-K product. CUDA: a
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
+  // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
+  // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
+  m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
+  // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
+  // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
+  m.def(
+      "_rbf_cpu_path(str op, Tensor[] args, bool x_grads, bool portable, int column_buffer_mb) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {

@@ -20,8 +20,6 @@ Every rank then sees identical numbers and takes identical steps, as with the di
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from gpfast import ops
@@ -45,27 +43,9 @@ def _mm(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return K @ V
 
 
-def _mm_vt(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    # V column-major (its transpose contiguous): cuBLAS sees a (t, n) row-major operand
-    return K @ V.t().contiguous().t()
-
-
-def _linear(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    # (V^T K^T)^T: GEMM with K as the transposed operand, output (t, rows) with the long dimension contiguous
-    return torch.nn.functional.linear(V.t().contiguous(), K).t()
-
-
 def _vtk(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     # (V^T K)^T = K V for a symmetric K: the (t, n) x (n, n) GEMM, K as the right operand
     return (V.t().contiguous() @ K).t()
-
-
-def _pad(t: int):
-    def mm_padded(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        extra = -V.shape[1] % t
-        return (K @ torch.nn.functional.pad(V, (0, extra)))[:, : V.shape[1]] if extra else K @ V
-
-    return mm_padded
 
 
 def _kernel(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -74,17 +54,9 @@ def _kernel(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
 
 #: How a stored block of K multiplies the right-hand sides (all give K @ V; ``vtk`` needs the whole symmetric K
-#: and is replaced by ``mm`` on a row block). On the H200 ``experiments/bench_stored_product.py`` measures them
-#: (11 columns at n = 36k, against 4.27 TB/s). ``kernel`` is :func:`gpfast.ops.dense_matmul`.
-STORED_LAYOUTS = {
-    "kernel": _kernel,
-    "mm": _mm,
-    "mm_vt": _mm_vt,
-    "linear": _linear,
-    "vtk": _vtk,
-    "mm_pad12": _pad(12),
-    "mm_pad16": _pad(16),
-}
+#: and is replaced by ``mm`` on a row block). ``kernel`` is :func:`gpfast.ops.dense_matmul`.
+#: ``experiments/bench_stored_product.py`` times these and other cuBLAS layouts on the H200.
+STORED_LAYOUTS = {"kernel": _kernel, "mm": _mm, "vtk": _vtk}
 #: The cuBLAS layout the engine uses where the kernel does not apply (the CPU, or more than
 #: :data:`KERNEL_MAX_RHS` columns): ``vtk``, the fastest cuBLAS layout on the H200 on 2026-11-30 (n = 36k,
 #: 11 columns: 2.19 ms, 56% of 4.27 TB/s; ``mm`` 2.96 ms, 41%; commit c585a14,
@@ -95,12 +67,8 @@ KERNEL_MAX_RHS = 16
 
 
 def default_layout(K: torch.Tensor, V: torch.Tensor) -> str:
-    """The engine's layout for this product: ``GPFAST_STORED_LAYOUT`` when set (benchmarks, or to back the kernel
-    out without a rebuild: ``GPFAST_STORED_LAYOUT=vtk``), else ``kernel`` on CUDA with at most
-    :data:`KERNEL_MAX_RHS` columns, else :data:`STORED_LAYOUT`."""
-    layout = os.environ.get("GPFAST_STORED_LAYOUT")
-    if layout:
-        return layout
+    """The engine's layout for this product: ``kernel`` on CUDA with at most :data:`KERNEL_MAX_RHS` columns, else
+    :data:`STORED_LAYOUT`."""
     t = V.shape[1] if V.dim() == 2 else 1
     return "kernel" if K.is_cuda and t <= KERNEL_MAX_RHS else STORED_LAYOUT
 

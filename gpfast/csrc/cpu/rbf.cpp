@@ -15,8 +15,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -24,9 +25,9 @@
 #include "../common.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
-#define GPFAST_X86_DISPATCH 1
+#define RBF_X86_DISPATCH 1
 #endif
-#define GPFAST_INLINE inline __attribute__((always_inline))
+#define ALWAYS_INLINE inline __attribute__((always_inline))
 
 namespace gpfast {
 namespace {
@@ -41,7 +42,7 @@ constexpr int64_t kChunks = 16;  // fixed row chunks of the one-pass backward, w
 // lies in [-ln2/2, ln2/2], exp(r) is its Taylor series to r^13 (truncation below 2e-17 relative), and 2^n is
 // built in the exponent bits. Below -708, where 2^n would leave the normal range, it returns 0 (std::exp gives a
 // subnormal under 3.4e-308 there).
-GPFAST_INLINE double exp_nonpositive(double x) {
+ALWAYS_INLINE double exp_nonpositive(double x) {
   constexpr double kLog2e = 1.4426950408889634074;
   constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
   constexpr double kShift = 6755399441055744.0;        // 1.5 * 2^52
@@ -79,37 +80,52 @@ GPFAST_INLINE double exp_nonpositive(double x) {
 int64_t grain_for(int64_t work) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, work)); }
 
 // The kLanes partial sums of a reduction, added in lane order.
-GPFAST_INLINE double lane_sum(const double* lanes) {
+ALWAYS_INLINE double lane_sum(const double* lanes) {
   double sum = 0;
   for (int64_t l = 0; l < kLanes; ++l) sum += lanes[l];
   return sum;
 }
 
-// Runs kernel(begin, end), built for AVX2+FMA when this CPU has them. Kernels inline everything they call, so the
-// whole loop nest is compiled for the caller's target.
-template <class Kernel>
-void run_portable(const Kernel& kernel, int64_t begin, int64_t end) {
-  kernel(begin, end);
-}
-#ifdef GPFAST_X86_DISPATCH
-template <class Kernel>
-__attribute__((target("avx2,fma"))) void run_avx2(const Kernel& kernel, int64_t begin, int64_t end) {
-  kernel(begin, end);
-}
-// GPFAST_CPU_PORTABLE=1 forces the portable build (the tests compare the two).
-bool use_avx2_fma() {
+// How the kernels run: the instruction set, and the memory the one-pass backward may take for its column sums
+// (see ChunkPlan). The ops run the default path; the private op _rbf_cpu_path runs any other, for the tests that
+// compare the builds and the two backward forms.
+struct CpuPath {
+  bool avx2_fma;
+  int64_t column_buffer_bytes;
+};
+
+bool cpu_has_avx2_fma() {
+#ifdef RBF_X86_DISPATCH
   static const bool ok = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
-  const char* env = std::getenv("GPFAST_CPU_PORTABLE");
-  return ok && !(env && env[0] == '1');
+  return ok;
+#else
+  return false;
+#endif
+}
+
+constexpr int64_t kColumnBufferBytes = int64_t{256} << 20;
+
+CpuPath default_path() { return {cpu_has_avx2_fma(), kColumnBufferBytes}; }
+
+// Runs kernel(begin, end), built for AVX2+FMA when the path asks for it (only on a CPU that has both). Kernels
+// inline everything they call, so the whole loop nest is compiled for the caller's target.
+template <class Kernel>
+void run_portable(const Kernel& kernel, int64_t begin, int64_t end) {
+  kernel(begin, end);
+}
+#ifdef RBF_X86_DISPATCH
+template <class Kernel>
+__attribute__((target("avx2,fma"))) void run_avx2(const Kernel& kernel, int64_t begin, int64_t end) {
+  kernel(begin, end);
 }
 #endif
 template <class Kernel>
-void run(const Kernel& kernel, int64_t begin, int64_t end) {
-#ifdef GPFAST_X86_DISPATCH
-  if (use_avx2_fma()) return run_avx2(kernel, begin, end);
+void run(const CpuPath& path, const Kernel& kernel, int64_t begin, int64_t end) {
+#ifdef RBF_X86_DISPATCH
+  if (path.avx2_fma) return run_avx2(kernel, begin, end);
 #endif
   run_portable(kernel, begin, end);
 }
@@ -121,15 +137,15 @@ void run(const Kernel& kernel, int64_t begin, int64_t end) {
 typedef double v4d __attribute__((vector_size(32)));
 constexpr int64_t kW = 4;  // doubles per v4d
 
-GPFAST_INLINE int64_t round_up(int64_t x, int64_t k) { return (x + k - 1) / k * k; }
-GPFAST_INLINE void load4(v4d& v, const double* p) { std::memcpy(&v, p, sizeof v); }
-GPFAST_INLINE void store4(double* p, const v4d& v) { std::memcpy(p, &v, sizeof v); }
+ALWAYS_INLINE int64_t round_up(int64_t x, int64_t k) { return (x + k - 1) / k * k; }
+ALWAYS_INLINE void load4(v4d& v, const double* p) { std::memcpy(&v, p, sizeof v); }
+ALWAYS_INLINE void store4(double* p, const v4d& v) { std::memcpy(p, &v, sizeof v); }
 
 // out[r][v] (+)= sum_{q < Q} a[r * ars + q * aqs] * M[q * ldm + v] for r < R and the NV * kW columns v, in an R x NV
 // register tile; with kSquaredDiff, the terms are (a[..] - M[..])^2 instead. Each output is summed in q order, so a
 // row's result does not depend on the tile it falls in.
 template <int R, int NV, bool kAccumulate, bool kSquaredDiff = false>
-GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm, int64_t Q,
+ALWAYS_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm, int64_t Q,
                              double* out, int64_t ldo) {
   v4d acc[R][NV];
 #pragma GCC unroll 8
@@ -167,7 +183,7 @@ GPFAST_INLINE void axpy_tile(const double* a, int64_t ars, int64_t aqs, const do
 }
 
 template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
-GPFAST_INLINE void axpy_rows_tail(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M,
+ALWAYS_INLINE void axpy_rows_tail(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M,
                                   int64_t ldm, int64_t Q, double* out, int64_t ldo) {
   if constexpr (R > 0) {
     if (rows == R) return axpy_tile<R, NV, kAccumulate, kSquaredDiff>(a, ars, aqs, M, ldm, Q, out, ldo);
@@ -176,7 +192,7 @@ GPFAST_INLINE void axpy_rows_tail(int64_t rows, const double* a, int64_t ars, in
 }
 
 template <int R, int NV, bool kAccumulate, bool kSquaredDiff>
-GPFAST_INLINE void axpy_rows(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm,
+ALWAYS_INLINE void axpy_rows(int64_t rows, const double* a, int64_t ars, int64_t aqs, const double* M, int64_t ldm,
                              int64_t Q, double* out, int64_t ldo) {
   int64_t r = 0;
   for (; r + R <= rows; r += R)
@@ -190,7 +206,7 @@ GPFAST_INLINE void axpy_rows(int64_t rows, const double* a, int64_t ars, int64_t
 // stride ldm): a small GEMM, in register tiles of 4 x 3, 6 x 2 or 8 x 1 vectors (12 or 8 of the 16 AVX2 registers
 // hold accumulators).
 template <bool kAccumulate, bool kSquaredDiff = false>
-GPFAST_INLINE void axpy_block(int64_t rows, int64_t nvec, const double* a, int64_t ars, int64_t aqs, const double* M,
+ALWAYS_INLINE void axpy_block(int64_t rows, int64_t nvec, const double* a, int64_t ars, int64_t aqs, const double* M,
                               int64_t ldm, int64_t Q, double* out, int64_t ldo) {
   int64_t v = 0;
   for (; v + 3 <= nvec; v += 3)
@@ -261,7 +277,7 @@ struct CovarianceRows {
   const T* s;
   T* out;
   int64_t n, m, mp, d, dp;
-  GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
+  ALWAYS_INLINE void operator()(int64_t begin, int64_t end) const {
     std::vector<double> buf(static_cast<size_t>(kPanel * kTile));
     double* dist = buf.data();
     for (int64_t p0 = begin; p0 < end;) {
@@ -289,7 +305,7 @@ struct MatmulRows {
   const T* s;
   T* out;
   int64_t n, m, mp, d, dp, t, tp;
-  GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
+  ALWAYS_INLINE void operator()(int64_t begin, int64_t end) const {
     std::vector<double> buf(static_cast<size_t>(kPanel * (kTile + tp)));
     double* E = buf.data();
     double* acc = E + kPanel * kTile;  // (P, tp)
@@ -335,7 +351,7 @@ template <typename T>
 struct DenseWeights {
   const T* g;
   int64_t rows, cols;
-  GPFAST_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t C, int64_t Cp, double* w,
+  ALWAYS_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t C, int64_t Cp, double* w,
                                 int64_t ldw) const {
     for (int64_t i = 0; i < P; ++i) {
       const T* p = g + (b * rows + i0 + i) * cols + j0;
@@ -351,7 +367,7 @@ struct DenseWeights {
 struct ProductWeights {
   const double *g, *vt;
   int64_t rows, colsp, t;
-  GPFAST_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t, int64_t Cp, double* w,
+  ALWAYS_INLINE void operator()(int64_t b, int64_t i0, int64_t P, int64_t j0, int64_t, int64_t Cp, double* w,
                                 int64_t ldw) const {
     axpy_block<false>(P, Cp / kW, g + (b * rows + i0) * t, t, 1, vt + b * t * colsp + j0, colsp, t, w, ldw);
   }
@@ -367,7 +383,7 @@ struct BackwardRows {
   Weights weights;
   double *rw, *rsum, *col, *csum;
   int64_t b0;
-  GPFAST_INLINE void operator()(int64_t begin, int64_t end) const {
+  ALWAYS_INLINE void operator()(int64_t begin, int64_t end) const {
     std::vector<double> buf(static_cast<size_t>(2 * kPanel * kTile));
     double* U = buf.data();
     double* w = U + kPanel * kTile;
@@ -405,15 +421,15 @@ struct BackwardRows {
 };
 
 // The one-pass backward keeps each row chunk's column sums in its own buffer, for the batches the chunk touches
-// (doubles per batch: width). Above 256 MB of buffers (GPFAST_CPU_COLUMN_BUFFER_MB, which the tests set to 0 to
-// reach it) the column side comes from a second pass over the rows of the transposed problem instead.
+// (doubles per batch: width). Above the path's budget (256 MB by default; the tests set 0 to reach it) the column
+// side comes from a second pass over the rows of the transposed problem instead.
 struct ChunkPlan {
   int64_t grain, chunks, width;
   std::vector<int64_t> first_batch, offset;  // per chunk; offset in doubles, offset[chunks] = the total
   bool fits;
 };
 
-ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width) {
+ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width, int64_t max_bytes) {
   ChunkPlan plan;
   const int64_t rows = B * n;
   plan.grain = std::max<int64_t>(1, (rows + kChunks - 1) / kChunks);
@@ -425,8 +441,6 @@ ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width) {
     plan.first_batch.push_back(b_lo);
     plan.offset.push_back(plan.offset.back() + (b_hi - b_lo + 1) * width);
   }
-  const char* env = std::getenv("GPFAST_CPU_COLUMN_BUFFER_MB");
-  const int64_t max_bytes = (env ? std::atoll(env) : 256) << 20;
   plan.fits = plan.offset.back() * static_cast<int64_t>(sizeof(double)) <= max_bytes;
   return plan;
 }
@@ -434,12 +448,13 @@ ChunkPlan plan_chunks(int64_t B, int64_t n, int64_t width) {
 // The row sums rw1 = U Z2 (B, n, dp), r1 = U 1 (B, n) and the column sums rw2 = U^T Z1 (B, m, dp; only with
 // x_grads) and r2 = U^T 1 (B, m). by_col (the weights seen from x2's rows) is made only if a second pass needs it.
 template <class Weights, class MakeByCol>
-void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t dp, const Weights& by_row,
-                   const MakeByCol& make_by_col, bool x_grads, double* rw1, double* r1, double* rw2, double* r2) {
+void backward_sums(const CpuPath& path, const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t dp,
+                   const Weights& by_row, const MakeByCol& make_by_col, bool x_grads, double* rw1, double* r1,
+                   double* rw2, double* r2) {
   const int64_t n = s1.n, m = s2.n, mp = s2.np;
   BackwardRows<Weights> pass{s1.zp(), s2.zp(), s2.ztp(), n, m, mp, d, dp, by_row, rw1, r1, nullptr, nullptr, 0};
   const int64_t per_batch = (x_grads ? dp + 1 : 1) * mp;  // col (dp, mp) and csum (mp)
-  const ChunkPlan plan = plan_chunks(B, n, per_batch);
+  const ChunkPlan plan = plan_chunks(B, n, per_batch, path.column_buffer_bytes);
   if (plan.fits) {
     std::vector<double> buf(static_cast<size_t>(plan.offset.back()), 0.0);
     at::parallel_for(0, plan.chunks, grain_for(plan.grain * m * (dp + 8)), [&](int64_t cb, int64_t ce) {
@@ -450,7 +465,7 @@ void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t
         chunk.col = x_grads ? base : nullptr;
         chunk.csum = base + (x_grads ? batches * dp * mp : 0);
         chunk.b0 = plan.first_batch[c];
-        run(chunk, c * plan.grain, std::min(B * n, (c + 1) * plan.grain));
+        run(path, chunk, c * plan.grain, std::min(B * n, (c + 1) * plan.grain));
       }
     });
     // Column sums: each chunk's buffer added in chunk order. q runs over (b, k), k = dp standing for csum.
@@ -477,12 +492,12 @@ void backward_sums(const Side& s1, const Side& s2, int64_t B, int64_t d, int64_t
     return;
   }
   at::parallel_for(0, B * n, std::max(kPanel, grain_for(m * (dp + 8))),
-                   [&](int64_t begin, int64_t end) { run(pass, begin, end); });
+                   [&](int64_t begin, int64_t end) { run(path, pass, begin, end); });
   const auto by_col = make_by_col();
   BackwardRows<std::decay_t<decltype(by_col)>> cols{s2.zp(), s1.zp(), s1.ztp(), m, n, s1.np, d, dp, by_col,
                                                     x_grads ? rw2 : nullptr, r2, nullptr, nullptr, 0};
   at::parallel_for(0, B * m, std::max(kPanel, grain_for(n * (dp + 8))),
-                   [&](int64_t begin, int64_t end) { run(cols, begin, end); });
+                   [&](int64_t begin, int64_t end) { run(path, cols, begin, end); });
 }
 
 // (gx1, gx2, glengthscale, goutputscale) from the sums, by the formulas at the top of this section; gx1 and gx2 stay
@@ -539,7 +554,7 @@ Grads empty_grads(const at::Tensor& x1, const at::Tensor& x2, bool x_grads) {
 
 // The shared body of both backward ops once the weights are known.
 template <typename T, class Weights, class MakeByCol>
-Grads backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+Grads backward(const CpuPath& path, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                const at::Tensor& outputscale, bool x_grads, const Weights& by_row, const MakeByCol& make_by_col,
                Grads grads) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), dp = round_up(d, kW);
@@ -549,7 +564,7 @@ Grads backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& len
   at::Tensor rw1 = at::zeros({B, n, dp}, opts), r1 = at::empty({B, n}, opts);
   at::Tensor rw2 = x_grads ? at::zeros({B, m, dp}, opts) : at::Tensor(), r2 = at::empty({B, m}, opts);
   double* prw2 = x_grads ? rw2.data_ptr<double>() : nullptr;
-  backward_sums(sides.first, sides.second, B, d, dp, by_row, make_by_col, x_grads, rw1.data_ptr<double>(),
+  backward_sums(path, sides.first, sides.second, B, d, dp, by_row, make_by_col, x_grads, rw1.data_ptr<double>(),
                 r1.data_ptr<double>(), prw2, r2.data_ptr<double>());
   auto& [gx1, gx2, gl, gs] = grads;
   assemble_grads<T>(sides.first, sides.second, B, d, dp, rw1.data_ptr<double>(), r1.data_ptr<double>(), prw2,
@@ -557,8 +572,8 @@ Grads backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& len
   return grads;
 }
 
-at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                          const at::Tensor& outputscale) {
+at::Tensor covariance_path(const CpuPath& path, const at::Tensor& x1, const at::Tensor& x2,
+                           const at::Tensor& lengthscale, const at::Tensor& outputscale) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), dp = round_up(d, kW);
   at::Tensor out = at::empty({B, n, m}, x1.options());
@@ -568,13 +583,13 @@ at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::
     const auto [z1, z2] = scaled_sides<scalar_t>(x1, x2, l64, dp);
     CovarianceRows<scalar_t> rows{z1.zp(), z2.ztp(), s.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n, m, z2.np,
                                   d, dp};
-    at::parallel_for(0, B * n, grain_for(m * (d + 8)), [&](int64_t b, int64_t e) { run(rows, b, e); });
+    at::parallel_for(0, B * n, grain_for(m * (d + 8)), [&](int64_t b, int64_t e) { run(path, rows, b, e); });
   });
   return out;
 }
 
-Grads covariance_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
-                              const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
+Grads covariance_backward_path(const CpuPath& path, const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                               const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance_backward");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   TORCH_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m,
@@ -588,14 +603,14 @@ Grads covariance_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, cons
       Gt = G.transpose(1, 2).contiguous();
       return DenseWeights<scalar_t>{Gt.data_ptr<scalar_t>(), m, n};
     };
-    grads = backward<scalar_t>(x1, x2, lengthscale, outputscale, x_grads,
+    grads = backward<scalar_t>(path, x1, x2, lengthscale, outputscale, x_grads,
                                DenseWeights<scalar_t>{G.data_ptr<scalar_t>(), n, m}, by_col, grads);
   });
   return grads;
 }
 
-at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                      const at::Tensor& outputscale, const at::Tensor& v) {
+at::Tensor matmul_path(const CpuPath& path, const at::Tensor& x1, const at::Tensor& x2,
+                       const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul");
   check_rhs(x1, x2, v, "rbf_matmul");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
@@ -609,14 +624,14 @@ at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     const auto [z1, z2] = scaled_sides<scalar_t>(x1, x2, l64, dp);
     MatmulRows<scalar_t> rows{z1.zp(), z2.ztp(), V.data_ptr<double>(), s.data_ptr<scalar_t>(),
                               out.data_ptr<scalar_t>(), n, m, z2.np, d, dp, t, tp};
-    at::parallel_for(0, B * n, grain_for(m * (d + t + 8)), [&](int64_t b, int64_t e) { run(rows, b, e); });
+    at::parallel_for(0, B * n, grain_for(m * (d + t + 8)), [&](int64_t b, int64_t e) { run(path, rows, b, e); });
   });
   return out;
 }
 
-Grads matmul_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
-                          const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
-                          bool x_grads) {
+Grads matmul_backward_path(const CpuPath& path, const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                           const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
+                           bool x_grads) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul_backward");
   check_rhs(x1, x2, v, "rbf_matmul_backward");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), t = v.size(2);
@@ -638,9 +653,53 @@ Grads matmul_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at
   };
   const ProductWeights by_row{Gd.data_ptr<double>(), Vt.data_ptr<double>(), n, mp, t};
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_backward_cpu", [&] {
-    grads = backward<scalar_t>(x1, x2, lengthscale, outputscale, x_grads, by_row, by_col, grads);
+    grads = backward<scalar_t>(path, x1, x2, lengthscale, outputscale, x_grads, by_row, by_col, grads);
   });
   return grads;
+}
+
+at::Tensor covariance_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                          const at::Tensor& outputscale) {
+  return covariance_path(default_path(), x1, x2, lengthscale, outputscale);
+}
+
+Grads covariance_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                              const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
+  return covariance_backward_path(default_path(), grad, x1, x2, lengthscale, outputscale, x_grads);
+}
+
+at::Tensor matmul_cpu(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                      const at::Tensor& outputscale, const at::Tensor& v) {
+  return matmul_path(default_path(), x1, x2, lengthscale, outputscale, v);
+}
+
+Grads matmul_backward_cpu(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
+                          const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
+                          bool x_grads) {
+  return matmul_backward_path(default_path(), grad, x1, x2, lengthscale, outputscale, v, x_grads);
+}
+
+// The op `op` (rbf_covariance, rbf_covariance_backward, rbf_matmul or rbf_matmul_backward) on its tensor
+// arguments in schema order, run portably (portable) or not, with column_buffer_mb MB for the one-pass backward.
+std::vector<at::Tensor> cpu_path_op(c10::string_view op, at::TensorList args, bool x_grads, bool portable,
+                                    int64_t column_buffer_mb) {
+  TORCH_CHECK(column_buffer_mb >= 0 && column_buffer_mb < (int64_t{1} << 40),
+              "_rbf_cpu_path: column_buffer_mb must be in [0, 2^40), got ", column_buffer_mb);
+  const CpuPath path{default_path().avx2_fma && !portable, column_buffer_mb << 20};
+  const std::string name(op);
+  const size_t want = name == "rbf_covariance" ? 4 : name == "rbf_matmul" || name == "rbf_covariance_backward" ? 5 : 6;
+  TORCH_CHECK(name == "rbf_covariance" || name == "rbf_covariance_backward" || name == "rbf_matmul" ||
+                  name == "rbf_matmul_backward",
+              "_rbf_cpu_path: op must be rbf_covariance, rbf_covariance_backward, rbf_matmul or rbf_matmul_backward, "
+              "got '", name, "'");
+  TORCH_CHECK(args.size() == want, "_rbf_cpu_path: ", name, " takes ", want, " tensors, got ", args.size());
+  const auto& a = args;
+  if (name == "rbf_covariance") return {covariance_path(path, a[0], a[1], a[2], a[3])};
+  if (name == "rbf_matmul") return {matmul_path(path, a[0], a[1], a[2], a[3], a[4])};
+  const Grads g = name == "rbf_covariance_backward"
+                      ? covariance_backward_path(path, a[0], a[1], a[2], a[3], a[4], x_grads)
+                      : matmul_backward_path(path, a[0], a[1], a[2], a[3], a[4], a[5], x_grads);
+  return {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g)};
 }
 
 }  // namespace
@@ -651,4 +710,5 @@ TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("rbf_covariance_backward", &gpfast::covariance_backward_cpu);
   m.impl("rbf_matmul", &gpfast::matmul_cpu);
   m.impl("rbf_matmul_backward", &gpfast::matmul_backward_cpu);
+  m.impl("_rbf_cpu_path", &gpfast::cpu_path_op);
 }

@@ -2,19 +2,17 @@
 // partial sums into gradients, and the float64 dense fallback for shapes the fused kernel does not take.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
 
+#include "backward_rows.cuh"
 #include "dispatch.h"
-#include "rbf_kernels.cuh"
 
 namespace gpfast {
 namespace cuda {
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                           const at::Tensor& outputscale);
 
 // The (0,) stand-in for a point gradient nobody asked for: a new tensor each call, since two outputs of one op
 // must not alias (opcheck's schema test).
@@ -69,15 +67,7 @@ RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const a
   a.n = n, a.m = m, a.batch = B, a.cols_per_split = cols;
   a.d = static_cast<int>(x_rows.size(2));
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  // dense weights: the copy-pipelined variant unless GPFAST_BWD=sync (the first version; bitwise the same results)
-  if constexpr (kTC == 0) {
-    if (!env_is("GPFAST_BWD", "sync"))
-      bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL, true><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-    else
-      bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL, false><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-  } else {
-    bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-  }
+  bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -121,9 +111,6 @@ Grads run_backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   return finish_grads(x1, x2, ls, p1, pass(No{}, No{}, false, true), true);
 }
 
-// Rows of a dense block of K: bounded so that a block of doubles stays near 512 MB.
-inline int64_t dense_block_rows(int64_t m) { return std::max<int64_t>(1, (int64_t(1) << 26) / std::max<int64_t>(m, 1)); }
-
 // The backward through dense blocks of K (d > 32, or K @ V with t > 32), in float64 whatever the input dtype, for
 // the same reason as the row pass (see backward_rows.cuh). weight(i0, rows) returns dLoss/dK for rows
 // [i0, i0 + rows), (B, rows, m), float64.
@@ -155,15 +142,6 @@ Grads dense_backward(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   return {x_grads ? (-A1 / l3).to(dtype) : not_computed(x1), x_grads ? (-A2 / l3).to(dtype) : not_computed(x1),
           (L / l).to(dtype),
           S.to(dtype)};
-}
-
-// The legacy (first-generation) backward's results under the gradient mask.
-inline Grads masked(Grads g, const at::Tensor& x1, bool x_grads) {
-  if (!x_grads) {
-    std::get<0>(g) = at::empty({0}, x1.options());
-    std::get<1>(g) = at::empty({0}, x1.options());
-  }
-  return g;
 }
 
 }  // namespace cuda

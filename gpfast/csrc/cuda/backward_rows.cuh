@@ -34,32 +34,6 @@ __host__ __device__ constexpr int bwd_tile_cols() {
   return sizeof(T) == 8 ? 16 : 32;
 }
 
-// Columns per tile of the copy-pipelined dense variant (kAsync): half of the above, so that two tiles of weights
-// (2 x RB x (BN + 1) values) stay within the 48 KB of static shared memory.
-template <typename T>
-__host__ __device__ constexpr int bwd_tile_cols_async() {
-  return sizeof(T) == 8 ? 8 : 16;
-}
-
-// Asynchronous global -> shared copies of one 4- or 8-byte value (cp.async, sm_80+): no register staging, as many
-// in flight as the thread issues. With ok == false nothing is read and the destination is zero-filled.
-template <typename T>
-__device__ __forceinline__ void cp_async_value(T* smem, const T* gmem, bool ok) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "4- or 8-byte values");
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = ok ? static_cast<int>(sizeof(T)) : 0;
-  if constexpr (sizeof(T) == 4)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's most recent copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 template <typename T>
 struct BwdArgs {
   const T* x1;     // rows' points (B, n, d)
@@ -80,22 +54,13 @@ struct BwdArgs {
   int d;
 };
 
-// TC = 0: dense weights; TC > 0: low-rank weights with t <= TC.
-//
-// kAsync (dense weights only): the tiles of weights and of the columns' raw points arrive by cp.async into two
-// shared-memory buffers, the next tile's copies issued before this tile's arithmetic. Without it (the first
-// version, GPFAST_BWD=sync) each tile's 64 (float) weights per thread are loaded and stored one after another
-// behind a branch each (the PTX shows one basic block per guarded load, every store waiting on its load), so a
-// block stalls for many DRAM latencies per tile, and 3 blocks per SM (166 registers) do not cover that: the
-// suspected cause of the measured 3x over the FP64-pipe prediction. The arithmetic and its order are the same in
-// both variants (the column order within a split does not depend on the tile width), so they agree bit for bit.
-template <typename T, int D, int TM, int TC, bool kS, bool kL, bool kAsync = false>
+// TC = 0: dense weights; TC > 0: low-rank weights with t <= TC. The dense weights' tile is read with plain
+// loads: a double-buffered cp.async pipeline of the same arithmetic was slower on an H200 (see csrc/README.md).
+template <typename T, int D, int TM, int TC, bool kS, bool kL>
 __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> a) {
-  constexpr int BN = kAsync ? bwd_tile_cols_async<T>() : bwd_tile_cols<T>();
+  constexpr int BN = bwd_tile_cols<T>();
   constexpr int RB = kBwdThreads * TM;  // rows per block
   constexpr bool kDense = TC == 0;
-  static_assert(!kAsync || kDense, "the copy pipeline is for dense weights");
-  constexpr int kBufs = kAsync ? 2 : 1;
   constexpr int kDegree = sizeof(T) == 8 ? 13 : 8;
   constexpr int kTC = kDense ? 1 : TC;
   constexpr bool kReload = D >= 32;
@@ -107,8 +72,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> 
   __shared__ __align__(16) double s_z2[BN][D];
   __shared__ __align__(16) double s_z2sq[kL && D < 32 ? BN : 1][D];
   __shared__ double s_b2[BN];
-  __shared__ T s_g[kBufs][kDense ? RB : 1][kDense ? BN + 1 : 1];  // +1: conflict-free column reads
-  __shared__ T s_x2raw[kAsync ? 2 : 1][kAsync ? BN : 1][kAsync ? D : 1];  // kAsync: the columns' raw points
+  __shared__ T s_g[kDense ? RB : 1][kDense ? BN + 1 : 1];  // +1: conflict-free column reads
   __shared__ __align__(16) T s_v[kDense ? 1 : BN][kTC];
   __shared__ double s_mu[D], s_il[D];
   __shared__ double s_scratch[(kBwdThreads / 32) * (D + 1)];
@@ -123,41 +87,6 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> 
   const int d = a.d;
   const T* x1 = a.x1 + b * a.n * d;
   const T* x2 = a.x2 + b * a.m * d;
-
-  // kAsync: copies of the tile of columns [jt, jt + BN) into buffer `buf`, as one commit group
-  auto issue_tile = [&](int64_t jt, int buf) {
-    if constexpr (kAsync) {
-      const int cols = static_cast<int>(min(static_cast<int64_t>(BN), j_end - jt));
-      const T* g = a.g + b * a.g_batch;
-      // not unrolled: unrolled, the compiler hoists every copy's address out of the tile loop into registers
-      if (a.g_col == 1) {  // contiguous along the columns
-#pragma unroll 1
-        for (int e = tid; e < RB * BN; e += kBwdThreads) {
-          const int rr = e / BN, cc = e - rr * BN;
-          const int64_t i = row0 + rr;
-          const bool ok = i < a.n && cc < cols;
-          cp_async_value(&s_g[buf][rr][cc], ok ? g + i * a.g_row + jt + cc : g, ok);
-        }
-      } else {  // contiguous along the rows (g_row == 1)
-#pragma unroll 1
-        for (int e = tid; e < RB * BN; e += kBwdThreads) {
-          const int cc = e / RB, rr = e - cc * RB;
-          const int64_t i = row0 + rr;
-          const bool ok = i < a.n && cc < cols;
-          cp_async_value(&s_g[buf][rr][cc], ok ? g + i + (jt + cc) * a.g_col : g, ok);
-        }
-      }
-#pragma unroll 1
-      for (int e = tid; e < cols * d; e += kBwdThreads) {  // rows jt .. jt + cols of x2 are contiguous
-        const int jj = e / d, k = e - jj * d;
-        cp_async_value(&s_x2raw[buf][jj][k], x2 + jt * d + e, true);
-      }
-      cp_async_commit();
-    }
-  };
-  if constexpr (kAsync) {
-    if (j_begin < j_end) issue_tile(j_begin, 0);  // in flight while the rows are read and centred
-  }
 
   // this thread's rows, raw, and the block's centre: the mean of its rows
   double z1[TM][D];
@@ -216,50 +145,34 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> 
 #pragma unroll
     for (int k = 0; k < D; ++k) R[r][k] = 0.0;
 
-  int buf = 0;
-  for (int64_t jt = j_begin; jt < j_end; jt += BN, buf ^= kBufs - 1) {
+  for (int64_t jt = j_begin; jt < j_end; jt += BN) {
     const int cols = static_cast<int>(min(static_cast<int64_t>(BN), j_end - jt));
-    __syncthreads();  // the previous tile's reads are done (its buffer may be refilled, s_z2 rewritten)
-    if constexpr (kAsync) {
-      if (jt + BN < j_end)
-        issue_tile(jt + BN, buf ^ 1);
-      else
-        cp_async_commit();  // an empty group: the wait below then always means "this tile's copies"
-      cp_async_wait<1>();
-      __syncthreads();  // every thread's copies of this tile have landed
-    }
+    __syncthreads();  // the previous tile's reads are done (s_z2 and the weights may be rewritten)
     if (tid < BN) {
       const int64_t j = jt + tid;
       double nrm = 0.0;
 #pragma unroll
       for (int k = 0; k < D; ++k) {
-        double xv = 0.0;
-        if (tid < cols && k < d) {
-          if constexpr (kAsync)
-            xv = static_cast<double>(s_x2raw[buf][tid][k]);
-          else
-            xv = static_cast<double>(x2[j * d + k]);
-        }
-        const double z = (tid < cols && k < d) ? (xv - s_mu[k]) * s_il[k] : 0.0;
+        const double z = (tid < cols && k < d) ? (static_cast<double>(x2[j * d + k]) - s_mu[k]) * s_il[k] : 0.0;
         nrm = fma(z, z, nrm);
         s_z2[tid][k] = z;
         if constexpr (kL && D < 32) s_z2sq[tid][k] = z * z;
       }
       s_b2[tid] = -0.5 * nrm;
     }
-    if constexpr (kDense && !kAsync) {
+    if constexpr (kDense) {
       const T* g = a.g + b * a.g_batch;
       if (a.g_col == 1) {  // contiguous along the columns: a warp reads 32 consecutive columns of a row
         for (int e = tid; e < RB * BN; e += kBwdThreads) {
           const int rr = e / BN, cc = e - rr * BN;
           const int64_t i = row0 + rr;
-          s_g[0][rr][cc] = (i < a.n && cc < cols) ? g[i * a.g_row + jt + cc] : T(0);
+          s_g[rr][cc] = (i < a.n && cc < cols) ? g[i * a.g_row + jt + cc] : T(0);
         }
       } else {  // contiguous along the rows (g_row == 1): a warp reads 32 consecutive rows of a column
         for (int e = tid; e < RB * BN; e += kBwdThreads) {
           const int cc = e / RB, rr = e - cc * RB;
           const int64_t i = row0 + rr;
-          s_g[0][rr][cc] = (i < a.n && cc < cols) ? g[i + (jt + cc) * a.g_col] : T(0);
+          s_g[rr][cc] = (i < a.n && cc < cols) ? g[i + (jt + cc) * a.g_col] : T(0);
         }
       }
     } else if constexpr (!kDense) {
@@ -322,7 +235,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_kernel(const BwdArgs<T> 
         const double e = exp_nonpositive<kDegree>(fmin(q, 0.0));  // K_ij / s
         T g;
         if constexpr (kDense) {
-          g = s_g[buf][r * kBwdThreads + tid][jj];
+          g = s_g[r * kBwdThreads + tid][jj];
         } else {
           g = T(0);
 #pragma unroll

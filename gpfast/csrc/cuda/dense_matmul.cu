@@ -75,10 +75,10 @@ at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
   if (rows == 0 || t == 0) return at::empty({rows, t}, K.options());
   if (n == 0) return at::zeros({rows, t}, K.options());
   const int TC = dmm_rhs_bucket(t);
-  // the kernel reads rows with column stride 1 (any row stride, 0 included); anything else, more than 16
-  // right-hand sides, or GPFAST_DENSE_MATMUL=cublas: cuBLAS
+  // the kernel reads rows with column stride 1 (any row stride, 0 included); anything else, or more than 16
+  // right-hand sides: cuBLAS
   const bool rows_contiguous = K.stride(1) == 1 || n == 1;
-  if (TC == 0 || !rows_contiguous || env_is("GPFAST_DENSE_MATMUL", "cublas")) return at::mm(K, V);
+  if (TC == 0 || !rows_contiguous) return at::mm(K, V);
   const int64_t ldk = rows > 1 ? K.stride(0) : n;
   TORCH_CHECK(ldk >= 0, "dense_matmul: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();

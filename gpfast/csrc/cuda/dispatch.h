@@ -1,4 +1,4 @@
-// Host-side helpers shared by the CUDA launchers: compile-time buckets, grid sizing, kernel choices.
+// Host-side helpers shared by the CUDA launchers: compile-time buckets, grid sizing, the dense fall-backs' hooks.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -6,9 +6,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "../common.h"
 
@@ -69,12 +69,14 @@ inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().
 inline bool aligned(const void* p, size_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 inline bool aligned16(const void* p) { return aligned(p, 16); }
 
-// An environment switch's value, or "" when unset: GPFAST_COV_FWD (tile | rows | diff | expand), GPFAST_MATMUL
-// (legacy) and GPFAST_BWD (legacy) force a kernel, for benchmarks, tests, and falling back to the first-generation
-// kernels (legacy_kernels.cuh) should a new one misbehave on some GPU. Read on every call (tests change them).
-inline bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
+// The covariance forward (rbf_covariance.cu): the dense fall-backs of K @ V and of the backward (d > 32, or more
+// than 32 right-hand sides) build blocks of K with it.
+at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                           const at::Tensor& outputscale);
+
+// Rows of a dense block of K: bounded so that a block of doubles stays near 512 MB.
+inline int64_t dense_block_rows(int64_t m) {
+  return std::max<int64_t>(1, (int64_t(1) << 26) / std::max<int64_t>(m, 1));
 }
 
 // Blocks that split the columns when the rows alone give too few blocks to fill the GPU; returns the columns

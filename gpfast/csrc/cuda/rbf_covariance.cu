@@ -1,6 +1,10 @@
-// CUDA launchers for rbf_covariance (the forward). Device code: covariance_forward.cuh, legacy_kernels.cuh.
+// CUDA launchers for rbf_covariance (the forward), and the private _rbf_covariance_kernel that runs a named kernel.
+// Device code: covariance_forward.cuh (row streaming), covariance_tile.cuh (tiles).
+#include <string>
+
+#include "covariance_forward.cuh"
+#include "covariance_tile.cuh"
 #include "dispatch.h"
-#include "rbf_kernels.cuh"
 
 namespace gpfast {
 namespace cuda {
@@ -45,37 +49,8 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   });
 }
 
-// legacy_kernels.cuh's row-streaming kernel (GPFAST_COV_FWD=rows).
-void covariance_legacy_rows(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
-                            int D, at::Tensor& out) {
-  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
-  TORCH_CHECK(B <= 65535, "rbf_covariance: at most 65535 batch entries on CUDA, got ", B);
-  const int cpl = D <= 8 ? 4 : (D == 16 ? 2 : 1);
-  const int64_t strips = ceil_div(m, int64_t(kRowsThreads) * cpl);
-  int64_t rowblocks = std::clamp<int64_t>(ceil_div(8 * sm_count(), strips * B), 1, ceil_div(n, kRowsStage));
-  const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kRowsStage) * kRowsStage;
-  rowblocks = ceil_div(n, rows_per_block);
-  TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535, "rbf_covariance: shape too large");
-  const bool vec = cpl == 4 && (m % 4 == 0) && aligned16(out.data_ptr());
-  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
-  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_rows_cuda", [&] {
-    CovRowsArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
-                            s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n, m, static_cast<int>(x1.size(2)),
-                            rows_per_block};
-    with_feature_bucket(D, [&](auto dc) {
-      constexpr int kD = decltype(dc)::value;
-      constexpr int kCpl = kD <= 8 ? 4 : (kD == 16 ? 2 : 1);
-      if (vec)
-        cov_fwd_rows_kernel<scalar_t, kD, kCpl, true><<<grid, kRowsThreads, 0, current_stream()>>>(a);
-      else
-        cov_fwd_rows_kernel<scalar_t, kD, kCpl, false><<<grid, kRowsThreads, 0, current_stream()>>>(a);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  });
-}
-
-// legacy_kernels.cuh's tiled kernel: any d (the feature axis is staged in chunks), 64 x 64 output tiles.
-void covariance_legacy_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+// The tiled kernel: any d (the feature axis is staged in chunks), 64 x 64 output tiles.
+void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                             at::Tensor& out) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   const int64_t dp = ceil_div(std::max<int64_t>(d, 1), 4) * 4;
@@ -86,21 +61,32 @@ void covariance_legacy_tile(const at::Tensor& x1, const at::Tensor& x2, const at
               " needs more thread blocks than one launch allows");
   const bool vec = (m % 4 == 0) && aligned16(out.data_ptr());
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_tile_cuda", [&] {
-    CovFwdArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
+    CovTileArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
                            s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n,
                            m, static_cast<int>(d), static_cast<int>(dp), tiles_m, tiles_per_batch};
     if (vec)
-      cov_fwd_kernel<scalar_t, true><<<blocks, kCovThreads, 0, current_stream()>>>(a);
+      cov_fwd_tile_kernel<scalar_t, true><<<blocks, kCovThreads, 0, current_stream()>>>(a);
     else
-      cov_fwd_kernel<scalar_t, false><<<blocks, kCovThreads, 0, current_stream()>>>(a);
+      cov_fwd_tile_kernel<scalar_t, false><<<blocks, kCovThreads, 0, current_stream()>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
-}  // namespace
+// The forward's kernels: the tiled one, and the row-streaming one forming distances by differences or by the norm
+// expansion.
+enum class Forward { kTile, kDiff, kExpand };
 
-at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                           const at::Tensor& outputscale) {
+// The kernel each shape gets: row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU
+// by strips of columns; the tiled kernel otherwise. Float32 with d > 8 forms distances by the norm expansion
+// (instruction-bound there); d <= 8 stays with differences, which cost no time while the kernel waits on its
+// stores, and float64 always does.
+Forward default_forward(int64_t m, int D) {
+  if (D == 0 || m < 1024) return Forward::kTile;
+  return D >= 16 ? Forward::kExpand : Forward::kDiff;
+}
+
+at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                       const at::Tensor& outputscale, const Forward* forced) {
   check_canonical(x1, x2, lengthscale, outputscale, "rbf_covariance");
   const c10::cuda::CUDAGuard guard(x1.device());
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
@@ -108,26 +94,44 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   if (out.numel() == 0) return out;
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous();
-  // The row-streaming kernel (d <= 32) for outputs of 1024 columns or more, the tiled legacy kernel otherwise.
-  // Float32 with d > 8 forms distances by the norm expansion (instruction-bound there); d <= 8 stays with
-  // differences, which cost no time while the kernel waits on its stores, and float64 always does.
-  // GPFAST_COV_FWD = tile | rows (the legacy kernels) | diff | expand forces one.
   const int D = feature_bucket(d);
-  if (D == 0 || env_is("GPFAST_COV_FWD", "tile")) {
-    covariance_legacy_tile(p1, p2, ls, s, out);
-  } else if (env_is("GPFAST_COV_FWD", "rows")) {
-    covariance_legacy_rows(p1, p2, ls, s, D, out);
-  } else if (env_is("GPFAST_COV_FWD", "diff") || env_is("GPFAST_COV_FWD", "expand")) {
-    covariance_stream(p1, p2, ls, s, D, env_is("GPFAST_COV_FWD", "expand"), out);
-  } else if (m < 1024) {
-    covariance_legacy_tile(p1, p2, ls, s, out);
-  } else {
-    covariance_stream(p1, p2, ls, s, D, D >= 16, out);
-  }
+  const Forward kernel = forced ? *forced : default_forward(m, D);
+  TORCH_CHECK(kernel == Forward::kTile || D != 0,
+              "_rbf_covariance_kernel: the row-streaming kernels need d <= 32, got d=", d);
+  if (kernel == Forward::kTile)
+    covariance_tile(p1, p2, ls, s, out);
+  else
+    covariance_stream(p1, p2, ls, s, D, kernel == Forward::kExpand, out);
   return out;
+}
+
+}  // namespace
+
+at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                           const at::Tensor& outputscale) {
+  return run_forward(x1, x2, lengthscale, outputscale, nullptr);
+}
+
+// rbf_covariance with a named kernel, "tile", "diff" or "expand", whatever the shape: for tests and benchmarks.
+at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                                  const at::Tensor& outputscale, c10::string_view kernel) {
+  Forward forced = Forward::kTile;
+  if (kernel == "tile")
+    forced = Forward::kTile;
+  else if (kernel == "diff")
+    forced = Forward::kDiff;
+  else if (kernel == "expand")
+    forced = Forward::kExpand;
+  else
+    TORCH_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff' or 'expand', got '", std::string(kernel),
+                "'");
+  return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
 
 }  // namespace cuda
 }  // namespace gpfast
 
-TORCH_LIBRARY_IMPL(gpfast, CUDA, m) { m.impl("rbf_covariance", &gpfast::cuda::covariance_cuda); }
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("rbf_covariance", &gpfast::cuda::covariance_cuda);
+  m.impl("_rbf_covariance_kernel", &gpfast::cuda::covariance_kernel_cuda);
+}

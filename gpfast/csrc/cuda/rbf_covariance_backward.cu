@@ -1,12 +1,9 @@
-// CUDA launchers for rbf_covariance_backward. Device code: backward_rows.cuh (and legacy_kernels.cuh).
+// CUDA launchers for rbf_covariance_backward. Device code: backward_rows.cuh.
 #include "backward_host.h"
+#include "dispatch.h"
 
 namespace gpfast {
 namespace cuda {
-
-// legacy_covariance_backward.cu (its own translation unit: it builds in parallel with this one)
-Grads covariance_backward_legacy(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2,
-                                 const at::Tensor& lengthscale, const at::Tensor& outputscale, int D);
 
 Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
@@ -19,8 +16,6 @@ Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, con
   TORCH_CHECK(B <= 65535, "rbf_covariance_backward: at most 65535 batch entries on CUDA, got ", B);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
   const int D = feature_bucket(d);
-  if (D != 0 && env_is("GPFAST_BWD", "legacy"))
-    return masked(covariance_backward_legacy(G, x1, x2, lengthscale, outputscale, D), x1, x_grads);
   if (D == 0)
     return dense_backward(x1, x2, lengthscale, outputscale, x_grads,
                           [&](int64_t i, int64_t r) { return G.narrow(1, i, r).to(at::kDouble); });

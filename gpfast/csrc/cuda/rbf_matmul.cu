@@ -1,5 +1,8 @@
-// CUDA launchers for rbf_matmul (K @ V without storing K). Device code: matmul_forward.cuh, legacy_kernels.cuh.
-#include "backward_host.h"
+// CUDA launchers for rbf_matmul (K @ V without storing K). Device code: matmul_forward.cuh.
+#include <algorithm>
+
+#include "dispatch.h"
+#include "matmul_forward.cuh"
 
 namespace gpfast {
 namespace cuda {
@@ -14,10 +17,6 @@ constexpr int kv_rows_per_thread() {
 }
 
 }  // namespace
-
-// legacy_matmul.cu (its own translation unit: it builds in parallel with this one)
-at::Tensor matmul_legacy(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                         const at::Tensor& outputscale, const at::Tensor& v, int D);
 
 at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                        const at::Tensor& outputscale, const at::Tensor& v) {
@@ -37,7 +36,6 @@ at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
     }
     return out;
   }
-  if (env_is("GPFAST_MATMUL", "legacy")) return matmul_legacy(x1, x2, lengthscale, outputscale, v, D);
   const bool is_double = x1.scalar_type() == at::kDouble;
   const int TC = rhs_bucket(t, is_double);
   const int64_t t_chunks = ceil_div(t, TC);

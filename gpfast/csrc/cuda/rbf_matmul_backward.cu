@@ -1,14 +1,10 @@
 // CUDA launchers for rbf_matmul_backward, the matrix-free gradients of K @ V for x1, x2, lengthscale and
-// outputscale (V's gradient K^T G is rbf_matmul itself). Device code: backward_rows.cuh (and legacy_kernels.cuh).
+// outputscale (V's gradient K^T G is rbf_matmul itself). Device code: backward_rows.cuh.
 #include "backward_host.h"
+#include "dispatch.h"
 
 namespace gpfast {
 namespace cuda {
-
-// legacy_matmul_backward.cu (its own translation unit: it builds in parallel with this one)
-Grads matmul_backward_legacy(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2,
-                             const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& V,
-                             int D);
 
 Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                            const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
@@ -23,8 +19,6 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
   TORCH_CHECK(B <= 65535, "rbf_matmul_backward: at most 65535 batch entries on CUDA, got ", B);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
   const int D = feature_bucket(d);
-  if (D != 0 && t <= 32 && env_is("GPFAST_BWD", "legacy"))
-    return masked(matmul_backward_legacy(G, x1, x2, lengthscale, outputscale, V, D), x1, x_grads);
   if (D == 0 || t > 32) {  // dense blocks of K, float64
     const at::Tensor G64 = G.to(at::kDouble), Vt = V.to(at::kDouble).transpose(1, 2);
     return dense_backward(x1, x2, lengthscale, outputscale, x_grads,
