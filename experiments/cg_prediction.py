@@ -72,7 +72,9 @@ def _reference(X, y, ls, points: dict) -> dict:
     A = rbf_covariance(X, X, ls, OUTPUTSCALE)
     A.diagonal().add_(NOISE)
     L = _cholesky_in_place(A)
-    alpha = torch.cholesky_solve(y.reshape(-1, 1), L).reshape(-1)
+    # two triangular solves: torch.cholesky_solve would copy the 80 GB factor first
+    z = torch.linalg.solve_triangular(L, y.reshape(-1, 1), upper=False)
+    alpha = torch.linalg.solve_triangular(L.mT, z, upper=True).reshape(-1)
     out = {}
     for name, P in points.items():
         K_star = rbf_covariance(X, P, ls, OUTPUTSCALE)
