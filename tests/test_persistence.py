@@ -127,9 +127,17 @@ def test_save_is_atomic_and_keeps_the_umask_mode(tmp_path, saved):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
-    with pytest.raises(FileNotFoundError):
-        gp.save(tmp_path / "no_such_folder" / "gp.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["gp.pt"]
+
+
+def test_save_creates_missing_folders(tmp_path, saved):
+    gp, _, Xt, (m, s) = saved
+    path = tmp_path / "newdir" / "sub" / "m.gpfast"
+    gp.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["m.gpfast"]  # no temporary file left
+    m2, s2 = ExactGP.load(path).predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
 
 
 @pytest.mark.parametrize("fmt", ["format0", "format1"])

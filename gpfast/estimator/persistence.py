@@ -112,7 +112,8 @@ def save(est, path) -> None:
     """Write the fitted estimator ``est`` to ``path`` (a file name or a binary file object), everything on the CPU.
 
     A file name is written atomically: a temporary file in the same folder, renamed over ``path`` once complete,
-    so that an interrupted save never leaves a half-written model (or destroys the previous one).
+    so that an interrupted save never leaves a half-written model (or destroys the previous one). Missing parent
+    folders are created.
     """
     check_is_fitted(est)
 
@@ -160,7 +161,8 @@ def write_state(state: dict, path, format_version: int = FORMAT_VERSION) -> None
         path.write(head + digest.digest())
         path.write(payload)
         return
-    path = Path(path)
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)  # as `gpfast fit --save` does: a new folder is no error
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
     # os.open with 0o666 leaves the mode to the umask, as for any file the user writes (mkstemp would give 0600)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
