@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -728,12 +729,32 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version, or a usage error already printed by _Parser.error
         return exc.code if isinstance(exc.code, int) else 0
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away (`| head`) is caught below
+        return code
     except SystemExit as exc:  # a combination of options refused by parser.error after parsing
         return exc.code if isinstance(exc.code, int) else 0
     except UsageError as exc:
         _error(str(exc))
         return 2
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout closed it (``gpfast predict ... | head``): stop quietly, as ``yes | head`` does.
+
+    stdout now points at /dev/null, so that the interpreter's own flush at exit does not fail again with a
+    traceback; the status is the shell's for a process ended by SIGPIPE (128 + 13).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout has no file descriptor (replaced by a test's capture)
+        pass
+    finally:
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

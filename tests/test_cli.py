@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from gpfast import ExactGP
 from gpfast.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+# `python -m gpfast` in another folder imports this checkout's gpfast, not another installed one
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def test_compare_yacht_writes_outputs(tmp_path, capsys):
@@ -248,6 +251,7 @@ def test_usage_errors_in_a_real_process(argv, tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "gpfast", *argv, *(["--out", str(tmp_path / "o")] if "compare" in argv else [])],
         cwd=tmp_path,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
@@ -515,6 +519,41 @@ def test_failed_download_exits_1_and_leaves_nothing(tmp_path, capsys, monkeypatc
     assert not target.exists()
 
 
+def test_predict_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`gpfast predict ... | head`: the reader leaves early; no BrokenPipeError traceback, the shell's SIGPIPE
+    status."""
+    X, y = _table(n=20)
+    model = tmp_path / "m.gpfast"
+    ExactGP(max_iter=2, random_state=0, device="cpu").fit(X, y).save(model)
+    Xt, _ = _table(seed=1, n=5000)  # far more than a pipe buffers, so the writer meets the closed end
+    new = _write_csv(tmp_path / "new.csv", ["x0", "x1", "x2"], [[*map(_cell, x)] for x in Xt])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpfast",
+            "predict",
+            "--model",
+            str(model),
+            "--csv",
+            new,
+            "--features",
+            "x0",
+            "x1",
+            "x2",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline() == b"mean,std\n"
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+
+
 @pytest.mark.slow
 def test_csv_fit_then_predict_in_real_processes(tmp_path):
     """The same round trip through `python -m gpfast` processes: the saved file is all that passes between them."""
@@ -524,7 +563,7 @@ def test_csv_fit_then_predict_in_real_processes(tmp_path):
 
     def run(*argv):
         res = subprocess.run(
-            [sys.executable, "-m", "gpfast", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "gpfast", *argv], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300
         )
         assert res.returncode == 0, res.stderr
         return res.stdout
