@@ -576,3 +576,49 @@ def test_csv_fit_then_predict_in_real_processes(tmp_path):
     )
     np.testing.assert_allclose(mean, m_ref, rtol=1e-12)
     np.testing.assert_allclose(std, s_ref, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# progress bars: on a terminal only, so that logs hold no bars
+# ----------------------------------------------------------------------------------------------------------
+def _fit_and_adam_verbose():
+    from gpfast.bench.compare import gpytorch_adam
+    from gpfast.models import ExactGPModel
+
+    X, y = _table(n=20)
+    ExactGP(max_iter=3, tol=0.0, optimizer="adam", verbose=True, device="cpu", random_state=0).fit(X, y)
+    Xs = torch.as_tensor((X - X.mean(0)) / X.std(0), dtype=torch.float32)
+    ys = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+    import gpytorch
+
+    model = ExactGPModel(Xs, ys, gpytorch.likelihoods.GaussianLikelihood(), kernel="gpytorch")
+    gpytorch_adam(model, 3, 0.1, "adam steps", verbose=True)
+
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal(capfd):
+    _fit_and_adam_verbose()
+    err = capfd.readouterr().err
+    assert "gpfast.ExactGP: n=20" in err  # verbose still says what it does
+    assert "\r" not in err and "it/s" not in err and "adam steps" not in err, err
+
+
+def test_progress_bars_on_a_terminal(monkeypatch):
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+    os.set_blocking(master, False)
+    with open(slave, "w") as tty:
+        monkeypatch.setattr(sys, "stderr", tty)
+        _fit_and_adam_verbose()
+        tty.flush()
+        shown = b""
+        try:
+            while chunk := os.read(master, 1 << 16):
+                shown += chunk
+        except BlockingIOError:
+            pass
+    os.close(master)
+    assert b"gpfast fit" in shown and b"adam steps" in shown and b"\r" in shown

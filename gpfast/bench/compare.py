@@ -66,7 +66,8 @@ def gpytorch_adam(model: ExactGPModel, iters: int, lr: float, desc: str = "", ve
     opt = torch.optim.Adam(model.parameters(), lr=lr)  # the likelihood's parameters are part of the model's
     x, y = model.train_inputs[0], model.train_targets
     losses: list[float] = []
-    bar = tqdm(range(iters), desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
+    bar = tqdm(range(iters), desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
     for _ in bar:
         opt.zero_grad()
         loss = -mll(model(x), y)

@@ -56,7 +56,8 @@ def _retrieve(pooch, url: str, sha256: str | None, folder: Path, label: str, pro
             from tqdm.auto import tqdm
 
             # total=1: pooch tests the bar's truth, which tqdm takes from total, before setting the real total
-            bar = tqdm(desc=label, total=1, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+            # disable=None: the bar is drawn only when stderr is a terminal, so that a log file gets no bars
+            bar = tqdm(desc=label, total=1, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)
         fetch = pooch.HTTPDownloader(progressbar=bar if bar is not None else False, timeout=timeout)
     seen = []
 
