@@ -17,6 +17,8 @@ from gpfast.datasets.catalog import (
     LARGE_UCI_NAMES,
     MASK_FILE,
     SHA256_FILE,
+    SHIPPED,
+    SHIPPED_DIR,
     UCI_NAMES,
     UCI_SIZES,
     resolve_data_dir,
@@ -158,7 +160,8 @@ def download(
     :data:`SHA256_FILE` (every file of every set; only the data files of the large sets :data:`LARGE_UCI_NAMES` are
     unpinned and fetched unchecked, with a warning). A set's files are gathered in a temporary folder and moved into
     place only when all have arrived and passed their check, so a failed download leaves nothing behind: no partial
-    file, no empty folder, and files already there untouched.
+    file, no empty folder, and files already there untouched. The sets of :data:`SHIPPED` are copied from the
+    package (checked the same way) unless ``base_url`` names another source.
 
     Needs the ``pooch`` package (a dependency of gpfast; imported here only, so ``import gpfast`` works without it).
 
@@ -225,5 +228,7 @@ def download(
     root = resolve_data_dir(data_dir)
     base = base_url.rstrip("/")
     for name in wanted:
-        _download_set(pooch, root, name, base, pins, progress, overwrite, timeout)
+        # the package holds the collection's own files of these sets (same pinned checksums): no network needed
+        source = SHIPPED_DIR.as_uri() if name in SHIPPED and base_url == DEFAULT_BASE_URL else base
+        _download_set(pooch, root, name, source, pins, progress, overwrite, timeout)
     return root
