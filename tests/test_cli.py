@@ -89,6 +89,32 @@ def test_python_m_gpfast_help():
     assert "compare" in res.stdout and "datasets" in res.stdout and "build" in res.stdout
 
 
+def test_version_help_datasets_download_need_no_compiled_ops(tmp_path):
+    """The answers that need no GP (--version, --help, datasets, download of a shipped set) neither build nor load
+    the C++ ops: an empty build folder stays empty and neither gpfast.ops nor the library is loaded."""
+    build = tmp_path / "build"
+    build.mkdir()
+    code = (
+        "import sys, torch; from gpfast.cli import main; "
+        f"codes = [main(a) for a in (['--version'], ['--help'], ['datasets'], "
+        f"['download', 'yacht', '--data-dir', {str(tmp_path / 'data')!r}, '--quiet'])]; "
+        "mods = sorted(m for m in sys.modules if m in ('gpfast.ops', 'gpfast._build', 'gpfast.kernels')); "
+        "libs = sorted(p for p in torch.ops.loaded_libraries if 'gpfast' in str(p)); "
+        "print('RESULT', codes, mods, libs)"
+    )
+    env = {**ENV, "GPFAST_BUILD_DIR": str(build)}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "RESULT [0, 0, 0, 0] [] []", res.stdout[-2000:]
+    res = subprocess.run(
+        [sys.executable, "-m", "gpfast", "--version"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0 and res.stdout.startswith("gpfast "), res.stderr
+    assert not list(build.iterdir())
+
+
 def test_version(capsys):
     from gpfast import __version__
 
@@ -622,3 +648,45 @@ def test_progress_bars_on_a_terminal(monkeypatch):
             pass
     os.close(master)
     assert b"gpfast fit" in shown and b"adam steps" in shown and b"\r" in shown
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fit trains to convergence by default; warnings speak of the command line's options
+# ----------------------------------------------------------------------------------------------------------
+def test_fit_trains_to_convergence_by_default(tmp_path, capsys):
+    X, y = _table()
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    out = tmp_path / "fit.json"
+    assert main(["fit", "--csv", train, "--target", "y", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["iters"] == ExactGP().max_iter  # the Python API's cap
+    assert result["converged"] and 0 < result["n_iter"] < result["iters"]
+    assert "Raise" not in capsys.readouterr().err
+
+
+def test_fit_warnings_name_the_option_and_no_source_line(tmp_path, capsys):
+    X, y = _table()
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    assert main(["fit", "--csv", train, "--target", "y", "--iters", "2", "--device", "cpu", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "gpfast: warning: ExactGP: the optimiser (lbfgs) stopped after 2 iterations" in err, err
+    assert "Raise --iters (now 2; it is a cap, not a plan), or set --tol." in err, err
+    assert "max_iter" not in err and ".py:" not in err and "warnings.warn" not in err, err
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Raise max_iter (now 50), or set tol.", "Raise --iters (now 50), or set --tol."),
+        (
+            "Try dtype='float64', solver='cholesky', or a smaller lr.",
+            "Try --dtype float64, --solver cholesky, or a smaller --lr.",
+        ),
+        ("pretrain_subset=5000 >= n_samples=100: skipping", "--pretrain-subset 5000 >= n_samples=100: skipping"),
+        ("the solver and the optimiser", "the solver and the optimiser"),  # words, not arguments, stay
+    ],
+)
+def test_messages_in_option_words(text, expected):
+    from gpfast.cli import in_option_words
+
+    assert in_option_words(text) == expected

@@ -24,13 +24,14 @@ import gc
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import gpytorch
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gpfast.bench.timing import PeakMemory, machine, now, sync
+from gpfast.bench.timing import WARM_UP_POINTS, PeakMemory, machine, now, sync, warm_up
 from gpfast.estimator import ExactGP
 from gpfast.metrics import regression_metrics
 from gpfast.models import ExactGPModel
@@ -188,7 +189,8 @@ def compare(
         Progress bars and ``ExactGP``'s messages.
     warmup : bool
         Before the timed runs, run every row once, untimed, for one step on at most 64 training points, so that
-        one-off costs (lazy imports, loading the compiled ops, allocator start-up) fall on no row.
+        one-off costs (lazy imports, loading the compiled ops, allocator start-up) fall on no row
+        (:func:`gpfast.bench.timing.warm_up`).
     init : dict or None
         The initial hyperparameters of every row, in standardised units (keys ``init_lengthscale`` (list of d),
         ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
@@ -239,13 +241,8 @@ def compare(
     }
 
     if warmup:
-        nw = min(64, X.shape[0])
-        for name in rows:
-            try:
-                _run_row(name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init)
-            except Exception:  # the timed run reports the error
-                pass
-        gc.collect()
+        nw = min(WARM_UP_POINTS, X.shape[0])
+        warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init) for name in rows)
 
     results: list[dict] = []
     for name in rows:
