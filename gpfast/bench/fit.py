@@ -58,13 +58,12 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
     result : dict
         ``n_train``, ``d``, ``iters`` (the cap ``max_iter``), ``n_iter``, ``converged``, ``solver``,
         ``train_solver``, ``ranks``, ``device``, ``startup_s`` (start-up and warm-up), ``train_s``, ``s_per_iter``,
-        with a checkpoint ``resumed``, for gpfast's engine ``step_s_total`` (every step, resumed ones included), with
-        test data ``n_test``, ``predict_s``, ``rmse_std`` and ``nll_std`` (:mod:`gpfast.metrics`, standardised
-        units), then ``peak_gb`` (CUDA; None on the CPU), ``final_loss``, ``log_marginal_likelihood``, ``noise``
+        for gpfast's engine ``step_s_total`` (every step, resumed ones included), with test data ``n_test``,
+        ``predict_s``, ``rmse_std`` and ``nll_std`` (:mod:`gpfast.metrics`, standardised units), with a checkpoint
+        ``resumed``, then ``peak_gb`` (CUDA; None on the CPU), ``final_loss``, ``log_marginal_likelihood``, ``noise``
         and ``outputscale``. Times in seconds, wall clock, the GPU synchronised before each reading.
     """
     from gpfast.estimator import ExactGP
-    from gpfast.kernels import distributed
     from gpfast.metrics import regression_metrics
 
     device = params.get("device")
@@ -87,6 +86,29 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
     t0 = now()
     gp.fit(X, y)
     t1 = now()
+    result = _fit_result(gp, X, params, t_start, t0, t1)
+    if X_test is not None:
+        mean, std = gp.predict(X_test, return_std=True)
+        t2 = now()
+        scores = regression_metrics(mean, std**2, y_test)
+        result.update(
+            n_test=int(X_test.shape[0]), predict_s=t2 - t1, rmse_std=scores["rmse_std"], nll_std=scores["nll_std"]
+        )
+    if checkpoint is not None:
+        result["resumed"] = resumed  # train_s covers this call only; step_s_total every step, resumed or not
+    result.update(
+        peak_gb=torch.cuda.max_memory_allocated() / 1e9 if on_cuda else None,
+        final_loss=gp.history_[-1] if gp.history_ else None,
+        log_marginal_likelihood=gp.log_marginal_likelihood_,
+        noise=gp.noise_,
+        outputscale=gp.outputscale_,
+    )
+    return gp, result
+
+
+def _fit_result(gp, X, params: dict, t_start: float, t0: float, t1: float) -> dict:
+    from gpfast.kernels import distributed
+
     result = {
         "n_train": int(X.shape[0]),
         "d": int(X.shape[1]),
@@ -101,22 +123,6 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
         "train_s": t1 - t0,
         "s_per_iter": (t1 - t0) / max(gp.n_iter_, 1),
     }
-    if checkpoint is not None:
-        result["resumed"] = resumed  # train_s covers this call only; step_s_total every step, resumed or not
     if gp.step_seconds_ is not None:
         result["step_s_total"] = float(sum(gp.step_seconds_))
-    if X_test is not None:
-        mean, std = gp.predict(X_test, return_std=True)
-        t2 = now()
-        scores = regression_metrics(mean, std**2, y_test)
-        result.update(
-            n_test=int(X_test.shape[0]), predict_s=t2 - t1, rmse_std=scores["rmse_std"], nll_std=scores["nll_std"]
-        )
-    result.update(
-        peak_gb=torch.cuda.max_memory_allocated() / 1e9 if on_cuda else None,
-        final_loss=gp.history_[-1] if gp.history_ else None,
-        log_marginal_likelihood=gp.log_marginal_likelihood_,
-        noise=gp.noise_,
-        outputscale=gp.outputscale_,
-    )
-    return gp, result
+    return result

@@ -143,6 +143,28 @@ def _download_set(pooch, root: Path, name: str, base: str, pins: dict, progress:
                     break
 
 
+def _old_dest(data_dir, dest):
+    if data_dir is not None:
+        raise TypeError("download() got both data_dir and dest (its deprecated old name); pass data_dir only")
+    warnings.warn(
+        "download(dest=...) is deprecated: the folder argument is now called data_dir, as everywhere else in gpfast",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return dest
+
+
+def _wanted(names: str | Iterable[str] | None) -> list[str]:
+    """The set names asked for (default: every known set but the large ones); ValueError for an unknown one."""
+    if names is None:
+        return [n for n in UCI_NAMES if n not in LARGE_UCI_NAMES]
+    wanted = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in wanted if n not in UCI_SIZES]
+    if unknown:
+        raise ValueError(f"unknown dataset name(s) {unknown}; known names: {', '.join(UCI_NAMES)}")
+    return wanted
+
+
 def download(
     data_dir: str | os.PathLike | None = None,
     names: str | Iterable[str] | None = None,
@@ -202,24 +224,8 @@ def download(
         pooch is not installed.
     """
     if dest is not None:
-        if data_dir is not None:
-            raise TypeError("download() got both data_dir and dest (its deprecated old name); pass data_dir only")
-        warnings.warn(
-            "download(dest=...) is deprecated: the folder argument is now called data_dir, as everywhere else in "
-            "gpfast",
-            FutureWarning,
-            stacklevel=2,
-        )
-        data_dir = dest
-    if names is None:
-        wanted = [n for n in UCI_NAMES if n not in LARGE_UCI_NAMES]
-    elif isinstance(names, str):
-        wanted = [names]
-    else:
-        wanted = list(names)
-    unknown = [n for n in wanted if n not in UCI_SIZES]
-    if unknown:
-        raise ValueError(f"unknown dataset name(s) {unknown}; known names: {', '.join(UCI_NAMES)}")
+        data_dir = _old_dest(data_dir, dest)
+    wanted = _wanted(names)
     try:
         import pooch  # here only: import gpfast must work where pooch is not installed
     except ImportError as exc:
