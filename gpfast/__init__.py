@@ -2,10 +2,37 @@
 
 Public API: :class:`gpfast.ExactGP` (scikit-learn-style estimator), :mod:`gpfast.kernels` (GPyTorch kernels on
 the fused op), :mod:`gpfast.ops` (the fused ops), :mod:`gpfast.models` and :mod:`gpfast.datasets`.
+
+The names are handed out on first use (PEP 562), so that ``import gpfast`` and the command line's ``--version``,
+``--help``, ``datasets`` and ``download`` neither compile nor load the C++ ops: that happens when something
+that needs them is first touched (``gpfast.ExactGP``, ``gpfast.kernels``, ``import gpfast.ops``, ...).
 """
 
-from gpfast import datasets, kernels, ops
-from gpfast._version import __version__
-from gpfast.estimator import ExactGP
+from importlib import import_module
 
-__all__ = ["ExactGP", "__version__", "datasets", "kernels", "ops"]
+from gpfast._version import __version__
+
+__all__ = ["ExactGP", "__version__", "datasets", "kernels", "models", "ops"]
+
+# public name -> the module that defines it (a submodule is its own home)
+_HOMES = {
+    "ExactGP": "gpfast.estimator",
+    "datasets": "gpfast.datasets",
+    "kernels": "gpfast.kernels",
+    "models": "gpfast.models",
+    "ops": "gpfast.ops",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'gpfast' has no attribute {name!r}")
+    module = import_module(home)
+    value = module if home == f"gpfast.{name}" else getattr(module, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

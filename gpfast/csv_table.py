@@ -23,7 +23,7 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["CSVTable", "read_csv_table", "write_predictions"]
+__all__ = ["CSVTable", "read_csv_table", "read_model_inputs", "read_training_data", "write_predictions"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,51 @@ def read_csv_table(path) -> CSVTable:
         rows.append(tuple(row))
         lines.append(line)
     return CSVTable(path, columns, tuple(rows), tuple(lines))
+
+
+def read_training_data(
+    path, target: str, features: Sequence[str] | None = None
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The training data of ``gpfast fit --csv``: X of shape (n_rows, d), y of shape (n_rows,) (float64) and the
+    d input column names (``features``, else every column but ``target``). ValueError for any problem, naming
+    the file, line, column and value, and for fewer than 2 rows."""
+    table = read_csv_table(path)
+    names = table.features(target=target, features=features)
+    if table.n_rows < 2:
+        raise ValueError(f"{path} has {table.n_rows} data row(s); fitting a GP needs at least 2.")
+    X = table.numeric(names, "fix or drop those rows, or leave the column out with --features")
+    y = table.numeric([target], "fix or drop those rows")[:, 0]
+    return X, y, names
+
+
+def read_model_inputs(
+    path, feature_names: Sequence[str] | None, n_features: int, features: Sequence[str] | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """The inputs of ``gpfast predict``: X of shape (n_rows, n_features) (float64) and its column names.
+
+    A model that knows its ``feature_names`` reads them by name (in any order, other columns ignored; ``features``
+    must then be None or the same names); one without takes ``features``, else every column, and their number must
+    be ``n_features``. ValueError for any problem, and for a file without data rows."""
+    table = read_csv_table(path)
+    if feature_names is not None:
+        names = [str(c) for c in feature_names]
+        if features is not None and list(features) != names:
+            raise ValueError(
+                f"--features {' '.join(features)}: the model was fitted on the columns {', '.join(names)} (in that "
+                f"order) and reads them by name; leave --features out."
+            )
+        table.check_columns(names, "model input column")
+    else:
+        names = table.features(features=features)
+        if len(names) != n_features:
+            raise ValueError(
+                f"the model takes {n_features} input(s) and does not know their names (it was fitted from an "
+                f"array), but {path} has {len(names)} column(s) to use: name the model's inputs, in order, with "
+                f"--features."
+            )
+    if table.n_rows < 1:
+        raise ValueError(f"{path} has a header but no data rows.")
+    return table.numeric(names), names
 
 
 def _rows(f: IO[str]):

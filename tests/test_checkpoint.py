@@ -20,7 +20,7 @@ from conftest import HAS_CUDA
 from gpfast import ExactGP
 from gpfast.cli import main as cli_main
 from gpfast.estimator import checkpoint as ckpt_module
-from gpfast.estimator import persistence
+from gpfast.estimator import file_format
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_fit_killed_by_a_signal_resumes_to_the_uninterrupted_fit(tmp_path, kw, a
     X, y = _data()
     path = tmp_path / "fit.ckpt"
     _kill_after_writes(path, after, kw)
-    _, state = persistence.read_state(path, format=ckpt_module.CHECKPOINT_FORMAT)
+    _, state = file_format.read_state(path, format=ckpt_module.CHECKPOINT_FORMAT)
     assert state["current"] is not None and len(state["current"]["loss"]) > 0  # killed inside a run
     resumed = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw)
     assert not path.exists()  # removed once the fit succeeded
@@ -281,7 +281,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(monkeypatch, written):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(persistence.os, "replace", broken_replace)
+    monkeypatch.setattr(file_format.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         _fit(X, y, checkpoint=path, checkpoint_every=2, **ENGINE)
     assert path.read_bytes() == before

@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from gpfast import ExactGP
 from gpfast.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
+# `python -m gpfast` in another folder imports this checkout's gpfast, not another installed one
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def test_compare_yacht_writes_outputs(tmp_path, capsys):
@@ -84,6 +87,32 @@ def test_python_m_gpfast_help():
     )
     assert res.returncode == 0, res.stderr
     assert "compare" in res.stdout and "datasets" in res.stdout and "build" in res.stdout
+
+
+def test_version_help_datasets_download_need_no_compiled_ops(tmp_path):
+    """The answers that need no GP (--version, --help, datasets, download of a shipped set) neither build nor load
+    the C++ ops: an empty build folder stays empty and neither gpfast.ops nor the library is loaded."""
+    build = tmp_path / "build"
+    build.mkdir()
+    code = (
+        "import sys, torch; from gpfast.cli import main; "
+        f"codes = [main(a) for a in (['--version'], ['--help'], ['datasets'], "
+        f"['download', 'yacht', '--data-dir', {str(tmp_path / 'data')!r}, '--quiet'])]; "
+        "mods = sorted(m for m in sys.modules if m in ('gpfast.ops', 'gpfast._build', 'gpfast.kernels')); "
+        "libs = sorted(p for p in torch.ops.loaded_libraries if 'gpfast' in str(p)); "
+        "print('RESULT', codes, mods, libs)"
+    )
+    env = {**ENV, "GPFAST_BUILD_DIR": str(build)}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == "RESULT [0, 0, 0, 0] [] []", res.stdout[-2000:]
+    res = subprocess.run(
+        [sys.executable, "-m", "gpfast", "--version"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0 and res.stdout.startswith("gpfast "), res.stderr
+    assert not list(build.iterdir())
 
 
 def test_version(capsys):
@@ -248,6 +277,7 @@ def test_usage_errors_in_a_real_process(argv, tmp_path):
     res = subprocess.run(
         [sys.executable, "-m", "gpfast", *argv, *(["--out", str(tmp_path / "o")] if "compare" in argv else [])],
         cwd=tmp_path,
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=120,
@@ -515,6 +545,41 @@ def test_failed_download_exits_1_and_leaves_nothing(tmp_path, capsys, monkeypatc
     assert not target.exists()
 
 
+def test_predict_into_a_closed_pipe_exits_quietly(tmp_path):
+    """`gpfast predict ... | head`: the reader leaves early; no BrokenPipeError traceback, the shell's SIGPIPE
+    status."""
+    X, y = _table(n=20)
+    model = tmp_path / "m.gpfast"
+    ExactGP(max_iter=2, random_state=0, device="cpu").fit(X, y).save(model)
+    Xt, _ = _table(seed=1, n=5000)  # far more than a pipe buffers, so the writer meets the closed end
+    new = _write_csv(tmp_path / "new.csv", ["x0", "x1", "x2"], [[*map(_cell, x)] for x in Xt])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpfast",
+            "predict",
+            "--model",
+            str(model),
+            "--csv",
+            new,
+            "--features",
+            "x0",
+            "x1",
+            "x2",
+        ],
+        cwd=tmp_path,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline() == b"mean,std\n"
+    proc.stdout.close()  # as `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+
+
 @pytest.mark.slow
 def test_csv_fit_then_predict_in_real_processes(tmp_path):
     """The same round trip through `python -m gpfast` processes: the saved file is all that passes between them."""
@@ -524,7 +589,7 @@ def test_csv_fit_then_predict_in_real_processes(tmp_path):
 
     def run(*argv):
         res = subprocess.run(
-            [sys.executable, "-m", "gpfast", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "gpfast", *argv], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300
         )
         assert res.returncode == 0, res.stderr
         return res.stdout
@@ -537,3 +602,91 @@ def test_csv_fit_then_predict_in_real_processes(tmp_path):
     )
     np.testing.assert_allclose(mean, m_ref, rtol=1e-12)
     np.testing.assert_allclose(std, s_ref, rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# progress bars: on a terminal only, so that logs hold no bars
+# ----------------------------------------------------------------------------------------------------------
+def _fit_and_adam_verbose():
+    from gpfast.bench.compare import gpytorch_adam
+    from gpfast.models import ExactGPModel
+
+    X, y = _table(n=20)
+    ExactGP(max_iter=3, tol=0.0, optimizer="adam", verbose=True, device="cpu", random_state=0).fit(X, y)
+    Xs = torch.as_tensor((X - X.mean(0)) / X.std(0), dtype=torch.float32)
+    ys = torch.as_tensor((y - y.mean()) / y.std(), dtype=torch.float32)
+    import gpytorch
+
+    model = ExactGPModel(Xs, ys, gpytorch.likelihoods.GaussianLikelihood(), kernel="gpytorch")
+    gpytorch_adam(model, 3, 0.1, "adam steps", verbose=True)
+
+
+def test_no_progress_bars_when_stderr_is_not_a_terminal(capfd):
+    _fit_and_adam_verbose()
+    err = capfd.readouterr().err
+    assert "gpfast.ExactGP: n=20" in err  # verbose still says what it does
+    assert "\r" not in err and "it/s" not in err and "adam steps" not in err, err
+
+
+def test_progress_bars_on_a_terminal(monkeypatch):
+    import fcntl
+    import struct
+    import termios
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+    os.set_blocking(master, False)
+    with open(slave, "w") as tty:
+        monkeypatch.setattr(sys, "stderr", tty)
+        _fit_and_adam_verbose()
+        tty.flush()
+        shown = b""
+        try:
+            while chunk := os.read(master, 1 << 16):
+                shown += chunk
+        except BlockingIOError:
+            pass
+    os.close(master)
+    assert b"gpfast fit" in shown and b"adam steps" in shown and b"\r" in shown
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fit trains to convergence by default; warnings speak of the command line's options
+# ----------------------------------------------------------------------------------------------------------
+def test_fit_trains_to_convergence_by_default(tmp_path, capsys):
+    X, y = _table()
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    out = tmp_path / "fit.json"
+    assert main(["fit", "--csv", train, "--target", "y", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["iters"] == ExactGP().max_iter  # the Python API's cap
+    assert result["converged"] and 0 < result["n_iter"] < result["iters"]
+    assert "Raise" not in capsys.readouterr().err
+
+
+def test_fit_warnings_name_the_option_and_no_source_line(tmp_path, capsys):
+    X, y = _table()
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "y"], [[*map(_cell, x), _cell(t)] for x, t in zip(X, y)])
+    assert main(["fit", "--csv", train, "--target", "y", "--iters", "2", "--device", "cpu", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "gpfast: warning: ExactGP: the optimiser (lbfgs) stopped after 2 iterations" in err, err
+    assert "Raise --iters (now 2; it is a cap, not a plan), or set --tol." in err, err
+    assert "max_iter" not in err and ".py:" not in err and "warnings.warn" not in err, err
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Raise max_iter (now 50), or set tol.", "Raise --iters (now 50), or set --tol."),
+        (
+            "Try dtype='float64', solver='cholesky', or a smaller lr.",
+            "Try --dtype float64, --solver cholesky, or a smaller --lr.",
+        ),
+        ("pretrain_subset=5000 >= n_samples=100: skipping", "--pretrain-subset 5000 >= n_samples=100: skipping"),
+        ("the solver and the optimiser", "the solver and the optimiser"),  # words, not arguments, stay
+    ],
+)
+def test_messages_in_option_words(text, expected):
+    from gpfast.cli import in_option_words
+
+    assert in_option_words(text) == expected

@@ -112,6 +112,15 @@ def test_missing_file_message_lists_folders(no_data_env, tmp_path):
     assert str(tmp_path / "nowhere" / "pol") in msg
     assert str(D.SHIPPED_DIR / "pol") in msg
     assert "--data-dir" in msg and "GPFAST_DATA" in msg and "download(" in msg
+    assert f"`gpfast download pol --data-dir {tmp_path / 'nowhere'}`" in msg
+
+
+def test_missing_file_message_names_the_command_and_no_doubled_folder(no_data_env):
+    with pytest.raises(FileNotFoundError) as info:
+        D.find_dataset("pol")  # in the user cache, a folder called uci
+    msg = str(info.value)
+    assert "`gpfast download pol`" in msg
+    assert D.resolve_data_dir().name == "uci" and "uci/uci" not in msg, msg
 
 
 def test_unknown_name(no_data_env):
@@ -366,12 +375,29 @@ def test_download_file_url(no_data_env, tmp_path):
 
 
 def test_download_default_data_dir_and_progress(no_data_env, tmp_path, monkeypatch, server, capsys):
-    _mirror(tmp_path, ["yacht"])
+    _mirror(tmp_path, ["yacht", "energy"])
     monkeypatch.setenv("GPFAST_DATA", str(tmp_path / "env"))
     assert D.download(names="yacht", base_url=server.url + "/", progress=True) == tmp_path / "env"
     assert (tmp_path / "env" / "yacht" / "data.csv.gz").is_file()
     assert D.find_dataset("yacht") == tmp_path / "env" / "yacht"
-    assert "yacht/data.csv.gz" in capsys.readouterr().err  # the progress bar names the file
+    assert capsys.readouterr().err == ""  # stderr is no terminal here: no bar in a log
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    D.download(names="energy", base_url=server.url + "/", progress=True)
+    assert "energy/data.csv.gz" in capsys.readouterr().err  # on a terminal, the progress bar names the file
+
+
+def test_download_of_a_shipped_set_copies_the_package_files(no_data_env, tmp_path, monkeypatch):
+    import requests
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("download went to the network for a set that ships with the package")
+
+    monkeypatch.setattr(requests, "get", no_network)
+    monkeypatch.setattr(requests.Session, "request", no_network)
+    data_dir = D.download(tmp_path / "dl", names=["yacht", "concrete"], progress=False)
+    for name in ("yacht", "concrete"):
+        for fname in (D.DATA_FILE, D.MASK_FILE):
+            assert (data_dir / name / fname).read_bytes() == (D.SHIPPED_DIR / name / fname).read_bytes()
 
 
 def test_dest_is_a_deprecated_alias_of_data_dir(no_data_env, tmp_path, server):

@@ -353,9 +353,10 @@ def test_opcheck_backward_ops(device, x_grads):
 
 
 def test_ops_registered_at_import():
-    """A fresh process sees torch.ops.gpfast.* right after ``import gpfast``, the backward ops with their mask."""
+    """A fresh process sees torch.ops.gpfast.* right after ``import gpfast.ops``, the backward ops with their
+    mask (``import gpfast`` alone loads nothing compiled)."""
     code = (
-        "import gpfast, torch; ops = torch.ops.gpfast; ops.rbf_covariance.default; ops.rbf_matmul.default; "
+        "import gpfast.ops, torch; ops = torch.ops.gpfast; ops.rbf_covariance.default; ops.rbf_matmul.default; "
         "args = ops.rbf_matmul_backward.default._schema.arguments; "
         "assert (args[-1].name, args[-1].default_value) == ('x_grads', True), args; "
         "args = ops.rbf_covariance_backward.default._schema.arguments; "

@@ -93,6 +93,34 @@ def test_save_load_round_trip(tmp_path, solver, dtype):
     gp2.fit(X, y)  # a loaded estimator can be refitted
 
 
+def _fitted(gp) -> dict:
+    return {k: v for k, v in vars(gp).items() if k.endswith("_") and not k.startswith("_")}
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+def test_save_load_keeps_every_fitted_attribute(tmp_path, solver):
+    """Every attribute that fit sets comes back equal, the engine's records (cg) and the restarts' losses too."""
+    X, y, _ = _data(n=40, d=3)
+    gp = _gp(solver=solver, max_iter=4, n_restarts=1).fit(X, y)
+    gp.save(tmp_path / "gp.gpfast")
+    before, after = _fitted(gp), _fitted(ExactGP.load(tmp_path / "gp.gpfast"))
+    assert sorted(after) == sorted(before)
+    for name in ("trainer_", "optimizer_", "converged_", "restart_losses_", "cg_iterations_", "step_seconds_"):
+        assert name in before, name  # the documented attributes this test is about
+    assert len(before["restart_losses_"]) == 2
+    assert (before["cg_iterations_"] is None) == (solver == "cholesky")
+    for name, value in before.items():
+        if isinstance(value, torch.nn.Module):
+            saved_sd, loaded_sd = value.state_dict(), after[name].state_dict()
+            assert saved_sd.keys() == loaded_sd.keys(), name
+            assert all(torch.equal(saved_sd[k], loaded_sd[k]) for k in saved_sd), name
+        elif torch.is_tensor(value):
+            assert torch.equal(after[name], value), name
+        else:
+            assert type(after[name]) is type(value), name
+            np.testing.assert_equal(after[name], value, err_msg=name)
+
+
 def test_file_layout_header_and_checksum(saved):
     import hashlib
 
@@ -127,9 +155,17 @@ def test_save_is_atomic_and_keeps_the_umask_mode(tmp_path, saved):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
-    with pytest.raises(FileNotFoundError):
-        gp.save(tmp_path / "no_such_folder" / "gp.pt")
     assert [p.name for p in tmp_path.iterdir()] == ["gp.pt"]
+
+
+def test_save_creates_missing_folders(tmp_path, saved):
+    gp, _, Xt, (m, s) = saved
+    path = tmp_path / "newdir" / "sub" / "m.gpfast"
+    gp.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["m.gpfast"]  # no temporary file left
+    m2, s2 = ExactGP.load(path).predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
 
 
 @pytest.mark.parametrize("fmt", ["format0", "format1"])
@@ -143,6 +179,9 @@ def test_old_formats_still_load(fmt):
     m, s = gp.predict(np.asarray(meta["X_test"]), return_std=True)
     np.testing.assert_allclose(m, meta[fmt]["mean"], rtol=1e-12)
     np.testing.assert_allclose(s, meta[fmt]["std"], rtol=1e-12)
+    # what these files never held is unknown (None), not missing
+    assert all(getattr(gp, name) is None for name in ("trainer_", "optimizer_", "converged_", "restart_losses_"))
+    assert gp.lengthscale_.shape == (2,) and gp.noise_ > 0
 
 
 def test_load_cuda_file_without_cuda_falls_back_to_cpu(tmp_path, saved):
@@ -380,6 +419,12 @@ LS = "covar_module.base_kernel.raw_lengthscale"
         ("model_state_dict.extra", torch.zeros(1), r"has unexpected \['extra'\]"),
         (f"model_state_dict.{LS}", torch.tensor([[float("nan"), 1.0]]), r"raw_lengthscale'\] holds NaN or infinite"),
         ("format_version", 1, "its header says format 2, its data say 1"),
+        ("fitted", [1], "fitted must be a dict of fitted attribute names"),
+        ("fitted", {"converged": True}, "fitted has the entry 'converged', not the name of a fitted attribute"),
+        ("fitted", {"_posterior_": 1.0}, "fitted has the entry '_posterior_', not the name of a fitted attribute"),
+        ("fitted", {"X_train_": [1.0]}, "fitted has the entry 'X_train_', which the file holds in an entry of its own"),
+        ("fitted", {"converged_": torch.zeros(1)}, r"fitted\['converged_'\] must be one of plain values"),
+        ("fitted_arrays", {"lengthscale_": [1.0, 2.0]}, r"fitted_arrays\['lengthscale_'\] must be one of tensors"),
     ],
 )
 def test_inconsistent_contents(tmp_path, saved, key, value, expected):

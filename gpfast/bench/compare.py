@@ -24,13 +24,14 @@ import gc
 import sys
 import time
 from collections.abc import Sequence
+from functools import partial
 
 import gpytorch
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from gpfast.bench.timing import PeakMemory, machine, now, sync
+from gpfast.bench.timing import WARM_UP_POINTS, PeakMemory, machine, now, sync, warm_up
 from gpfast.estimator import ExactGP
 from gpfast.metrics import regression_metrics
 from gpfast.models import ExactGPModel
@@ -69,7 +70,8 @@ def gpytorch_adam(model: ExactGPModel, iters: int, lr: float, desc: str = "", ve
     opt = torch.optim.Adam(model.parameters(), lr=lr)  # the likelihood's parameters are part of the model's
     x, y = model.train_inputs[0], model.train_targets
     losses: list[float] = []
-    bar = tqdm(range(iters), desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
+    bar = tqdm(range(iters), desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
     for _ in bar:
         opt.zero_grad()
         loss = -mll(model(x), y)
@@ -192,7 +194,8 @@ def compare(
         Progress bars and ``ExactGP``'s messages.
     warmup : bool
         Before the timed runs, run every row once, untimed, for one step on at most 64 training points, so that
-        one-off costs (lazy imports, loading the compiled ops, allocator start-up) fall on no row.
+        one-off costs (lazy imports, loading the compiled ops, allocator start-up) fall on no row
+        (:func:`gpfast.bench.timing.warm_up`).
     init : dict or None
         The initial hyperparameters of every row, in standardised units (keys ``init_lengthscale`` (list of d),
         ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
@@ -208,79 +211,78 @@ def compare(
         initial hyperparameters, ``status`` (``"ok"``, ``"OOM"`` or ``"error: ..."``), the machine and date.
         Metrics of a failed row are ``None``.
     """
-    from gpfast import datasets as _ds
-
     unknown = [r for r in rows if r not in ROWS + REFERENCE_ROWS]
     if unknown:
         raise ValueError(f"unknown row(s) {unknown}; known rows: {', '.join(ROWS + REFERENCE_ROWS)}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    data = _ds.load_uci(dataset, split=split, data_dir=data_dir) if isinstance(dataset, str) else dataset
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available; use --device cpu")
-
-    X = torch.as_tensor(np.asarray(data.X_train), dtype=torch.float32, device=dev).contiguous()
-    y = torch.as_tensor(np.asarray(data.y_train).reshape(-1), dtype=torch.float32, device=dev).contiguous()
-    Xt = torch.as_tensor(np.asarray(data.X_test), dtype=torch.float32, device=dev).contiguous()
-    y_test = np.asarray(data.y_test, dtype=np.float64).reshape(-1)
-    d = X.shape[1]
-    init = default_init(d) if init is None else init
+    data, dev, X, y, Xt, y_test = _inputs(dataset, split, data_dir, device)
+    init = default_init(X.shape[1]) if init is None else init
     common = {
         "dataset": getattr(data, "name", str(dataset)),
         "split": int(getattr(data, "split", split)),
         "n_train": int(X.shape[0]),
         "n_test": int(Xt.shape[0]),
-        "d": int(d),
-        "iters": int(iters),
-        "lr": float(lr),
-        "seed": int(seed),
-        "device": str(dev),
-        "dtype": "float32",
-        "machine": machine(dev),
-        "date": now(),
-        **init,
+        "d": int(X.shape[1]),
     }
+    common.update(iters=int(iters), lr=float(lr), seed=int(seed), device=str(dev), dtype="float32")
+    common.update(machine=machine(dev), date=now(), **init)
 
     if warmup:
-        nw = min(64, X.shape[0])
-        for name in rows:
-            try:
-                _run_row(name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init)
-            except Exception:  # the timed run reports the error
-                pass
-        gc.collect()
+        nw = min(WARM_UP_POINTS, X.shape[0])
+        warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init) for name in rows)
 
     results: list[dict] = []
     for name in rows:
         row = dict(common, row=name)
-        try:
-            with PeakMemory(dev) as mem:
-                info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init)
-            row.update(info)
-            row.update(
-                status="ok",
-                train_s=train_s,
-                s_per_iter=train_s / iters if iters else float("nan"),
-                predict_s=predict_s,
-                total_s=train_s + predict_s,
-                **regression_metrics(mean, var, y_test, float(data.y_std)),
-                peak_mem_bytes=mem.peak,
-                mem_kind=mem.kind,
-            )
-        except torch.OutOfMemoryError as exc:
-            row.update(_failed("OOM", dev))
-            if verbose:
-                print(f"{name}: out of memory ({str(exc).splitlines()[0]})", file=sys.stderr)
-        except Exception as exc:  # one failing row should not lose the others
-            row.update(_failed(f"error: {type(exc).__name__}: {exc}", dev))
-            if verbose:
-                print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        row.update(_timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init))
         results.append(row)
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def _inputs(dataset, split, data_dir, device):
+    """(data, device, X, y, X_test as float32 tensors on the device, y_test as float64 numpy)."""
+    from gpfast import datasets
+
+    data = datasets.load_uci(dataset, split=split, data_dir=data_dir) if isinstance(dataset, str) else dataset
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available; use --device cpu")
+
+    def tensor(a):
+        return torch.as_tensor(np.asarray(a), dtype=torch.float32, device=dev).contiguous()
+
+    y_test = np.asarray(data.y_test, dtype=np.float64).reshape(-1)
+    return data, dev, tensor(data.X_train), tensor(np.asarray(data.y_train).reshape(-1)), tensor(data.X_test), y_test
+
+
+def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, init) -> dict:
+    """One row's results, or its failure (out of memory, an error) without losing the other rows."""
+    try:
+        with PeakMemory(dev) as mem:
+            info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init)
+    except torch.OutOfMemoryError as exc:
+        if verbose:
+            print(f"{name}: out of memory ({str(exc).splitlines()[0]})", file=sys.stderr)
+        return _failed("OOM", dev)
+    except Exception as exc:  # one failing row should not lose the others
+        if verbose:
+            print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return _failed(f"error: {type(exc).__name__}: {exc}", dev)
+    return dict(
+        info,
+        status="ok",
+        train_s=train_s,
+        s_per_iter=train_s / iters if iters else float("nan"),
+        predict_s=predict_s,
+        total_s=train_s + predict_s,
+        **regression_metrics(mean, var, y_test, y_std),
+        peak_mem_bytes=mem.peak,
+        mem_kind=mem.kind,
+    )
 
 
 def _failed(status: str, dev: torch.device) -> dict:

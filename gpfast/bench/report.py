@@ -11,7 +11,16 @@ from pathlib import Path
 
 from gpfast.bench.timing import git_rev, machine, today
 
-__all__ = ["CSV_FIELDS", "TABLE_COLUMNS", "format_table", "md_table", "plot_rows", "write_csv", "write_results"]
+__all__ = [
+    "CSV_FIELDS",
+    "TABLE_COLUMNS",
+    "format_table",
+    "md_table",
+    "plot_rows",
+    "write_comparison",
+    "write_csv",
+    "write_results",
+]
 
 # (column title, key, format)
 TABLE_COLUMNS = (
@@ -138,3 +147,17 @@ def plot_rows(rows: Sequence[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_comparison(rows: Sequence[dict], stem: Path, meta: dict, title: str) -> str:
+    """The outputs of ``gpfast compare``: ``<stem>.json`` (``meta`` and the rows), ``<stem>.csv``
+    (:data:`CSV_FIELDS`) and the plot ``<stem>.png`` (:func:`plot_rows`, skipped without matplotlib). Returns a
+    line naming what was written."""
+    stem = Path(stem)
+    stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": list(rows)}, indent=2, default=str))
+    write_csv(rows, stem.with_suffix(".csv"), CSV_FIELDS)
+    try:
+        plot_rows(rows, stem.with_suffix(".png"), title)
+    except ImportError:
+        return f"{stem}.csv, {stem}.json (no plot: matplotlib is missing; pip install 'gpfast[bench]')"
+    return f"{stem}.csv, {stem}.json, {stem}.png"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import platform
 import resource
 import statistics
 import subprocess
 import threading
+import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -16,6 +19,7 @@ import torch
 __all__ = [
     "COPY_BW",
     "EXP_RATE",
+    "WARM_UP_POINTS",
     "PeakMemory",
     "cpu_name",
     "cuda_time_ms",
@@ -25,11 +29,31 @@ __all__ = [
     "now",
     "sync",
     "today",
+    "warm_up",
 ]
 
 COPY_BW = 4.27e12  # bytes/s, device-to-device copy measured on the H200 (read + write), see the op issue
 H200_SMS, H200_CLOCK = 132, 1.98e9
 EXP_RATE = 16 * H200_SMS * H200_CLOCK  # exponentials per second on the SFUs
+
+
+#: Training points of each untimed warm-up run (:func:`warm_up`).
+WARM_UP_POINTS = 64
+
+
+def warm_up(runs: Iterable[Callable[[], object]]) -> None:
+    """Call each of ``runs`` once, untimed, so that one-off costs (loading the compiled ops, lazy imports and first
+    calls, allocator start-up) fall on no timed run. A run should be the timed one in small: one step on at most
+    :data:`WARM_UP_POINTS` points. Its warnings and errors are dropped: the timed run meets and reports the same.
+    """
+    for run in runs:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # e.g. a column constant on the first rows: not the user's fit
+                run()
+        except Exception:  # the timed run reports any problem
+            pass
+    gc.collect()
 
 
 def cuda_time_ms(fn, warmup: int = 3, reps: int = 20) -> float:

@@ -112,9 +112,16 @@ def _check_name(name: str) -> str:
 
 
 def _candidates(name: str, data_dir: str | os.PathLike | None) -> list[Path]:
+    return [base / name for base in _bases(data_dir)]
+
+
+def _bases(data_dir: str | os.PathLike | None) -> list[Path]:
+    """The folders that may hold ``<name>/``, in search order."""
     root = resolve_data_dir(data_dir)
-    # Also accept a folder one level up (e.g. ``datasets/`` holding ``uci/<name>``).
-    return [root / name, root / "uci" / name, SHIPPED_DIR / name]
+    # Also accept a folder one level up (e.g. ``datasets/`` holding ``uci/<name>``), unless the folder is itself
+    # called uci (as the user cache is): ``uci/uci/<name>`` is no layout anyone makes.
+    above = [root / "uci"] if root.name != "uci" else []
+    return [root, *above, SHIPPED_DIR]
 
 
 def find_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Path:
@@ -150,11 +157,13 @@ def find_dataset(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     if name not in UCI_SIZES:
         raise ValueError(f"unknown dataset {name!r} (not found on disk either); known names: {', '.join(UCI_NAMES)}")
     where = "\n".join(f"  {folder}" for folder in searched)
+    root = resolve_data_dir(data_dir)
+    option = f" --data-dir {root}" if data_dir is not None and str(data_dir) != "" else ""
     raise FileNotFoundError(
         f"dataset {name!r} not found: no {DATA_FILE} in any of\n{where}\n"
-        f"Fix: pass --data-dir (data_dir=...) pointing at a folder holding {name}/{DATA_FILE}, "
-        f"set the {ENV_VAR} environment variable to such a folder, "
-        f"or fetch it with gpfast.datasets.download(names=[{name!r}]) (puts it in {resolve_data_dir(data_dir)})."
+        f"Fetch it with `gpfast download {name}{option}` (it goes to {root}; from Python: "
+        f"gpfast.datasets.download(names=[{name!r}])), or point --data-dir (data_dir=...) or the {ENV_VAR} "
+        f"environment variable at a folder holding {name}/{DATA_FILE}."
     )
 
 
@@ -172,9 +181,8 @@ def available(data_dir: str | os.PathLike | None = None) -> list[str]:
         Sorted names of the sub-folders holding a ``data.csv.gz`` in the resolved folder, its ``uci/`` sub-folder or
         the shipped copy.
     """
-    root = resolve_data_dir(data_dir)
     names = set()
-    for base in (root, root / "uci", SHIPPED_DIR):
+    for base in _bases(data_dir):
         if base.is_dir():
             names.update(p.parent.name for p in base.glob(f"*/{DATA_FILE}"))
     return sorted(names)

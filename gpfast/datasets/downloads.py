@@ -17,6 +17,8 @@ from gpfast.datasets.catalog import (
     LARGE_UCI_NAMES,
     MASK_FILE,
     SHA256_FILE,
+    SHIPPED,
+    SHIPPED_DIR,
     UCI_NAMES,
     UCI_SIZES,
     resolve_data_dir,
@@ -56,7 +58,8 @@ def _retrieve(pooch, url: str, sha256: str | None, folder: Path, label: str, pro
             from tqdm.auto import tqdm
 
             # total=1: pooch tests the bar's truth, which tqdm takes from total, before setting the real total
-            bar = tqdm(desc=label, total=1, unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+            # disable=None: the bar is drawn only when stderr is a terminal, so that a log file gets no bars
+            bar = tqdm(desc=label, total=1, unit="B", unit_scale=True, unit_divisor=1024, leave=False, disable=None)
         fetch = pooch.HTTPDownloader(progressbar=bar if bar is not None else False, timeout=timeout)
     seen = []
 
@@ -140,6 +143,28 @@ def _download_set(pooch, root: Path, name: str, base: str, pins: dict, progress:
                     break
 
 
+def _old_dest(data_dir, dest):
+    if data_dir is not None:
+        raise TypeError("download() got both data_dir and dest (its deprecated old name); pass data_dir only")
+    warnings.warn(
+        "download(dest=...) is deprecated: the folder argument is now called data_dir, as everywhere else in gpfast",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return dest
+
+
+def _wanted(names: str | Iterable[str] | None) -> list[str]:
+    """The set names asked for (default: every known set but the large ones); ValueError for an unknown one."""
+    if names is None:
+        return [n for n in UCI_NAMES if n not in LARGE_UCI_NAMES]
+    wanted = [names] if isinstance(names, str) else list(names)
+    unknown = [n for n in wanted if n not in UCI_SIZES]
+    if unknown:
+        raise ValueError(f"unknown dataset name(s) {unknown}; known names: {', '.join(UCI_NAMES)}")
+    return wanted
+
+
 def download(
     data_dir: str | os.PathLike | None = None,
     names: str | Iterable[str] | None = None,
@@ -157,7 +182,8 @@ def download(
     :data:`SHA256_FILE` (every file of every set; only the data files of the large sets :data:`LARGE_UCI_NAMES` are
     unpinned and fetched unchecked, with a warning). A set's files are gathered in a temporary folder and moved into
     place only when all have arrived and passed their check, so a failed download leaves nothing behind: no partial
-    file, no empty folder, and files already there untouched.
+    file, no empty folder, and files already there untouched. The sets of :data:`SHIPPED` are copied from the
+    package (checked the same way) unless ``base_url`` names another source.
 
     Needs the ``pooch`` package (a dependency of gpfast; imported here only, so ``import gpfast`` works without it).
 
@@ -198,24 +224,8 @@ def download(
         pooch is not installed.
     """
     if dest is not None:
-        if data_dir is not None:
-            raise TypeError("download() got both data_dir and dest (its deprecated old name); pass data_dir only")
-        warnings.warn(
-            "download(dest=...) is deprecated: the folder argument is now called data_dir, as everywhere else in "
-            "gpfast",
-            FutureWarning,
-            stacklevel=2,
-        )
-        data_dir = dest
-    if names is None:
-        wanted = [n for n in UCI_NAMES if n not in LARGE_UCI_NAMES]
-    elif isinstance(names, str):
-        wanted = [names]
-    else:
-        wanted = list(names)
-    unknown = [n for n in wanted if n not in UCI_SIZES]
-    if unknown:
-        raise ValueError(f"unknown dataset name(s) {unknown}; known names: {', '.join(UCI_NAMES)}")
+        data_dir = _old_dest(data_dir, dest)
+    wanted = _wanted(names)
     try:
         import pooch  # here only: import gpfast must work where pooch is not installed
     except ImportError as exc:
@@ -224,5 +234,7 @@ def download(
     root = resolve_data_dir(data_dir)
     base = base_url.rstrip("/")
     for name in wanted:
-        _download_set(pooch, root, name, base, pins, progress, overwrite, timeout)
+        # the package holds the collection's own files of these sets (same pinned checksums): no network needed
+        source = SHIPPED_DIR.as_uri() if name in SHIPPED and base_url == DEFAULT_BASE_URL else base
+        _download_set(pooch, root, name, source, pins, progress, overwrite, timeout)
     return root

@@ -25,7 +25,7 @@ thus takes the same steps as one never interrupted: bit for bit on the CPU (test
 GPU up to the floating-point nondeterminism of its reductions, well within the CG tolerance.
 
 A checkpoint is written every ``checkpoint_every`` optimiser steps (never while replaying) and at the end of each
-run, with :func:`gpfast.estimator.persistence.write_state`: the format-2 header with a SHA-256 over the contents,
+run, with :func:`gpfast.estimator.file_format.write_state`: the format-2 header with a SHA-256 over the contents,
 written to a temporary file in the same folder and renamed over the old one, so that a kill during a write leaves
 the previous checkpoint. A damaged or truncated file raises ``ValueError`` saying so. The file is deleted when the
 fit succeeds (a failed fit keeps it, to resume from). Not supported with ``distributed=True``.
@@ -42,13 +42,13 @@ import numpy as np
 import torch
 
 from gpfast._version import __version__
-from gpfast.estimator import persistence
+from gpfast.estimator import file_format, persistence
 from gpfast.estimator.training import TrainResult
 from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint"]
 
-#: The ``format`` entry of a checkpoint's payload (a fitted model's is ``persistence.FORMAT``).
+#: The ``format`` entry of a checkpoint's payload (a fitted model's is ``file_format.FORMAT``).
 CHECKPOINT_FORMAT = "gpfast.ExactGP.checkpoint"
 #: Parameters that do not change the fit's result, left out of the settings fingerprint.
 IGNORED_PARAMS = ("checkpoint", "checkpoint_every", "verbose")
@@ -61,7 +61,7 @@ def fingerprint(est, seed: int | None, X: torch.Tensor, y: torch.Tensor) -> dict
         a = t.detach().to(torch.float64).cpu().contiguous().numpy()
         digest.update(repr(a.shape).encode())
         digest.update(a.tobytes())
-    settings = {k: v for k, v in persistence._params(est).items() if k not in IGNORED_PARAMS}
+    settings = {k: v for k, v in persistence.plain_params(est).items() if k not in IGNORED_PARAMS}
     settings["random_state"] = seed
     return {"data_sha256": digest.hexdigest(), "n": int(X.shape[0]), "d": int(X.shape[1]), "settings": settings}
 
@@ -131,7 +131,7 @@ class Checkpoint:
     def _read(self) -> dict:
         where = str(self.path)
         try:
-            _, state = persistence.read_state(self.path, format=CHECKPOINT_FORMAT)
+            _, state = file_format.read_state(self.path, format=CHECKPOINT_FORMAT)
         except ValueError as exc:
             what = str(exc).removeprefix(f"cannot load {where!r}: ")
             damaged = "truncated" in what or "corrupt" in what
@@ -179,14 +179,14 @@ class Checkpoint:
     def write(self) -> None:
         state = {
             "format": CHECKPOINT_FORMAT,
-            "format_version": persistence.FORMAT_VERSION,
+            "format_version": file_format.FORMAT_VERSION,
             "gpfast_version": __version__,
             "fingerprint": self.fingerprint,
             "done": self.done,
             "current": self._live.state_dict() if self._live is not None else self.current,
             "rng": self.pending_rng if self.pending_rng is not None else generator_state(self.device),
         }
-        persistence.write_state(state, self.path)
+        file_format.write_state(state, self.path)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

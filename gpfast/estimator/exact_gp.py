@@ -89,7 +89,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
     n_restarts : int, default=0
         Further optimiser runs from random data-driven starting points (scikit-learn's ``n_restarts_optimizer``;
         see :meth:`gpfast.estimator.hyperparameters.HyperparameterSpace.random`), seeded by ``random_state``; the
-        run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss).
+        run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss). At most 1000.
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
@@ -325,7 +325,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
         msg = (
             f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
-            f"{optimizer} on {train_solver} ({trainer_used}), device={device}, dtype={dtype}"
+            f"{optimizer} on {train_solver} ({trainer_used}) in {str(train_dtype).replace('torch.', '')}, "
+            f"device={device}, model dtype={str(dtype).replace('torch.', '')}"
         )
         logger.info(msg)
         if self.verbose:

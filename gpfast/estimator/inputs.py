@@ -36,9 +36,18 @@ def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
     (predict) checks X against them.
     """
     if not torch.is_tensor(X):
-        arr = validate_data(
-            estimator, X, reset=reset, dtype=np.float64, ensure_2d=True, ensure_min_samples=1, ensure_all_finite=False
-        )
+        try:
+            arr = validate_data(
+                estimator,
+                X,
+                reset=reset,
+                dtype=np.float64,
+                ensure_2d=True,
+                ensure_min_samples=1,
+                ensure_all_finite=False,
+            )
+        except ValueError as exc:
+            raise _not_numeric(X, "X") or exc from None
         Xt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True, order="C"))
         check_finite(Xt, "X")
         return Xt, InputInfo(False)
@@ -83,9 +92,12 @@ def validate_y(y, n: int) -> torch.Tensor:
             raise ValueError(f"y is a complex tensor ({y.dtype}); ExactGP needs real values.")
         yt = y.detach().to(torch.float64)
     else:
-        arr = check_array(
-            y, dtype=np.float64, ensure_2d=False, ensure_min_samples=1, input_name="y", ensure_all_finite=False
-        )
+        try:
+            arr = check_array(
+                y, dtype=np.float64, ensure_2d=False, ensure_min_samples=1, input_name="y", ensure_all_finite=False
+            )
+        except ValueError as exc:
+            raise _not_numeric(y, "y") or exc from None
         yt = torch.from_numpy(np.array(arr, dtype=np.float64, copy=True))
     if yt.dim() == 2 and yt.shape[1] == 1:
         warnings.warn(
@@ -107,6 +119,27 @@ def validate_y(y, n: int) -> torch.Tensor:
             f"values; expected one target per row of X."
         )
     return yt
+
+
+def _not_numeric(a, name: str) -> ValueError | None:
+    """The error for the first cell of ``a`` that is not a number (numpy's own names only the value), or None."""
+    try:
+        cells = np.asarray(a, dtype=object)
+    except ValueError:  # ragged: numpy's message says so
+        return None
+    columns = getattr(a, "columns", None)
+    for index, value in np.ndenumerate(cells):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            where = f"row {index[0]}" if cells.ndim == 1 else f"row {index[0]}, column {index[-1]}"
+            if columns is not None and cells.ndim == 2:
+                where += f" ({columns[index[-1]]!r})"
+            return ValueError(
+                f"ExactGP: {name} holds {value!r} at {where}, which is not a number; ExactGP takes numbers only: "
+                f"encode that column as numbers, or leave it out."
+            )
+    return None
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:

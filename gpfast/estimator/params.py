@@ -14,10 +14,14 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-__all__ = ["MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
+__all__ = ["MAX_RESTARTS", "MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
 
 #: ``optimizer`` values; ``"auto"`` is L-BFGS on the exact (Cholesky) objective and Adam on the CG estimate.
 OPTIMIZERS = ("auto", "lbfgs", "adam")
+
+#: Upper bound of ``n_restarts``: each restart is a whole fit, so a larger number is a typo rather than a plan (a
+#: million restarts of even a small fit would run for days).
+MAX_RESTARTS = 1000
 
 #: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
 MIN_NOISE = 1e-4
@@ -69,8 +73,8 @@ def resolve(est) -> Settings:
         raise bad("lr", "a positive float")
     if not _is_int(est.max_iter) or est.max_iter < 0:
         raise bad("max_iter", "an int >= 0")
-    if not _is_int(est.n_restarts) or est.n_restarts < 0:
-        raise bad("n_restarts", "an int >= 0")
+    if not _is_int(est.n_restarts) or not 0 <= est.n_restarts <= MAX_RESTARTS:
+        raise bad("n_restarts", f"an int >= 0 and at most {MAX_RESTARTS} (each restart is a whole fit)")
     if est.tol is not None and (not _is_real(est.tol) or est.tol < 0):
         raise bad("tol", "None or a float >= 0")
     for name in ("ard", "standardize"):

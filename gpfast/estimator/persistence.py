@@ -1,23 +1,10 @@
 """Saving and loading a fitted :class:`gpfast.ExactGP`: files that say what is wrong with them.
 
-File format 2 (written by this gpfast) is a fixed 52-byte header followed by a payload:
-
-======  =====  ================================================================================================
-offset  bytes  content
-======  =====  ================================================================================================
-0       8      signature ``b"\\x89GPFAST\\n"`` (a high byte and a newline, as PNG's, so that text-mode transfers
-               show up as damage)
-8       4      format version, unsigned little-endian (2)
-12      8      payload length in bytes, unsigned little-endian
-20      32     SHA-256 of bytes 0-19 (signature, version, length) followed by the payload
-52      ...    payload: a ``torch.save`` dict of plain types and CPU tensors, no pickled classes
-======  =====  ================================================================================================
-
-The checksum covers every byte but its own, and any change to it breaks the match, so a flipped bit anywhere is
-caught before the payload is read. The payload is read with ``torch.load(..., weights_only=True)``, which
-rebuilds tensors and plain containers only and never runs code from the file. Formats 0 (gpfast 0.1.0, a bare
-``torch.save`` dict with a string ``version`` entry) and 1 (gpfast 0.2.0 before the header, an integer
-``format_version`` entry) still load; they have no checksum, but their zip members' CRC-32s are checked.
+The bytes of the file (a checksummed header, a payload of plain types and tensors that loading never runs code
+from, and the older formats 0 and 1) are :mod:`gpfast.estimator.file_format`'s. The payload holds the estimator's
+parameters, its model's state dicts, and every fitted attribute: those of the first formats in entries of their
+own, every other one by name in ``fitted`` (plain values) and ``fitted_arrays`` (numeric arrays), so that a file
+keeps whatever ``fit`` records.
 
 After reading, :func:`load` checks the contents against each other (entries present and of the right types,
 shapes and counts agreeing with ``n_features_in_`` and the training set, the model's state-dict keys and shapes,
@@ -28,16 +15,9 @@ format N, inconsistent contents).
 
 from __future__ import annotations
 
-import hashlib
-import io
 import math
 import os
-import pickle
-import secrets
-import struct
 import warnings
-import zipfile
-from pathlib import Path
 from typing import Any
 
 import gpytorch
@@ -46,21 +26,32 @@ import torch
 from sklearn.utils.validation import check_is_fitted
 
 from gpfast._version import __version__
+from gpfast.estimator.file_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    SIGNATURE,
+    file_error,
+    read_state,
+    write_state,
+)
 from gpfast.estimator.params import resolve
 from gpfast.estimator.prediction import hyperparameters_float64
 from gpfast.models import ExactGPModel
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "HEADER_SIZE", "SIGNATURE", "load", "read_state", "save", "write_state"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "HEADER_SIZE",
+    "SIGNATURE",
+    "fitted_attributes",
+    "load",
+    "plain_params",
+    "read_state",
+    "save",
+    "write_state",
+]
 
-FORMAT = "gpfast.ExactGP"
-#: The save-file layout this gpfast writes; it reads every version up to this one.
-FORMAT_VERSION = 2
-#: The first bytes of every file of format 2 or later.
-SIGNATURE = b"\x89GPFAST\n"
-_HEADER = struct.Struct("<8sIQ32s")  # signature, format version, payload length, SHA-256
-_CHECKED = struct.Struct("<8sIQ")  # the header fields the checksum covers
-HEADER_SIZE = _HEADER.size
-_LEGACY_VERSIONS = {"0.1.0": 0}  # gpfast versions that wrote files before format_version existed
 _SOLVERS = ("cholesky", "cg")
 _REQUIRED = (
     "params",
@@ -82,8 +73,26 @@ _REQUIRED = (
 )
 
 
+#: Fitted attributes with entries of their own in the file (tensors, the model, and those of format 0 and 1).
+_OWN_ENTRIES = frozenset(
+    (*_REQUIRED, "feature_names_in_", "train_solver_", "pretrain_history_", "model_", "likelihood_")
+)
+#: Fitted attributes that files written before the ``fitted`` entry lack; loading such a file sets them to None.
+_NOT_IN_OLD_FILES = (
+    "trainer_",
+    "optimizer_",
+    "converged_",
+    "restart_losses_",
+    "cg_iterations_",
+    "cg_residuals_",
+    "history_data_fit_",
+    "history_log_det_estimate_",
+    "step_seconds_",
+)
+
+
 def _bad(path, what: str) -> ValueError:
-    return ValueError(f"cannot load {str(path)!r}: {what}")
+    return file_error(path, what)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -91,7 +100,9 @@ def _bad(path, what: str) -> ValueError:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _params(est) -> dict[str, Any]:
+def plain_params(est) -> dict[str, Any]:
+    """``est.get_params()`` in plain types (dtypes, devices and paths as strings, arrays as lists), as files hold
+    them."""
     params = est.get_params(deep=False)
     if isinstance(params.get("dtype"), (type, np.dtype)):
         params["dtype"] = str(np.dtype(params["dtype"]))
@@ -108,11 +119,43 @@ def _params(est) -> dict[str, Any]:
     return params
 
 
+def _is_plain(v) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    return isinstance(v, list) and all(_is_plain(x) for x in v)
+
+
+def fitted_attributes(est) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Every fitted attribute (public, name ending in ``_``) of ``est`` without an entry of its own in the file:
+    ``(plain, arrays)``, the plain values (None, bool, int, float, str, lists of these; numpy scalars and tuples
+    as their Python equals) and the numpy arrays as CPU tensors. TypeError for a value of any other type, which a
+    file could not give back."""
+    plain, arrays = {}, {}
+    for name, value in vars(est).items():
+        if not name.endswith("_") or name.startswith("_") or name in _OWN_ENTRIES:
+            continue
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            arrays[name] = torch.from_numpy(value.copy())
+            continue
+        if isinstance(value, (np.generic, tuple)):
+            value = value.item() if isinstance(value, np.generic) else list(value)
+        if isinstance(value, list):
+            value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        if not _is_plain(value):
+            raise TypeError(
+                f"ExactGP.save: the fitted attribute {name} is a {type(value).__name__}; a gpfast file holds plain "
+                f"values (None, bool, int, float, str, lists of these) and numeric arrays only."
+            )
+        plain[name] = value
+    return plain, arrays
+
+
 def save(est, path) -> None:
     """Write the fitted estimator ``est`` to ``path`` (a file name or a binary file object), everything on the CPU.
 
     A file name is written atomically: a temporary file in the same folder, renamed over ``path`` once complete,
-    so that an interrupted save never leaves a half-written model (or destroys the previous one).
+    so that an interrupted save never leaves a half-written model (or destroys the previous one). Missing parent
+    folders are created.
     """
     check_is_fitted(est)
 
@@ -123,7 +166,7 @@ def save(est, path) -> None:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "gpfast_version": __version__,
-        "params": _params(est),
+        "params": plain_params(est),
         "n_features_in_": int(est.n_features_in_),
         "feature_names_in_": [str(c) for c in est.feature_names_in_] if hasattr(est, "feature_names_in_") else None,
         "device_": str(est.device_),
@@ -144,244 +187,9 @@ def save(est, path) -> None:
         "log_marginal_likelihood_": float(est.log_marginal_likelihood_),
         "log_marginal_likelihood_method_": est.log_marginal_likelihood_method_,
     }
+    # every other fitted attribute, by name: the file keeps what fit recorded, whatever that grows to
+    state["fitted"], state["fitted_arrays"] = fitted_attributes(est)
     write_state(state, path)
-
-
-def write_state(state: dict, path, format_version: int = FORMAT_VERSION) -> None:
-    """Write ``state`` (a dict of plain types and CPU tensors) as a headed, checksummed file (see the module
-    docstring). ``format_version`` goes into the header; other values are for tests of newer files only."""
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getbuffer()
-    head = _CHECKED.pack(SIGNATURE, format_version, len(payload))
-    digest = hashlib.sha256(head)
-    digest.update(payload)
-    if hasattr(path, "write"):
-        path.write(head + digest.digest())
-        path.write(payload)
-        return
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
-    # os.open with 0o666 leaves the mode to the umask, as for any file the user writes (mkstemp would give 0600)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + digest.digest())
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-# ------------------------------------------------------------------------------------------------------------
-# reading: the bytes, then the state they hold
-# ------------------------------------------------------------------------------------------------------------
-
-
-def read_state(path, format: str = FORMAT) -> tuple[int, dict]:
-    """The format version and the state dict of a gpfast file (checked for damage and type, not yet for
-    consistency); ``path`` is a file name or a binary file object; ``format``: the payload's expected ``format``
-    entry (a checkpoint's is :data:`gpfast.estimator.checkpoint.CHECKPOINT_FORMAT`, and only model files have
-    the legacy formats 0 and 1). Raises ``ValueError`` for any bad file (``FileNotFoundError`` and other
-    ``OSError`` when it cannot be read at all)."""
-    data = path.read() if hasattr(path, "read") else Path(path).read_bytes()
-    if not data:
-        raise _bad(path, "the file is empty (0 bytes); a gpfast model file is never empty.")
-    if data.startswith(SIGNATURE) or _near_signature(data):
-        return _read_headed(path, data, format)
-    if len(data) < len(SIGNATURE) and SIGNATURE.startswith(data):
-        raise _bad(
-            path,
-            f"the file is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header of "
-            f"a gpfast model file.",
-        )
-    if data.startswith(b"PK\x03\x04") and format == FORMAT:
-        return _read_legacy(path, data)
-    raise _bad(
-        path,
-        f"not a gpfast model file: it is {_describe_foreign(data)}. gpfast model files are written by "
-        f"ExactGP.save and `gpfast fit --save`.",
-    )
-
-
-def _near_signature(data: bytes) -> bool:
-    """The first 8 bytes are gpfast's signature with one or two bits flipped: damage, not a foreign file."""
-    if len(data) < len(SIGNATURE):
-        return False
-    flipped = sum(bin(a ^ b).count("1") for a, b in zip(data[: len(SIGNATURE)], SIGNATURE))
-    return flipped <= 2
-
-
-def _read_headed(path, data: bytes, format: str = FORMAT) -> tuple[int, dict]:
-    if len(data) < HEADER_SIZE:
-        raise _bad(
-            path,
-            f"the file is truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header of "
-            f"a gpfast model file.",
-        )
-    signature, version, length, recorded = _HEADER.unpack_from(data)
-    if signature != SIGNATURE:
-        raise _bad(
-            path,
-            f"the file is corrupt: its first bytes {signature!r} are a damaged gpfast signature "
-            f"(expected {SIGNATURE!r}).",
-        )
-    payload = memoryview(data)[HEADER_SIZE:]
-    digest = hashlib.sha256(data[: _CHECKED.size])
-    digest.update(payload)
-    checksum_ok = digest.digest() == recorded
-    if version > FORMAT_VERSION:
-        if checksum_ok:
-            raise _bad(
-                path,
-                f"it was written in gpfast file format {version}, by a newer gpfast; this gpfast "
-                f"({__version__}) reads formats 0 to {FORMAT_VERSION}: upgrade gpfast to load it.",
-            )
-        raise _bad(
-            path,
-            f"the file is corrupt, or was written in a newer gpfast file format: its header says "
-            f"format {version} and its SHA-256 checksum does not match; this gpfast ({__version__}) "
-            f"reads formats 0 to {FORMAT_VERSION}.",
-        )
-    if len(payload) < length:
-        raise _bad(
-            path,
-            f"the file is truncated: its header announces {length} bytes of data after the "
-            f"{HEADER_SIZE}-byte header, but only {len(payload)} follow.",
-        )
-    if len(payload) > length:
-        raise _bad(
-            path, f"the file is corrupt: {len(payload)} bytes of data follow its header, which announces {length}."
-        )
-    if not checksum_ok:
-        raise _bad(
-            path,
-            f"the file is corrupt: the SHA-256 of its contents is {digest.hexdigest()}, but its header "
-            f"records {recorded.hex()} (damaged on disk or in transfer, or edited).",
-        )
-    if version < 2:
-        raise _bad(path, f"the file is corrupt: its header says format {version}, but formats before 2 have no header.")
-    state = _torch_load(path, payload)
-    if not isinstance(state, dict) or state.get("format") != format:
-        found = state.get("format") if isinstance(state, dict) else None
-        raise _bad(path, f"its checksum matches but its data are not a {format} state (format {found!r}).")
-    if state.get("format_version") != version:
-        raise _bad(
-            path,
-            f"the file is corrupt: its header says format {version}, its data say {state.get('format_version')!r}.",
-        )
-    return version, state
-
-
-def _read_legacy(path, data: bytes) -> tuple[int, dict]:
-    """Formats 0 and 1: a bare ``torch.save`` zip archive."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            names = zf.namelist()
-            if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
-                raise _bad(
-                    path,
-                    f"not a gpfast model file: it is a zip archive (such as an .npz file) without a "
-                    f"torch data.pkl member; its members: {_short_list(names)}.",
-                )
-            damaged = zf.testzip()
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
-        if isinstance(exc, ValueError) and str(exc).startswith("cannot load"):
-            raise
-        raise _bad(
-            path,
-            f"the file is truncated or corrupt: it starts as a zip archive (a gpfast file of format 0 "
-            f"or 1) but cannot be read as one ({exc}).",
-        ) from None
-    if damaged is not None:
-        raise _bad(path, f"the file is corrupt: member {damaged!r} of the zip archive fails its CRC-32 check.")
-    state = _torch_load(path, data)
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        kind = "a dict without" if isinstance(state, dict) else f"a {type(state).__name__}, not a dict with"
-        raise _bad(path, f"not a gpfast model file: it is a torch file holding {kind} a format={FORMAT!r} entry.")
-    return _legacy_version(path, state), state
-
-
-def _torch_load(path, payload) -> Any:
-    try:
-        return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:  # weights_only refused a global: the file holds Python objects
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
-        raise _bad(
-            path,
-            f"not a gpfast model file: it is a torch file holding Python objects, which gpfast files "
-            f"never contain (and which loading refuses to unpickle, as that could run code). {first}",
-        ) from None
-    except Exception as exc:  # torch reports a damaged archive in many ways (RuntimeError, EOFError, ...)
-        raise _bad(
-            path, f"the file is corrupt: its data cannot be read ({type(exc).__name__}: {str(exc).strip()[:200]})."
-        ) from None
-
-
-def _legacy_version(path, state: dict) -> int:
-    if "format_version" in state:
-        v = state["format_version"]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise _bad(path, f"its format_version must be an int >= 0, got {v!r}.")
-        if v > FORMAT_VERSION:
-            raise _bad(
-                path,
-                f"it was written in gpfast file format {v} (by gpfast {state.get('gpfast_version', '?')}"
-                f"); this gpfast ({__version__}) reads formats 0 to {FORMAT_VERSION}: upgrade gpfast "
-                f"to load it.",
-            )
-        if v >= 2:
-            raise _bad(
-                path,
-                f"the file is corrupt: its data say format {v}, but files of format 2 and later start "
-                f"with a gpfast header, and this one does not.",
-            )
-        return v
-    version = state.get("version")
-    if version is None:
-        raise _bad(path, "it has no 'format_version' (or legacy 'version') entry; cannot tell how to read it.")
-    if version not in _LEGACY_VERSIONS:
-        raise _bad(
-            path,
-            f"it was saved by gpfast version {version!r}, which this gpfast ({__version__}) cannot "
-            f"read; readable versions: {sorted(_LEGACY_VERSIONS)} and files with a format_version up "
-            f"to {FORMAT_VERSION}.",
-        )
-    return _LEGACY_VERSIONS[version]
-
-
-def _short_list(names, limit: int = 5) -> str:
-    names = list(names)
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _describe_foreign(data: bytes) -> str:
-    """What a file that is not gpfast's looks like, from its first bytes."""
-    head = data[:4096]
-    if head.startswith(b"\x93NUMPY"):
-        return "a NumPy .npy file"
-    if head[:1] == b"\x80" and len(head) > 1 and 2 <= head[1] <= 5:
-        if b"joblib" in head or b"NumpyArrayWrapper" in head:
-            return "a joblib file (a Python pickle), which loading refuses to unpickle, as that could run code"
-        return "a Python pickle file, which loading refuses to unpickle, as that could run code"
-    if head.startswith(b"\x1f\x8b"):
-        return "a gzip-compressed file"
-    if head[:1] == b"\x78" and len(head) > 1 and (head[0] * 256 + head[1]) % 31 == 0:
-        return "zlib-compressed data (such as a compressed joblib file)"
-    if head.startswith(b"\x89HDF"):
-        return "an HDF5 file"
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and all(c.isprintable() or c in "\r\n\t" for c in text):
-        first = text.splitlines()[0][:40] if text.strip() else ""
-        return f"a text file (starting {first!r})"
-    return f"an unrecognised binary file (first bytes {data[:8]!r})"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -451,6 +259,7 @@ def _check_state(path, state: dict, param_names) -> None:
             raise bad(f"{key} must be a list of floats, got {_kind(state[key])}")
     if not _is_int(state["n_iter_"]) or state["n_iter_"] != len(state["history_"]):
         raise bad(f"n_iter_ = {state['n_iter_']!r} but history_ has {len(state['history_'])} entries (one per step)")
+    _check_fitted(state, bad)
     method = state["log_marginal_likelihood_method_"]
     if not isinstance(method, str):
         raise bad(f"log_marginal_likelihood_method_ must be a string, got {_kind(method)}")
@@ -462,6 +271,24 @@ def _check_state(path, state: dict, param_names) -> None:
             raise bad(f"{name} holds NaN or infinite values")
     if not math.isfinite(state["y_mean_"]):
         raise bad(f"y_mean_ must be finite, got {state['y_mean_']!r}")
+
+
+def _check_fitted(state: dict, bad) -> None:
+    """The ``fitted`` entries (absent in older files): attribute names to plain values, and to tensors."""
+    for key, ok, what in (
+        ("fitted", _is_plain, "plain values (None, bool, int, float, str, lists of these)"),
+        ("fitted_arrays", torch.is_tensor, "tensors"),
+    ):
+        entry = state.get(key, {})
+        if not isinstance(entry, dict):
+            raise bad(f"{key} must be a dict of fitted attribute names to {what}, got {_kind(entry)}")
+        for name, value in entry.items():
+            if not (isinstance(name, str) and name.isidentifier() and name.endswith("_") and name[0] != "_"):
+                raise bad(f"{key} has the entry {name!r}, not the name of a fitted attribute (ending in '_')")
+            if name in _OWN_ENTRIES:
+                raise bad(f"{key} has the entry {name!r}, which the file holds in an entry of its own")
+            if not ok(value):
+                raise bad(f"{key}[{name!r}] must be one of {what}, got {_kind(value)}")
 
 
 def _kind(v) -> str:
@@ -557,26 +384,33 @@ def load(cls, path, device=None):
     model.eval()
     likelihood.eval()
 
+    fitted = dict(
+        n_features_in_=int(state["n_features_in_"]),
+        device_=device_,
+        X_train_=X_train,
+        y_train_=y_train,
+        x_mean_=state["x_mean_"].to(torch.float64).numpy(),
+        x_std_=state["x_std_"].to(torch.float64).numpy(),
+        y_mean_=float(state["y_mean_"]),
+        y_std_=float(state["y_std_"]),
+        model_=model,
+        likelihood_=likelihood,
+        solver_=state["solver_"],
+        train_solver_=state.get("train_solver_", state["solver_"]),
+        history_=list(state["history_"]),
+        pretrain_history_=list(state.get("pretrain_history_", [])),
+        n_iter_=int(state["n_iter_"]),
+        log_marginal_likelihood_=float(state["log_marginal_likelihood_"]),
+        log_marginal_likelihood_method_=state["log_marginal_likelihood_method_"],
+    )
     if state.get("feature_names_in_") is not None:
-        est.feature_names_in_ = np.asarray(state["feature_names_in_"], dtype=object)
-    est.n_features_in_ = int(state["n_features_in_"])
-    est.device_ = device_
-    est.X_train_ = X_train
-    est.y_train_ = y_train
-    est.x_mean_ = state["x_mean_"].to(torch.float64).numpy()
-    est.x_std_ = state["x_std_"].to(torch.float64).numpy()
-    est.y_mean_ = float(state["y_mean_"])
-    est.y_std_ = float(state["y_std_"])
-    est.model_ = model
-    est.likelihood_ = likelihood
-    est.solver_ = state["solver_"]
-    est.train_solver_ = state.get("train_solver_", state["solver_"])
-    est.history_ = list(state["history_"])
-    est.pretrain_history_ = list(state.get("pretrain_history_", []))
-    est.n_iter_ = int(state["n_iter_"])
-    est.log_marginal_likelihood_ = float(state["log_marginal_likelihood_"])
-    est.log_marginal_likelihood_method_ = state["log_marginal_likelihood_method_"]
-    est._posterior = None
-    est._cg_posterior = None
-    est._set_hyperparameter_attributes(hyperparameters_float64(model))
+        fitted["feature_names_in_"] = np.asarray(state["feature_names_in_"], dtype=object)
+    if "fitted" in state:
+        fitted.update(state["fitted"])
+        fitted.update({k: v.numpy().copy() for k, v in state.get("fitted_arrays", {}).items()})
+    else:  # written before every fitted attribute was kept: those it lacks are unknown
+        fitted.update(dict.fromkeys(_NOT_IN_OLD_FILES))
+    est.__setstate__(fitted)  # the estimator's own way back from a saved state (as unpickling)
+    if "fitted" not in state:  # the hyperparameters in the units of X and y, derived as fit derives them
+        est._set_hyperparameter_attributes(hyperparameters_float64(model))
     return est

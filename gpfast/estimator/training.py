@@ -148,7 +148,8 @@ def train(
 
     if recorder is not None:
         fun = recorder.wrap(fun)
-    bar = tqdm(total=n_steps, desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
+    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
 
     def on_step(loss: float) -> None:
         bar.update(1)
