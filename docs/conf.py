@@ -14,6 +14,8 @@ sys.path.insert(0, str(DOCS / "_ext"))
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 import gpfast  # noqa: E402
+from gpfast.estimator import solver as _solver  # noqa: E402
+from gpfast.kernels import MATRIX_FREE_THRESHOLD  # noqa: E402
 
 project = "gpfast"
 author = "gpfast developers"
@@ -30,6 +32,16 @@ extensions = [
     "sphinxarg.ext",
     "gpfast_results",
 ]
+
+# Thresholds quoted in the guide come from the code, so the prose cannot drift from the rule.
+rst_prolog = f"""
+.. |cholesky_max_n_cpu| replace:: {_solver.AUTO_CHOLESKY_MAX_N["cpu"]:,}
+.. |cholesky_max_n_cuda| replace:: {_solver.AUTO_CHOLESKY_MAX_N["cuda"]:,}
+.. |train_cholesky_max_n_cpu| replace:: {_solver.AUTO_TRAIN_CHOLESKY_MAX_N["cpu"]:,}
+.. |train_cholesky_max_n_cuda| replace:: {_solver.AUTO_TRAIN_CHOLESKY_MAX_N["cuda"]:,}
+.. |cholesky_workspace| replace:: {_solver.CHOLESKY_WORKSPACE_FACTOR}
+.. |matrix_free_threshold| replace:: {MATRIX_FREE_THRESHOLD:,}
+"""
 
 exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py", "auto_examples/*.zip"]
 templates_path = []
