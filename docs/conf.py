@@ -56,10 +56,14 @@ autodoc_typehints = "none"
 # A docstring with no sections of its own is still valid; numpydoc checks only the ones it has.
 numpydoc_validation_checks = set()
 
+# Help texts and prose quote options such as --iters; typographic dashes would break them when copied.
+smartquotes = False
+
 html_theme = "pydata_sphinx_theme"
 html_title = f"gpfast {release}"
 html_theme_options = {
     "navigation_with_keys": False,
+    "header_links_before_dropdown": 9,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
 }
