@@ -26,9 +26,9 @@ print(f"machine: {rows[0]['machine']}; date: {rows[0]['date']}")
 print(format_table(rows))
 
 # %%
-# RMSE and NLL are on the standardised test targets (lower is better for both). Timings on a small set like
-# this one mostly measure Python overhead and, on a shared machine, the other processes; the benchmarks page
-# has the large-set numbers.
+# RMSE and NLL are on the standardised test targets (lower is better for both). On a set this small the
+# times say little about speed at scale, and on a shared machine they also measure the other processes; the
+# benchmarks page has the large-set numbers.
 
 fig, ax = plt.subplots(1, 3, figsize=(9, 3))
 names = [r["row"] for r in rows]
