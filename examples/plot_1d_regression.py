@@ -30,7 +30,7 @@ X_plot = np.linspace(-1.0, 11.0, 400)[:, None]
 mean, std_y = gp.predict(X_plot, return_std=True)
 _, std_f = gp.predict(X_plot, return_std=True, include_noise=False)
 
-fig, ax = plt.subplots(figsize=(7, 3.5))
+fig, ax = plt.subplots(figsize=(7, 4.2))
 ax.fill_between(X_plot[:, 0], mean - 1.96 * std_y, mean + 1.96 * std_y, alpha=0.2, label="95% band, new y")
 ax.fill_between(X_plot[:, 0], mean - 1.96 * std_f, mean + 1.96 * std_f, alpha=0.4, label="95% band, f(x)")
 ax.plot(X_plot[:, 0], mean, lw=2, label="posterior mean")
@@ -38,7 +38,7 @@ ax.plot(X_plot[:, 0], np.sin(X_plot[:, 0]), "k--", lw=1, label="sin(x), the trut
 ax.scatter(X[:, 0], y, s=12, c="k", zorder=3, label="training data")
 ax.set_xlabel("x")
 ax.set_ylabel("y")
-ax.legend(loc="lower left", fontsize=8, ncol=2)
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, ncol=3)
 fig.tight_layout()
 
 # %%
