@@ -62,18 +62,27 @@ def robust_cholesky(
     relative jitter in ``jitters`` (increasing) until it succeeds, and warns (:class:`CholeskyJitterWarning`)
     with the jitter it used.
 
-    Args:
-        A: symmetric matrix (n, n). Cast to float64 (a copy unless it already is float64 and ``overwrite``).
-        jitters: relative jitters to try, in increasing order.
-        overwrite: allow the function to add the jitter to ``A``'s diagonal in place (saves one n x n copy
-            when ``A`` is already float64; its diagonal is then left with the jitter added).
+    Parameters
+    ----------
+    A : torch.Tensor of shape (n, n)
+        Symmetric matrix. Cast to float64 (a copy unless it already is float64 and ``overwrite``).
+    jitters : sequence of float
+        Relative jitters to try, in increasing order.
+    overwrite : bool
+        Allow the function to add the jitter to ``A``'s diagonal in place (saves one n x n copy when ``A`` is
+        already float64; its diagonal is then left with the jitter added).
 
-    Returns:
-        ``(L, jitter)``: ``L`` the lower factor (float64), ``jitter`` the absolute jitter added to the
-        diagonal (0.0 when none was needed).
+    Returns
+    -------
+    L : torch.Tensor of shape (n, n)
+        The lower factor (float64).
+    jitter : float
+        The absolute jitter added to the diagonal (0.0 when none was needed).
 
-    Raises:
-        CholeskyError: the matrix is not positive definite even with the largest jitter.
+    Raises
+    ------
+    CholeskyError
+        The matrix is not positive definite even with the largest jitter.
     """
     if A.dim() != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"A must be a square matrix (n, n), got shape {tuple(A.shape)}")
@@ -136,20 +145,33 @@ class ExactPosterior:
 
     solving in chunks of test points so the temporaries stay below ~256 MB.
 
-    Args:
-        K_train: noise-free prior covariance of the training points (n, n).
-        y: training targets (n,) or (n, 1).
-        noise: Gaussian noise variance (float or 0-dim tensor).
-        mean: constant prior mean.
-        overwrite: allow ``K_train`` (if already float64) to be overwritten (saves an n x n copy).
-        jitters: see :func:`robust_cholesky`.
+    Parameters
+    ----------
+    K_train : torch.Tensor of shape (n, n)
+        Noise-free prior covariance of the training points.
+    y : torch.Tensor of shape (n,) or (n, 1)
+        Training targets.
+    noise : float or 0-dim torch.Tensor
+        Gaussian noise variance.
+    mean : float or 0-dim torch.Tensor
+        Constant prior mean.
+    overwrite : bool
+        Allow ``K_train`` (if already float64) to be overwritten (saves an n x n copy).
+    jitters : sequence of float
+        See :func:`robust_cholesky`.
 
-    Attributes:
-        L: lower Cholesky factor (n, n) float64 of ``K_train + (noise + jitter) I``.
-        alpha: (n,) float64.
-        jitter: absolute jitter that had to be added to the diagonal (0.0 normally).
-        noise, mean: as given (float).
-        n: number of training points.
+    Attributes
+    ----------
+    L : torch.Tensor of shape (n, n)
+        Lower Cholesky factor (float64) of ``K_train + (noise + jitter) I``.
+    alpha : torch.Tensor of shape (n,)
+        float64.
+    jitter : float
+        Absolute jitter that had to be added to the diagonal (0.0 normally).
+    noise, mean : float
+        As given.
+    n : int
+        Number of training points.
     """
 
     def __init__(
@@ -202,17 +224,25 @@ class ExactPosterior:
     ):
         """Posterior at test points.
 
-        Args:
-            K_star: cross-covariance (n, n_test) between the training and test points.
-            k_star_star: prior variances (n_test,) of the test points (needed for ``return_var``).
-            return_var: also return the posterior variance (n_test,).
-            include_noise: add the noise variance (predictive variance of a noisy target ``y`` rather than of
-                the latent ``f``).
-            K_star_star: prior covariance (n_test, n_test) of the test points (needed for ``return_cov``).
-            return_cov: also return the full posterior covariance (n_test, n_test) (symmetrised).
+        Parameters
+        ----------
+        K_star : torch.Tensor of shape (n, n_test)
+            Cross-covariance between the training and test points.
+        k_star_star : torch.Tensor of shape (n_test,) or None
+            Prior variances of the test points (needed for ``return_var``).
+        return_var : bool
+            Also return the posterior variance (n_test,).
+        include_noise : bool
+            Add the noise variance (predictive variance of a noisy target ``y`` rather than of the latent ``f``).
+        K_star_star : torch.Tensor of shape (n_test, n_test) or None
+            Prior covariance of the test points (needed for ``return_cov``).
+        return_cov : bool
+            Also return the full posterior covariance (n_test, n_test) (symmetrised).
 
-        Returns:
-            ``mean`` (n_test,) float64, or ``(mean, var)`` / ``(mean, cov)``.
+        Returns
+        -------
+        mean or (mean, var) or (mean, cov)
+            ``mean`` (n_test,) float64, with ``var`` (n_test,) or ``cov`` (n_test, n_test) when asked for.
         """
         if return_var and return_cov:
             raise ValueError("at most one of return_var and return_cov can be True")
@@ -260,12 +290,20 @@ class ExactPosterior:
 
         Only an (n, chunk) block of ``K_*`` exists at a time (unless ``return_cov``, which needs all of it).
 
-        Args:
-            kernel: ``kernel(a, b)`` returns the (len(a), len(b)) float64 covariance.
-            x_train: (n, d) training inputs in the units ``kernel`` expects.
-            x_test: (n_test, d) test inputs.
-            prior_var: prior variance ``k(x, x)`` of the (stationary) kernel.
-            chunk_size: test points per chunk (default :meth:`chunk_size`).
+        Parameters
+        ----------
+        kernel : callable
+            ``kernel(a, b)`` returns the (len(a), len(b)) float64 covariance.
+        x_train : torch.Tensor of shape (n, d)
+            Training inputs in the units ``kernel`` expects.
+        x_test : torch.Tensor of shape (n_test, d)
+            Test inputs.
+        prior_var : float
+            Prior variance ``k(x, x)`` of the (stationary) kernel.
+        return_var, return_cov, include_noise : bool
+            As in :meth:`predict`.
+        chunk_size : int or None
+            Test points per chunk (default :meth:`chunk_size`).
         """
         n_test = x_test.shape[0]
         if return_cov:

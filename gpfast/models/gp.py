@@ -27,16 +27,21 @@ class ExactGPModel(gpytorch.models.ExactGP):
         model.eval(); likelihood.eval()
         pred = likelihood(model(test_x))
 
-    Args:
-        train_x: training inputs (n, d) (a 1-D tensor is treated as (n, 1)).
-        train_y: training targets (n,).
-        likelihood: a ``gpytorch.likelihoods.GaussianLikelihood`` (or compatible).
-        ard: one lengthscale per input dimension (True) or a single shared lengthscale (False).
-        kernel: ``"gpfast"`` (default) or ``"gpytorch"`` (see :data:`KERNELS`), or a covariance module
-            (a ``gpytorch.kernels.Kernel``) to use as it is.
-        distributed: (gpfast kernel only) split every covariance product by rows over the ranks of
-            ``torch.distributed`` (see :mod:`gpfast.kernels.distributed`); the covariance is then always
-            matrix-free.
+    Parameters
+    ----------
+    train_x : torch.Tensor of shape (n, d)
+        Training inputs (a 1-D tensor is treated as (n, 1)).
+    train_y : torch.Tensor of shape (n,)
+        Training targets.
+    likelihood : gpytorch.likelihoods.GaussianLikelihood
+        Or a compatible likelihood.
+    ard : bool, default=True
+        One lengthscale per input dimension (True) or a single shared lengthscale (False).
+    kernel : {"gpfast", "gpytorch"} or gpytorch.kernels.Kernel, default="gpfast"
+        The fused kernel or GPyTorch's (see :data:`KERNELS`), or a covariance module to use as it is.
+    distributed : bool, default=False
+        (gpfast kernel only) Split every covariance product by rows over the ranks of ``torch.distributed`` (see
+        :mod:`gpfast.kernels.distributed`); the covariance is then always matrix-free.
     """
 
     def __init__(
