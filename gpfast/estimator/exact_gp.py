@@ -37,7 +37,6 @@ from sklearn.exceptions import ConvergenceWarning
 from gpfast.estimator import checkpoint as _checkpoint
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
-from gpfast.estimator import solver as _solver
 from gpfast.estimator.hyperparameters import (
     LENGTHSCALE_BOUNDS,
     NOISE_BOUNDS,
@@ -46,15 +45,30 @@ from gpfast.estimator.hyperparameters import (
 )
 from gpfast.estimator.inputs import validate_X, validate_y
 from gpfast.estimator.restarts import best_of_restarts, starting_points
-from gpfast.estimator.training import CGSettings, gpytorch_objective, mll_estimate, train
+from gpfast.estimator.solver import FitPlan, RunPlan, free_memory_bytes, plan_fit
+from gpfast.estimator.fitting import fit_hyperparameters, gpytorch_objective, mll_estimate
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
-from gpfast.train import Engine
-from gpfast.train import settings as _trainer
+from gpfast.train import CGSettings, Engine
 
 __all__ = ["ExactGP"]
 
 logger = logging.getLogger(__name__)
+
+
+def _engine_attributes(record) -> dict:
+    """The fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the engine did not
+    train)."""
+    if record is None:
+        names = ("cg_iterations_", "cg_residuals_", "history_data_fit_", "history_log_det_estimate_", "step_seconds_")
+        return dict.fromkeys(names)
+    return dict(
+        cg_iterations_=list(record.cg_iterations),
+        cg_residuals_=list(record.cg_residuals),
+        history_data_fit_=list(record.data_fit),
+        history_log_det_estimate_=list(record.log_det_estimate),
+        step_seconds_=list(record.step_seconds),
+    )
 
 
 class ExactGP(RegressorMixin, BaseEstimator):
@@ -67,7 +81,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         float64 n x n matrices fit in the device's free memory and ``n <= AUTO_CHOLESKY_MAX_N`` (100k on CUDA,
         10k on CPU), else ``"cg"``; it then trains with the exact objective up to ``AUTO_TRAIN_CHOLESKY_MAX_N`` (4096
         on CUDA, 1500 on CPU, where CG steps become the cheaper way to a fit) and with CG above, while predictions
-        stay exact. The choices are stored in ``solver_`` and ``train_solver_``.
+        stay exact. One rule decides solver, training steps, optimiser and dtype
+        (:func:`gpfast.estimator.solver.plan_fit`); the choices are stored in ``solver_``, ``train_solver_``,
+        ``trainer_``, ``optimizer_`` and ``product_``.
     optimizer : {"auto", "lbfgs", "adam"}, default="auto"
         How the hyperparameters are fitted (:mod:`gpfast.estimator.optimize`), in log space inside the bounds of
         :mod:`gpfast.estimator.hyperparameters`. ``"lbfgs"``: scipy's L-BFGS-B (strong-Wolfe line search) with
@@ -107,11 +123,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
         them); the initial values are then in those units.
-    pretrain_subset : int or None, default=None
-        Wang et al. (2019) schedule: first train ``pretrain_iter`` steps on a random subset of this many
-        points, then ``max_iter`` steps on all the data. ``None`` (or a subset >= n) skips pretraining.
-    pretrain_iter : int, default=10
-        Steps on the subset when ``pretrain_subset`` is set.
+    pretrain : (int, int) or None, default=None
+        ``(n_points, n_steps)``: the schedule of Wang et al. (2019), first ``n_steps`` optimiser steps on a random
+        subset of ``n_points`` points, then ``max_iter`` steps on all the data. ``None`` (or a subset >= n) skips
+        pretraining.
     device : str, torch.device or None, default=None
         ``None`` picks ``"cuda"`` when available, else ``"cpu"``.
     dtype : {"float32", "float64"} or torch.dtype, default="float32"
@@ -123,36 +138,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
         for the subset draw and the CG probe vectors: equal seeds give identical ``history_``.
     verbose : bool, default=False
         Print the solver choice and show a tqdm progress bar with the loss (on stderr). Quiet by default.
-    cg_tolerance : float, default=1.0
-        CG residual tolerance during training (GPyTorch's default; the loss only needs rough solves).
-    eval_cg_tolerance : float, default=0.01
-        CG residual tolerance for predictions.
-    max_cg_iterations : int, default=1000
-        Maximum CG iterations.
-    preconditioner_size : int, default=15
-        Rank of the pivoted-Cholesky preconditioner used by CG (0 disables it). 15 is GPyTorch's default; Wang et
-        al. (2019) used 100 for their largest sets, where fewer CG iterations pay for the costlier preconditioner.
+    cg : gpfast.CGSettings, dict or None, default=None
+        Settings of every conjugate-gradient solve (:class:`gpfast.CGSettings`, which documents each field and the
+        measurements behind its default), or a dict of some of its fields; ``None``: the defaults. Its training
+        fields (``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``num_probes``, ...) drive gpfast's
+        engine, its ``predict_*`` fields the predictions by CG, and its ``trainer`` who takes the CG training steps
+        (``"auto"``: gpfast's engine under Adam, GPyTorch's loop under L-BFGS; ``"gpfast"``: the engine for every
+        step; ``"gpytorch"``: GPyTorch's loop, under ``gpytorch.settings``, for comparisons).
     distributed : bool, default=False
         Split every covariance product by rows over the ranks of an initialised ``torch.distributed`` process
         group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
         then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
         rank's GPU (or the CPU with the gloo backend).
-
-    trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
-        Who takes the training steps. ``"auto"``: gpfast's training engine (:mod:`gpfast.train`: warm-started,
-        truncated preconditioned CG and Hutchinson gradients from one fused backward, no Lanczos) whenever the
-        steps use CG under Adam (under L-BFGS, GPyTorch's: see :func:`gpfast.train.settings.train_solver`), and
-        gpfast's exact float64 objective when they use a dense Cholesky. ``"gpfast"``: the
-        engine for every step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``:
-        GPyTorch's marginal likelihood when the steps use CG (mBCG and stochastic Lanczos, with ``cg_tolerance``,
-        ``max_cg_iterations`` and ``preconditioner_size``), for comparisons. Who trained is stored in
-        ``trainer_``.
-    trainer_options : dict or None, default=None
-        Settings of gpfast's engine, keys of :class:`gpfast.train.EngineSettings` (``num_probes``,
-        ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``rebuild_every``,
-        ``rebuild_lengthscale_change``, ``resample_every``, ``warm_start``, ``product``, ``memory_fraction``; the
-        defaults and the measurements behind them are documented there); ``None`` keeps its defaults. The
-        GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
     checkpoint : str, path or None, default=None
         Make the fit resumable (:mod:`gpfast.estimator.checkpoint`): every ``checkpoint_every`` optimiser steps,
         and after each optimiser run, the whole training state goes to this file (atomically, with a checksum).
@@ -192,7 +189,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Final training loss of each run: the first start, then the ``n_restarts`` random ones.
     trainer_ : {"gpfast", "exact", "gpytorch"}
         Who took the training steps on the full data: gpfast's engine, the exact float64 Cholesky objective
-        (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``trainer``).
+        (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``cg``).
+    product_ : {"stored", "matrix_free"} or None
+        With ``trainer_ == "gpfast"``: whether the engine's products on the full data read a stored K or
+        recomputed it (:class:`gpfast.CGSettings` ``product``); None otherwise.
     cg_iterations_, cg_residuals_ : list of int, list of float, or None
         With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (the data
         column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS
@@ -235,22 +235,19 @@ class ExactGP(RegressorMixin, BaseEstimator):
         outputscale_init: float | None = None,
         lengthscale_init=None,
         standardize: bool = True,
-        pretrain_subset: int | None = None,
-        pretrain_iter: int = 10,
+        pretrain: tuple[int, int] | None = None,
         device=None,
         dtype="float32",
         random_state=None,
         verbose: bool = False,
-        cg_tolerance: float = 1.0,
-        eval_cg_tolerance: float = 0.01,
-        max_cg_iterations: int = 1000,
-        preconditioner_size: int = 15,
+        cg: CGSettings | dict | None = None,
         distributed: bool = False,
-        trainer: str = "auto",
-        trainer_options: dict | None = None,
         checkpoint=None,
         checkpoint_every: int = 10,
+        **removed,
     ):
+        if removed:  # arguments of earlier versions: say where their settings went
+            raise _params.removed_arguments(removed)
         self.solver = solver
         self.optimizer = optimizer
         self.lr = lr
@@ -262,19 +259,13 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.outputscale_init = outputscale_init
         self.lengthscale_init = lengthscale_init
         self.standardize = standardize
-        self.pretrain_subset = pretrain_subset
-        self.pretrain_iter = pretrain_iter
+        self.pretrain = pretrain
         self.device = device
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
-        self.cg_tolerance = cg_tolerance
-        self.eval_cg_tolerance = eval_cg_tolerance
-        self.max_cg_iterations = max_cg_iterations
-        self.preconditioner_size = preconditioner_size
+        self.cg = cg
         self.distributed = distributed
-        self.trainer = trainer
-        self.trainer_options = trainer_options
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
 
@@ -284,8 +275,17 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Standardise the data, train the hyperparameters, and (Cholesky solver) factor the covariance.
 
-        ``X``: (n, d) numpy array, array-like or torch tensor; ``y``: (n,) or (n, 1). Every argument is
-        validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit intact.
+        Every argument is validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit
+        intact.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        y : array-like or torch.Tensor of shape (n_samples,) or (n_samples, 1)
+
+        Returns
+        -------
+        self : ExactGP
         """
         input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
         try:
@@ -302,7 +302,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
-        trainer, engine_settings = _trainer.resolve(self.trainer, self.trainer_options, self.solver)
         Xt, _ = validate_X(self, X, reset=True)
         n, d = Xt.shape
         yt = validate_y(y, n)
@@ -312,112 +311,45 @@ class ExactGP(RegressorMixin, BaseEstimator):
             )
         x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
         inits = _params.initial_values(self, d, x_std.cpu(), y_std)
-        device, dtype = settings.device, settings.dtype
-        free = _solver.free_memory_bytes(device)
-        choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
-        train_solver, _ = _trainer.train_solver(trainer, choice.train_solver)
-        optimizer = _params.resolve_optimizer(settings.optimizer, train_solver)
-        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver, optimizer)
-        # The exact objective is float64 whatever dtype says: L-BFGS's line search needs the loss to that precision.
-        train_dtype = torch.float64 if train_solver == "cholesky" else dtype
-        subset = self._subset_size(n)
-        cg = self._cg_settings()
-
+        device = settings.device
+        free = free_memory_bytes(device)
+        plan = plan_fit(
+            n,
+            self._subset_size(settings.pretrain_n, n),
+            device,
+            free,
+            settings.dtype,
+            self.solver,
+            settings.optimizer,
+            settings.cg,
+            settings.distributed,
+        )
         msg = (
-            f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
-            f"{optimizer} on {train_solver} ({trainer_used}), device={device}, dtype={dtype}"
+            f"gpfast.ExactGP: n={n}, d={d}, solver={plan.solver} ({plan.reason}), training with {plan.optimizer} "
+            f"on {plan.full.train_solver} ({plan.full.trainer}), device={device}, dtype={plan.dtype}"
         )
         logger.info(msg)
         if self.verbose:
             print(msg, file=sys.stderr)
-
-        ckpt = None
-        if self.checkpoint is not None:
-            fp = _checkpoint.fingerprint(self, settings.seed, Xt, yt)
-            ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
-            if ckpt.resumed:
-                logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
+        ckpt = self._open_checkpoint(settings.seed, Xt, yt, device)
         Xs = ((Xt - x_mean) / x_std).to(device)
         ys = ((yt - y_mean) / y_std).to(device)
         with self._seeded(settings.seed, device, fork=ckpt is not None):
-            likelihood = gpytorch.likelihoods.GaussianLikelihood()
-            Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
-            model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
-            model = model.to(device=device, dtype=train_dtype)
-            space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
-            theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
-            if self.max_iter > 0 or subset is not None:
-                theta0 = self._clipped(space, theta0)
-            sub_idx = None
-            if subset is not None:
-                gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
-                sub_idx = torch.randperm(n, generator=gen)[:subset].to(device)
-                sub_solver, sub_trainer = _trainer.train_solver(
-                    trainer,
-                    self.solver
-                    if self.solver != "auto"
-                    else _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver,
-                    optimizer,
-                )
-            train_kw = dict(
-                cg=cg,
-                optimizer=optimizer,
-                lr=self.lr,
-                tol=self.tol,
-                dtype=dtype,
-                verbose=bool(self.verbose),
-                space=space,
-                checkpoint=ckpt,
+            model, space, theta0 = self._initial_model(Xs, ys, plan, settings, inits)
+            pre, result, record, restart_losses = self._optimise(
+                model, space, theta0, Xs, ys, plan, settings, free, ckpt
             )
-
-            def run(theta):
-                space.set(model, theta)
-                pre = None
-                if sub_idx is not None:
-                    model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
-                    pre, _ = self._train_with(
-                        sub_trainer,
-                        engine_settings,
-                        free,
-                        model,
-                        self.pretrain_iter,
-                        sub_solver,
-                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
-                        **train_kw,
-                    )
-                    model.set_train_data(inputs=Xd, targets=yd, strict=False)
-                full, record = self._train_with(
-                    trainer_used,
-                    engine_settings,
-                    free,
-                    model,
-                    self.max_iter,
-                    train_solver,
-                    desc=f"gpfast fit ({optimizer}, {train_solver}, {trainer_used})",
-                    **train_kw,
-                )
-                return pre, full, record
-
-            starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
-            (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
             if ckpt is not None:
                 ckpt.close()
             space.set(model, result.theta)
-            if train_dtype != dtype:
-                model = model.to(dtype)
-                model.set_train_data(inputs=Xs.to(dtype), targets=ys.to(dtype), strict=False)
+            if plan.train_dtype != plan.dtype:
+                model = model.to(plan.dtype)
+                model.set_train_data(inputs=Xs.to(plan.dtype), targets=ys.to(plan.dtype), strict=False)
             model.eval()
-            likelihood.eval()
-            posterior = None
-            if choice.exact_feasible:
-                posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
-                lml, lml_method = float(posterior.log_marginal_likelihood()), "cholesky"
-                if choice.solver != "cholesky":
-                    posterior = None
-            else:
-                lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
+            model.likelihood.eval()
+            lml, lml_method, posterior = self._log_marginal_likelihood(model, Xs, ys, plan)
         if self.max_iter > 0:
-            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
+            self._warn_about_fit(plan.optimizer, result, space, y_constant=bool((ys == 0).all()))
         if ckpt is not None:
             ckpt.remove()
         return dict(
@@ -429,11 +361,12 @@ class ExactGP(RegressorMixin, BaseEstimator):
             y_mean_=y_mean,
             y_std_=y_std,
             model_=model,
-            likelihood_=likelihood,
-            solver_=choice.solver,
-            train_solver_=train_solver,
-            trainer_=trainer_used,
-            optimizer_=optimizer,
+            likelihood_=model.likelihood,
+            solver_=plan.solver,
+            train_solver_=plan.full.train_solver,
+            trainer_=plan.full.trainer,
+            optimizer_=plan.optimizer,
+            product_=plan.full.product,
             history_=result.history,
             pretrain_history_=pre.history if pre is not None else [],
             n_iter_=result.n_iter,
@@ -442,34 +375,104 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_=lml,
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
-            **_trainer.fitted_attributes(record),
+            **_engine_attributes(record),
         )
 
+    def _open_checkpoint(self, seed: int | None, Xt: torch.Tensor, yt: torch.Tensor, device: torch.device):
+        """The fit's :class:`~gpfast.estimator.checkpoint.Checkpoint` (resumed when one was left), or None."""
+        if self.checkpoint is None:
+            return None
+        fp = _checkpoint.fingerprint(self, seed, Xt, yt)
+        ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
+        if ckpt.resumed:
+            logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
+        return ckpt
+
+    def _initial_model(self, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan, settings: _params.Settings, inits):
+        """The model in the training dtype, its hyperparameter space and the (clipped) starting point."""
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        Xd, yd = Xs.to(plan.train_dtype), ys.to(plan.train_dtype)
+        model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
+        model = model.to(device=Xs.device, dtype=plan.train_dtype)
+        space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
+        theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
+        if self.max_iter > 0 or plan.pretrain is not None:
+            theta0 = self._clipped(space, theta0)
+        return model, space, theta0
+
+    def _optimise(self, model, space, theta0, Xs, ys, plan: FitPlan, settings: _params.Settings, free: int, ckpt):
+        """Every optimiser run (pretraining, then all the data) from each starting point; the best run's
+        ``(pretrain result, result, engine record, restart losses)``."""
+        n, sub_idx = Xs.shape[0], None
+        if plan.pretrain is not None:
+            gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
+            sub_idx = torch.randperm(n, generator=gen)[: plan.pretrain.n].to(Xs.device)
+        Xd, yd = Xs.to(plan.train_dtype), ys.to(plan.train_dtype)
+        common = dict(
+            optimizer=plan.optimizer,
+            lr=self.lr,
+            tol=self.tol,
+            dtype=plan.dtype,
+            verbose=bool(self.verbose),
+            space=space,
+            free=free,
+            checkpoint=ckpt,
+        )
+
+        def run(theta):
+            space.set(model, theta)
+            pre = None
+            if sub_idx is not None:
+                model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+                run_plan = plan.pretrain
+                desc = f"gpfast pretrain ({run_plan.n} pts, {run_plan.train_solver})"
+                pre, _ = self._run_steps(run_plan, model, settings.pretrain_steps, desc=desc, **common)
+                model.set_train_data(inputs=Xd, targets=yd, strict=False)
+            full = plan.full
+            desc = f"gpfast fit ({plan.optimizer}, {full.train_solver}, {full.trainer})"
+            result, record = self._run_steps(full, model, self.max_iter, desc=desc, **common)
+            return pre, result, record
+
+        starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
+        (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+        return pre, result, record, restart_losses
+
     @staticmethod
-    def _train_with(trainer_used, engine_settings, free, model, n_steps, solver, checkpoint=None, **train_kw):
-        """:func:`~gpfast.estimator.training.train` with the objective of ``trainer_used``: gpfast's engine
-        (returning its record too), the exact float64 objective (the default for ``"cholesky"``), or GPyTorch's.
-        With a ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
+    def _run_steps(run_plan: RunPlan, model, n_steps: int, free: int, checkpoint=None, **fit_kw):
+        """One optimiser run (:func:`~gpfast.estimator.fitting.fit_hyperparameters`) with the objective of
+        ``run_plan.trainer``; returns its result and, from gpfast's engine, the engine's record. With a
+        ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
         log = checkpoint.next_run() if checkpoint is not None else None
         if log is not None and log.done is not None:
             result, record = log.done
-            train_kw["space"].set(model, result.theta)
+            fit_kw["space"].set(model, result.theta)
             return result, record
         record = None
-        if trainer_used == "gpfast":
-            engine = Engine(engine_settings, free)
+        solver = run_plan.train_solver
+        if run_plan.trainer == "gpfast":
+            engine = Engine(run_plan.cg, free)
             if log is not None:
                 if log.engine_state is not None:
                     engine.load_state_dict(log.engine_state)
                 log.objective_state = engine.state_dict
-            result = train(model, n_steps, solver, objective=engine.objective, recorder=log, **train_kw)
+            result = fit_hyperparameters(model, n_steps, solver, objective=engine.objective, recorder=log, **fit_kw)
             record = engine.finish()
         else:
-            objective = gpytorch_objective if trainer_used == "gpytorch" else None
-            result = train(model, n_steps, solver, objective=objective, recorder=log, **train_kw)
+            objective = gpytorch_objective if run_plan.trainer == "gpytorch" else None
+            result = fit_hyperparameters(model, n_steps, solver, objective=objective, recorder=log, **fit_kw)
         if checkpoint is not None:
             checkpoint.finish_run(log, result, record)
         return result, record
+
+    @staticmethod
+    def _log_marginal_likelihood(model, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan):
+        """``(value, method, posterior)``: exact by a float64 Cholesky whenever the plan allows one (the posterior
+        is kept for predictions when the solver is ``"cholesky"``), else GPyTorch's CG estimate."""
+        if not plan.exact_feasible:
+            return Xs.shape[0] * mll_estimate(model), "cg_estimate", None
+        posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
+        lml = float(posterior.log_marginal_likelihood())
+        return lml, "cholesky", posterior if plan.solver == "cholesky" else None
 
     def _clipped(self, space: HyperparameterSpace, theta0):
         """theta0 moved into the bounds, with a warning naming what was moved."""
@@ -527,24 +530,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
             )
         return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
 
-    def _subset_size(self, n: int) -> int | None:
-        subset = self.pretrain_subset
+    def _subset_size(self, subset: int | None, n: int) -> int | None:
         if subset is not None and subset >= n:
             warnings.warn(
-                f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
+                f"pretrain={self.pretrain!r}: its {subset} points >= n_samples={n}: skipping the subset pretraining.",
                 UserWarning,
                 stacklevel=4,
             )
             return None
         return subset
-
-    def _cg_settings(self) -> CGSettings:
-        return CGSettings(
-            float(self.cg_tolerance),
-            float(self.eval_cg_tolerance),
-            int(self.max_cg_iterations),
-            int(self.preconditioner_size),
-        )
 
     @staticmethod
     def _seeded(seed: int | None, device: torch.device, fork: bool = False):
@@ -615,7 +609,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             res = prediction.predict_exact(self._get_posterior(), self.X_train_, Xs, hyp, **flags)
         else:
             dtype = self.model_.covar_module.raw_outputscale.dtype
-            res = prediction.predict_cg(self.model_, Xs, dtype, self._cg_settings(), **flags)
+            res = prediction.predict_cg(self.model_, Xs, dtype, CGSettings.from_value(self.cg), **flags)
         if not (return_std or return_cov):
             return info.out(res * self.y_std_ + self.y_mean_)
         mean, second = res

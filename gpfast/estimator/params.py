@@ -1,5 +1,6 @@
 """Validation of :class:`gpfast.ExactGP`'s constructor arguments, done at ``fit`` (scikit-learn's rule:
-``__init__`` only stores). Nothing here modifies the estimator."""
+``__init__`` only stores), and the pointers from removed argument names to their places. Nothing here modifies
+the estimator."""
 
 from __future__ import annotations
 
@@ -14,13 +15,32 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-__all__ = ["MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
+from gpfast.train.settings import CGSettings
+
+__all__ = ["MIN_NOISE", "OPTIMIZERS", "REMOVED_ARGUMENTS", "Settings", "initial_values", "removed_arguments", "resolve"]
 
 #: ``optimizer`` values; ``"auto"`` is L-BFGS on the exact (Cholesky) objective and Adam on the CG estimate.
 OPTIMIZERS = ("auto", "lbfgs", "adam")
 
 #: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
 MIN_NOISE = 1e-4
+
+#: Arguments that ExactGP no longer takes, and where their settings live now.
+REMOVED_ARGUMENTS = {
+    "cg_tolerance": (
+        "cg={'cg_tolerance': ...} sets the training steps' tolerance (gpfast's engine); GPyTorch's own training "
+        "loop follows gpytorch.settings.cg_tolerance"
+    ),
+    "eval_cg_tolerance": "cg={'predict_cg_tolerance': ...}",
+    "max_cg_iterations": "cg={'max_cg_iterations': ...} (training steps) or cg={'predict_max_cg_iterations': ...}",
+    "preconditioner_size": (
+        "cg={'preconditioner_rank': ...} (training steps) or cg={'predict_preconditioner_rank': ...}"
+    ),
+    "trainer_options": "cg={...} (a dict of gpfast.CGSettings fields, or a gpfast.CGSettings)",
+    "trainer": "cg={'trainer': ...}",
+    "pretrain_subset": "pretrain=(n_points, n_steps)",
+    "pretrain_iter": "pretrain=(n_points, n_steps)",
+}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -40,6 +60,9 @@ class Settings:
     device: torch.device
     distributed: bool
     seed: int | None
+    cg: CGSettings
+    pretrain_n: int | None
+    pretrain_steps: int
 
 
 def describe(value: Any) -> str:
@@ -55,8 +78,28 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+def removed_arguments(names) -> TypeError:
+    """The error for removed argument ``names``, saying where each one's setting lives now."""
+    where = "; ".join(f"{name}: use {REMOVED_ARGUMENTS.get(name, 'nothing (unknown)')}" for name in sorted(names))
+    return TypeError(f"ExactGP got argument(s) it no longer takes ({where}).")
+
+
 def resolve(est) -> Settings:
-    """Check every argument of ``est`` (an ExactGP) and resolve dtype, device and seed."""
+    """Check every argument of an estimator and resolve what the fit uses.
+
+    Parameters
+    ----------
+    est : gpfast.ExactGP
+
+    Returns
+    -------
+    Settings
+
+    Raises
+    ------
+    ValueError
+        Naming the first argument whose value is invalid, with the value seen and what is expected.
+    """
 
     def bad(name, expected):
         return ValueError(f"ExactGP: invalid {name}={describe(getattr(est, name))}; expected {expected}.")
@@ -80,17 +123,25 @@ def resolve(est) -> Settings:
         v = getattr(est, name)
         if v is not None and (not _is_real(v) or v <= 0):
             raise bad(name, "None or a positive float")
-    if est.pretrain_subset is not None and (not _is_int(est.pretrain_subset) or est.pretrain_subset < 2):
-        raise bad("pretrain_subset", "None or an int >= 2")
-    if not _is_int(est.pretrain_iter) or est.pretrain_iter < 0:
-        raise bad("pretrain_iter", "an int >= 0")
-    for name in ("cg_tolerance", "eval_cg_tolerance"):
-        if not _is_real(getattr(est, name)) or getattr(est, name) <= 0:
-            raise bad(name, "a positive float")
-    if not _is_int(est.max_cg_iterations) or est.max_cg_iterations < 1:
-        raise bad("max_cg_iterations", "an int >= 1")
-    if not _is_int(est.preconditioner_size) or est.preconditioner_size < 0:
-        raise bad("preconditioner_size", "an int >= 0")
+    pretrain = est.pretrain
+    if pretrain is not None and not (
+        isinstance(pretrain, (tuple, list))
+        and len(pretrain) == 2
+        and _is_int(pretrain[0])
+        and pretrain[0] >= 2
+        and _is_int(pretrain[1])
+        and pretrain[1] >= 0
+    ):
+        raise bad("pretrain", "None or a pair (n_points, n_steps) of ints, n_points >= 2 and n_steps >= 0")
+    try:
+        cg = CGSettings.from_value(est.cg)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"ExactGP: invalid cg={describe(est.cg)}: {exc}") from None
+    if cg.trainer == "gpfast" and est.solver == "cholesky":
+        raise ValueError(
+            "ExactGP: cg trainer='gpfast' takes CG training steps; got solver='cholesky' (use solver='auto' or "
+            "'cg', or trainer='auto')."
+        )
     if est.verbose not in (True, False, 0, 1):
         raise bad("verbose", "True or False")
     if est.checkpoint is not None and not isinstance(est.checkpoint, (str, os.PathLike)):
@@ -105,15 +156,10 @@ def resolve(est) -> Settings:
         device=_resolve_device(est, bad),
         distributed=bool(est.distributed),
         seed=_resolve_seed(est.random_state, bad),
+        cg=cg,
+        pretrain_n=int(pretrain[0]) if pretrain is not None else None,
+        pretrain_steps=int(pretrain[1]) if pretrain is not None else 0,
     )
-
-
-def resolve_optimizer(optimizer: str, train_solver: str) -> str:
-    """``"auto"``: L-BFGS (deterministic line searches) on the exact float64 objective of the ``"cholesky"``
-    solver, Adam with its convergence test on the stochastic CG estimate. Otherwise the one asked for."""
-    if optimizer != "auto":
-        return optimizer
-    return "lbfgs" if train_solver == "cholesky" else "adam"
 
 
 def _resolve_dtype(dt, bad) -> torch.dtype:

@@ -8,9 +8,10 @@ import warnings
 import gpytorch
 import torch
 
-from gpfast.estimator.training import CGSettings, solver_settings
+from gpfast.estimator.fitting import solver_settings
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.ops import rbf_covariance
+from gpfast.train.settings import CGSettings
 
 __all__ = ["exact_posterior", "hyperparameters_float64", "predict_cg", "predict_exact"]
 

@@ -1,0 +1,233 @@
+"""The hyperparameter fit of :class:`gpfast.ExactGP`: an optimiser (:mod:`~gpfast.estimator.optimize`) on the
+negative marginal log likelihood, computed by an objective: gpfast's engine (:class:`gpfast.train.Engine`), the
+exact float64 one (:mod:`~gpfast.estimator.exact_objective`), GPyTorch's, or any other with the same contract."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gpytorch
+import numpy as np
+import torch
+from linear_operator.utils.errors import NotPSDError
+from tqdm.auto import tqdm
+
+from gpfast.estimator.exact_objective import cholesky_objective
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
+from gpfast.models import ExactGPModel
+from gpfast.train.settings import CGSettings
+
+__all__ = [
+    "FitResult",
+    "Objective",
+    "default_objective",
+    "fit_hyperparameters",
+    "gpytorch_objective",
+    "mll_estimate",
+    "solver_settings",
+]
+
+#: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
+#: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
+#: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
+#: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
+Objective = Callable[[], torch.Tensor]
+
+
+def solver_settings(solver: str | None, cg: CGSettings | None = None) -> contextlib.ExitStack:
+    """GPyTorch settings that make it solve by dense Cholesky or by CG.
+
+    Parameters
+    ----------
+    solver : {"cholesky", "cg"} or None
+        ``None`` keeps GPyTorch's own rule (Cholesky up to n = 800, CG above).
+    cg : CGSettings or None, default=None
+        With ``"cg"``: the tolerance, iteration cap and preconditioner rank of predictions (the ``predict_*``
+        fields). ``None`` leaves GPyTorch's CG settings as the caller has them, as GPyTorch's training loop and its
+        estimate of the log marginal likelihood use them.
+
+    Returns
+    -------
+    contextlib.ExitStack
+        The settings, entered; leave it (``with``) to restore the caller's.
+    """
+    stack = contextlib.ExitStack()
+    if solver == "cholesky":
+        stack.enter_context(gpytorch.settings.max_cholesky_size(2**62))
+    elif solver == "cg":
+        stack.enter_context(gpytorch.settings.max_cholesky_size(0))
+        if cg is not None:
+            stack.enter_context(gpytorch.settings.eval_cg_tolerance(float(cg.predict_cg_tolerance)))
+            stack.enter_context(gpytorch.settings.max_cg_iterations(int(cg.predict_max_cg_iterations)))
+            stack.enter_context(gpytorch.settings.max_preconditioner_size(int(cg.predict_preconditioner_rank)))
+    return stack
+
+
+def gpytorch_objective(model: ExactGPModel) -> Objective:
+    """The negative of GPyTorch's ``ExactMarginalLogLikelihood`` (per data point), differentiated by autograd; it
+    solves as the surrounding :func:`solver_settings` say."""
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    X, y = model.train_inputs[0], model.train_targets
+
+    def closure() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss = -mll(model(X), y)
+        loss.backward()
+        return loss
+
+    return closure
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit_hyperparameters` did.
+
+    Attributes
+    ----------
+    history : list of float
+        The loss at each step.
+    n_iter : int
+        Steps taken.
+    converged : bool
+        The optimiser's stopping rule was met.
+    message : str
+        scipy's or :mod:`~gpfast.estimator.optimize`'s reason for stopping.
+    loss : float
+        The final loss.
+    theta : numpy.ndarray
+        The final log hyperparameters (:class:`~gpfast.estimator.hyperparameters.HyperparameterSpace` layout).
+    """
+
+    history: list[float]
+    n_iter: int
+    converged: bool
+    message: str
+    loss: float
+    theta: np.ndarray
+
+
+def default_objective(solver: str | None) -> Callable[[ExactGPModel], Objective]:
+    """The objective factory of a solver: the exact float64 Cholesky objective for ``"cholesky"``, GPyTorch's
+    marginal likelihood otherwise."""
+    return cholesky_objective if solver == "cholesky" else gpytorch_objective
+
+
+def fit_hyperparameters(
+    model: ExactGPModel,
+    n_steps: int,
+    solver: str | None,
+    optimizer: str,
+    lr: float,
+    tol,
+    dtype: torch.dtype,
+    desc: str,
+    verbose: bool,
+    objective: Callable[[ExactGPModel], Objective] | None = None,
+    space: HyperparameterSpace | None = None,
+    recorder=None,
+) -> FitResult:
+    """Minimise the negative marginal log likelihood per data point over the model's hyperparameters.
+
+    The optimiser starts from the model's current values and works in log space inside ``space``'s bounds; see
+    :mod:`~gpfast.estimator.optimize` for the stopping rules. The model ends at the returned hyperparameters.
+
+    Parameters
+    ----------
+    model : gpfast.models.ExactGPModel
+        The model, with its training data set.
+    n_steps : int
+        At most this many optimiser iterations; 0 returns at once.
+    solver : {"cholesky", "cg"} or None
+        How GPyTorch solves while the objective runs (:func:`solver_settings`).
+    optimizer : {"lbfgs", "adam"}
+        L-BFGS-B, or projected Adam with learning rate ``lr``.
+    lr : float
+        Adam's learning rate.
+    tol : float or None
+        The optimiser's stopping tolerance (None: its default; 0 with Adam runs every step).
+    dtype : torch.dtype
+        The model's dtype, for error messages.
+    desc : str
+        Names the run in the progress bar and in errors.
+    verbose : bool
+        Show a progress bar (on stderr).
+    objective : callable or None, default=None
+        ``objective(model)`` builds the :data:`Objective`; None: :func:`default_objective` of ``solver``.
+    space : HyperparameterSpace or None, default=None
+        The bounds; None: unbounded.
+    recorder : gpfast.estimator.checkpoint.RunLog or None, default=None
+        Replays and logs the objective's evaluations and is told of each step (for checkpoints).
+
+    Returns
+    -------
+    FitResult
+
+    Raises
+    ------
+    NotPSDError, FloatingPointError
+        With advice, when a step fails (FloatingPointError as TrainingDivergedError).
+    """
+    space = space or HyperparameterSpace.unbounded(model)
+    theta0 = space.get(model)
+    if n_steps <= 0:
+        return FitResult([], 0, False, "max_iter=0", math.nan, theta0)
+    model.train()
+    model.likelihood.train()
+    closure = (objective or default_objective(solver))(model)
+    n = model.train_targets.shape[-1]
+    calls = [0]
+
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        space.set(model, theta)
+        try:
+            loss = closure()
+        except NotPSDError as exc:
+            raise NotPSDError(
+                f"ExactGP: the training covariance stopped being numerically positive definite at evaluation "
+                f"{calls[0]} ({desc}, dtype={dtype}): {exc}. Try dtype='float64', solver='cholesky', or a "
+                f"smaller lr. The estimator was not modified."
+            ) from exc
+        calls[0] += 1
+        return float(loss.detach()), space.gradient(model)
+
+    if recorder is not None:
+        fun = recorder.wrap(fun)
+    bar = tqdm(total=n_steps, desc=desc, disable=not verbose, leave=False, file=sys.stderr)
+
+    def on_step(loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", **getattr(closure, "postfix", dict)())
+        if recorder is not None:
+            recorder.step()
+
+    try:
+        with solver_settings(solver):
+            if optimizer == "lbfgs":
+                res = minimize_lbfgs(fun, theta0, space, n, n_steps, tol, desc, on_step)
+            else:
+                res = minimize_adam(fun, theta0, space, n_steps, lr, tol, desc, on_step)
+    finally:
+        bar.close()
+    space.set(model, res.theta)
+    return FitResult(res.history, res.n_iter, res.converged, res.message, res.loss, res.theta)
+
+
+def mll_estimate(model: ExactGPModel) -> float:
+    """GPyTorch's CG/Lanczos estimate of the marginal log likelihood per data point at the current hyperparameters,
+    under the caller's GPyTorch settings."""
+    likelihood = model.likelihood
+    model.train()
+    likelihood.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    try:
+        with torch.no_grad(), solver_settings("cg"):
+            value = float(mll(model(model.train_inputs[0]), model.train_targets))
+    finally:
+        model.eval()
+        likelihood.eval()
+    return value
