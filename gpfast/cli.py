@@ -385,7 +385,7 @@ def _warm_up(make_gp, X, y, solvers) -> None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # e.g. a column constant on the first rows: not the user's fit
-                gp = make_gp(solver=solver, max_iter=1, pretrain_subset=None, verbose=False).fit(X[:n], y[:n])
+                gp = make_gp(solver=solver, max_iter=1, pretrain=None, verbose=False).fit(X[:n], y[:n])
                 gp.predict(X[: min(n, 8)], return_std=True)
         except Exception:  # the timed fit reports any problem
             pass
@@ -411,8 +411,7 @@ def _fit_and_report(args, device, rank0: bool) -> int:
             random_state=args.seed,
             verbose=rank0 and not args.quiet,
             distributed=args.distributed,
-            pretrain_subset=args.pretrain_subset,
-            pretrain_iter=args.pretrain_iter,
+            pretrain=(args.pretrain_subset, args.pretrain_iter) if args.pretrain_subset is not None else None,
             optimizer=args.optimizer,
             tol=args.tol,
         )

@@ -141,7 +141,7 @@ def test_fixed_hyperparameters_match_sklearn(ard, dtype):
 def test_fixed_hyperparameters_cg_close_to_cholesky():
     rng, seed = _rng()
     X, y, Xt, _ = _toy(rng, n=60)
-    kw = dict(max_iter=0, lengthscale_init=X.std(0), noise_init=0.05 * y.var(), eval_cg_tolerance=1e-6)
+    kw = dict(max_iter=0, lengthscale_init=X.std(0), noise_init=0.05 * y.var(), cg={"predict_cg_tolerance": 1e-6})
     a = _gp(solver="cholesky", **kw).fit(X, y)
     b = _gp(solver="cg", dtype="float64", **kw).fit(X, y)
     assert (a.solver_, b.solver_) == ("cholesky", "cg")
@@ -298,7 +298,7 @@ def test_bad_fit_input_raises_and_keeps_state(fitted, make, match):
             [1.0, 2.0],
             r"invalid lengthscale_init=\[1.0, 2.0\]; expected a positive float or an array of 3",
         ),
-        ("pretrain_subset", 1, r"invalid pretrain_subset=1"),
+        ("pretrain", (1, 10), r"invalid pretrain=\(1, 10\)"),
         ("random_state", "seed", r"invalid random_state='seed'"),
     ],
 )
@@ -407,7 +407,7 @@ def test_random_state_reproducible(solver):
     rng, _ = _rng()
     X, y, Xt, _ = _toy(rng, n=80)
     state = torch.random.get_rng_state()
-    kw = dict(solver=solver, max_iter=8, pretrain_subset=30, pretrain_iter=4, random_state=3)
+    kw = dict(solver=solver, max_iter=8, pretrain=(30, 4), random_state=3)
     a = _gp(**kw).fit(X, y)
     b = _gp(**kw).fit(X, y)
     assert torch.equal(torch.random.get_rng_state(), state)  # the global generator is left alone
@@ -479,8 +479,8 @@ def test_tol_stops_early_and_lbfgs_runs():
 def test_pretrain_subset_larger_than_n_is_skipped():
     rng, _ = _rng()
     X, y, _, _ = _toy(rng, n=20)
-    with pytest.warns(UserWarning, match="pretrain_subset=50 >= n_samples=20"):
-        gp = _gp(pretrain_subset=50, random_state=0).fit(X, y)
+    with pytest.warns(UserWarning, match=r"pretrain=\(50, 10\): its 50 points >= n_samples=20"):
+        gp = _gp(pretrain=(50, 10), random_state=0).fit(X, y)
     assert gp.pretrain_history_ == []
 
 

@@ -78,6 +78,44 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+def upgrade_params(params: dict) -> dict:
+    """The arguments of an estimator saved by an earlier version, in today's names.
+
+    Parameters
+    ----------
+    params : dict
+        ``get_params()`` as saved; keys that are not argument names of an earlier version pass through.
+
+    Returns
+    -------
+    dict
+        The same settings: the GPyTorch CG arguments that governed predictions become ``cg``'s ``predict_*``
+        fields, ``trainer`` and ``trainer_options`` join ``cg`` (None when every field keeps its default), and
+        ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``. GPyTorch's training tolerance
+        (``cg_tolerance``) is dropped: GPyTorch's loop follows ``gpytorch.settings`` now, and a loaded model
+        predicts without training.
+    """
+    old = dict(params)
+    if not any(name in old for name in REMOVED_ARGUMENTS):
+        return old
+    cg = dict(old.pop("trainer_options", None) or {})
+    for name, field in (
+        ("trainer", "trainer"),
+        ("eval_cg_tolerance", "predict_cg_tolerance"),
+        ("max_cg_iterations", "predict_max_cg_iterations"),
+        ("preconditioner_size", "predict_preconditioner_rank"),
+    ):
+        if name in old:
+            cg[field] = old.pop(name)
+    old.pop("cg_tolerance", None)
+    defaults = CGSettings()
+    cg = {k: v for k, v in cg.items() if getattr(defaults, k, None) != v}
+    old.setdefault("cg", cg or None)
+    subset, steps = old.pop("pretrain_subset", None), old.pop("pretrain_iter", 10)
+    old.setdefault("pretrain", None if subset is None else (subset, steps))
+    return old
+
+
 def removed_arguments(names) -> TypeError:
     """The error for removed argument ``names``, saying where each one's setting lives now."""
     where = "; ".join(f"{name}: use {REMOVED_ARGUMENTS.get(name, 'nothing (unknown)')}" for name in sorted(names))
