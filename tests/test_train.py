@@ -417,8 +417,8 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
     same, so only the gradients differ.
 
     Seeded: the engine's fit is stochastic (Hutchinson probes). Measured over seeds 0-3 against GPyTorch's own
-    loop (the measurements behind CGSettings' defaults): RMSE within 0.4% on both, NLL within 0.003 on concrete and -0.002 to +0.045 on yacht (seed 0: -0.002), so an
-    unseeded yacht check at 0.02 would fail on some draws."""
+    loop (the measurements behind CGSettings' defaults): RMSE within 0.4% on both, NLL within 0.003 on concrete
+    and -0.002 to +0.045 on yacht (seed 0: -0.002), so an unseeded yacht check at 0.02 would fail on some draws."""
     from gpfast.datasets import load_uci
     from gpfast.metrics import regression_metrics
 

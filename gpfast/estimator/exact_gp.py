@@ -20,7 +20,6 @@ prediction (:mod:`~gpfast.estimator.prediction`) and save files (:mod:`~gpfast.e
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import warnings
@@ -44,31 +43,16 @@ from gpfast.estimator.hyperparameters import (
     HyperparameterSpace,
 )
 from gpfast.estimator.inputs import validate_X, validate_y
-from gpfast.estimator.restarts import best_of_restarts, starting_points
-from gpfast.estimator.solver import FitPlan, RunPlan, free_memory_bytes, plan_fit
-from gpfast.estimator.fitting import fit_hyperparameters, gpytorch_objective, mll_estimate
+from gpfast.estimator.restarts import starting_points
+from gpfast.estimator.solver import FitPlan, free_memory_bytes, plan_fit
+from gpfast.estimator.fitting import engine_attributes, mll_estimate, run_plan, seeded
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
-from gpfast.train import CGSettings, Engine
+from gpfast.train import CGSettings
 
 __all__ = ["ExactGP"]
 
 logger = logging.getLogger(__name__)
-
-
-def _engine_attributes(record) -> dict:
-    """The fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the engine did not
-    train)."""
-    if record is None:
-        names = ("cg_iterations_", "cg_residuals_", "history_data_fit_", "history_log_det_estimate_", "step_seconds_")
-        return dict.fromkeys(names)
-    return dict(
-        cg_iterations_=list(record.cg_iterations),
-        cg_residuals_=list(record.cg_residuals),
-        history_data_fit_=list(record.data_fit),
-        history_log_det_estimate_=list(record.log_det_estimate),
-        step_seconds_=list(record.step_seconds),
-    )
 
 
 class ExactGP(RegressorMixin, BaseEstimator):
@@ -244,10 +228,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         distributed: bool = False,
         checkpoint=None,
         checkpoint_every: int = 10,
-        **removed,
     ):
-        if removed:  # arguments of earlier versions: say where their settings went
-            raise _params.removed_arguments(removed)
         self.solver = solver
         self.optimizer = optimizer
         self.lr = lr
@@ -268,6 +249,14 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.distributed = distributed
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+
+    def set_params(self, **params):
+        """Set parameters, as scikit-learn's ``set_params``; arguments of earlier versions raise ValueError saying
+        where their settings went."""
+        removed = set(params) & set(_params.REMOVED_ARGUMENTS)
+        if removed:
+            raise _params.removed_arguments(removed)
+        return super().set_params(**params)
 
     # ------------------------------------------------------------------------------------------------------
     # fit
@@ -302,43 +291,20 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
-        Xt, _ = validate_X(self, X, reset=True)
-        n, d = Xt.shape
-        yt = validate_y(y, n)
-        if n < 2:
-            raise ValueError(
-                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
-            )
-        x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
-        inits = _params.initial_values(self, d, x_std.cpu(), y_std)
-        device = settings.device
-        free = free_memory_bytes(device)
-        plan = plan_fit(
-            n,
-            self._subset_size(settings.pretrain_n, n),
-            device,
-            free,
-            settings.dtype,
-            self.solver,
-            settings.optimizer,
-            settings.cg,
-            settings.distributed,
-        )
-        msg = (
-            f"gpfast.ExactGP: n={n}, d={d}, solver={plan.solver} ({plan.reason}), training with {plan.optimizer} "
-            f"on {plan.full.train_solver} ({plan.full.trainer}), device={device}, dtype={plan.dtype}"
-        )
-        logger.info(msg)
-        if self.verbose:
-            print(msg, file=sys.stderr)
+        Xt, yt = self._validated(X, y)
+        x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, Xt.shape[0])
+        inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), y_std)
+        device, free = settings.device, free_memory_bytes(settings.device)
+        plan = self._plan(settings, Xt.shape, free)
         ckpt = self._open_checkpoint(settings.seed, Xt, yt, device)
         Xs = ((Xt - x_mean) / x_std).to(device)
         ys = ((yt - y_mean) / y_std).to(device)
-        with self._seeded(settings.seed, device, fork=ckpt is not None):
+        with seeded(settings.seed, device, fork=ckpt is not None):
             model, space, theta0 = self._initial_model(Xs, ys, plan, settings, inits)
-            pre, result, record, restart_losses = self._optimise(
-                model, space, theta0, Xs, ys, plan, settings, free, ckpt
-            )
+            starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
+            options = dict(max_iter=self.max_iter, pretrain_steps=settings.pretrain_steps, seed=settings.seed)
+            options.update(free=free, checkpoint=ckpt, lr=self.lr, tol=self.tol, verbose=bool(self.verbose))
+            pre, result, record, restart_losses = run_plan(plan, model, space, starts, Xs, ys, **options)
             if ckpt is not None:
                 ckpt.close()
             space.set(model, result.theta)
@@ -375,8 +341,44 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_=lml,
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
-            **_engine_attributes(record),
+            **engine_attributes(record),
         )
+
+    def _validated(self, X, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """X (n, d) and y (n,) as float64 tensors, checked (at least two samples)."""
+        Xt, _ = validate_X(self, X, reset=True)
+        n = Xt.shape[0]
+        yt = validate_y(y, n)
+        if n < 2:
+            raise ValueError(
+                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
+            )
+        return Xt, yt
+
+    def _plan(self, settings: _params.Settings, shape: tuple[int, int], free: int) -> FitPlan:
+        """:func:`~gpfast.estimator.solver.plan_fit` for data of ``shape`` (n, d), logged (and printed when
+        verbose)."""
+        (n, d), device = shape, settings.device
+        subset = self._subset_size(settings.pretrain_n, n)
+        plan = plan_fit(
+            n,
+            subset,
+            device,
+            free,
+            settings.dtype,
+            self.solver,
+            settings.optimizer,
+            settings.cg,
+            settings.distributed,
+        )
+        msg = (
+            f"gpfast.ExactGP: n={n}, d={d}, solver={plan.solver} ({plan.reason}), training with {plan.optimizer} "
+            f"on {plan.full.train_solver} ({plan.full.trainer}), device={device}, dtype={plan.dtype}"
+        )
+        logger.info(msg)
+        if self.verbose:
+            print(msg, file=sys.stderr)
+        return plan
 
     def _open_checkpoint(self, seed: int | None, Xt: torch.Tensor, yt: torch.Tensor, device: torch.device):
         """The fit's :class:`~gpfast.estimator.checkpoint.Checkpoint` (resumed when one was left), or None."""
@@ -399,70 +401,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if self.max_iter > 0 or plan.pretrain is not None:
             theta0 = self._clipped(space, theta0)
         return model, space, theta0
-
-    def _optimise(self, model, space, theta0, Xs, ys, plan: FitPlan, settings: _params.Settings, free: int, ckpt):
-        """Every optimiser run (pretraining, then all the data) from each starting point; the best run's
-        ``(pretrain result, result, engine record, restart losses)``."""
-        n, sub_idx = Xs.shape[0], None
-        if plan.pretrain is not None:
-            gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
-            sub_idx = torch.randperm(n, generator=gen)[: plan.pretrain.n].to(Xs.device)
-        Xd, yd = Xs.to(plan.train_dtype), ys.to(plan.train_dtype)
-        common = dict(
-            optimizer=plan.optimizer,
-            lr=self.lr,
-            tol=self.tol,
-            dtype=plan.dtype,
-            verbose=bool(self.verbose),
-            space=space,
-            free=free,
-            checkpoint=ckpt,
-        )
-
-        def run(theta):
-            space.set(model, theta)
-            pre = None
-            if sub_idx is not None:
-                model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
-                run_plan = plan.pretrain
-                desc = f"gpfast pretrain ({run_plan.n} pts, {run_plan.train_solver})"
-                pre, _ = self._run_steps(run_plan, model, settings.pretrain_steps, desc=desc, **common)
-                model.set_train_data(inputs=Xd, targets=yd, strict=False)
-            full = plan.full
-            desc = f"gpfast fit ({plan.optimizer}, {full.train_solver}, {full.trainer})"
-            result, record = self._run_steps(full, model, self.max_iter, desc=desc, **common)
-            return pre, result, record
-
-        starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
-        (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
-        return pre, result, record, restart_losses
-
-    @staticmethod
-    def _run_steps(run_plan: RunPlan, model, n_steps: int, free: int, checkpoint=None, **fit_kw):
-        """One optimiser run (:func:`~gpfast.estimator.fitting.fit_hyperparameters`) with the objective of
-        ``run_plan.trainer``; returns its result and, from gpfast's engine, the engine's record. With a
-        ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
-        log = checkpoint.next_run() if checkpoint is not None else None
-        if log is not None and log.done is not None:
-            result, record = log.done
-            fit_kw["space"].set(model, result.theta)
-            return result, record
-        record = None
-        solver = run_plan.train_solver
-        if run_plan.trainer == "gpfast":
-            engine = Engine(run_plan.cg, free)
-            if log is not None:
-                if log.engine_state is not None:
-                    engine.load_state_dict(log.engine_state)
-                log.objective_state = engine.state_dict
-            result = fit_hyperparameters(model, n_steps, solver, objective=engine.objective, recorder=log, **fit_kw)
-            record = engine.finish()
-        else:
-            objective = gpytorch_objective if run_plan.trainer == "gpytorch" else None
-            result = fit_hyperparameters(model, n_steps, solver, objective=objective, recorder=log, **fit_kw)
-        if checkpoint is not None:
-            checkpoint.finish_run(log, result, record)
-        return result, record
 
     @staticmethod
     def _log_marginal_likelihood(model, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan):
@@ -539,19 +477,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
             )
             return None
         return subset
-
-    @staticmethod
-    def _seeded(seed: int | None, device: torch.device, fork: bool = False):
-        """Seed torch's generators inside ``fork_rng`` (the global ones are left alone), or do nothing (with
-        ``fork``: fork without seeding, as a resumed fit sets the generators' state)."""
-        if seed is None and not fork:
-            return contextlib.nullcontext()
-        devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.random.fork_rng(devices=devices))
-        if seed is not None:
-            torch.manual_seed(seed)  # also seeds every CUDA device
-        return stack
 
     def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:
         x_std = torch.as_tensor(self.x_std_, dtype=torch.float64)

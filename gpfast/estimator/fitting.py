@@ -19,16 +19,21 @@ from tqdm.auto import tqdm
 from gpfast.estimator.exact_objective import cholesky_objective
 from gpfast.estimator.hyperparameters import HyperparameterSpace
 from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
+from gpfast.estimator.restarts import best_of_restarts
+from gpfast.estimator.solver import FitPlan, RunPlan
 from gpfast.models import ExactGPModel
-from gpfast.train.settings import CGSettings
+from gpfast.train import CGSettings, Engine
 
 __all__ = [
     "FitResult",
     "Objective",
     "default_objective",
+    "engine_attributes",
     "fit_hyperparameters",
     "gpytorch_objective",
     "mll_estimate",
+    "run_plan",
+    "seeded",
     "solver_settings",
 ]
 
@@ -145,15 +150,12 @@ def fit_hyperparameters(
     solver : {"cholesky", "cg"} or None
         How GPyTorch solves while the objective runs (:func:`solver_settings`).
     optimizer : {"lbfgs", "adam"}
-        L-BFGS-B, or projected Adam with learning rate ``lr``.
-    lr : float
-        Adam's learning rate.
-    tol : float or None
-        The optimiser's stopping tolerance (None: its default; 0 with Adam runs every step).
+        L-BFGS-B, or projected Adam.
+    lr, tol : float, float or None
+        Adam's learning rate; the optimiser's stopping tolerance (None: its default; 0 with Adam runs every step).
     dtype : torch.dtype
-        The model's dtype, for error messages.
     desc : str
-        Names the run in the progress bar and in errors.
+        Names the run in the progress bar and, with ``dtype``, in errors.
     verbose : bool
         Show a progress bar (on stderr).
     objective : callable or None, default=None
@@ -180,21 +182,7 @@ def fit_hyperparameters(
     model.likelihood.train()
     closure = (objective or default_objective(solver))(model)
     n = model.train_targets.shape[-1]
-    calls = [0]
-
-    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        space.set(model, theta)
-        try:
-            loss = closure()
-        except NotPSDError as exc:
-            raise NotPSDError(
-                f"ExactGP: the training covariance stopped being numerically positive definite at evaluation "
-                f"{calls[0]} ({desc}, dtype={dtype}): {exc}. Try dtype='float64', solver='cholesky', or a "
-                f"smaller lr. The estimator was not modified."
-            ) from exc
-        calls[0] += 1
-        return float(loss.detach()), space.gradient(model)
-
+    fun = _loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
     if recorder is not None:
         fun = recorder.wrap(fun)
     bar = tqdm(total=n_steps, desc=desc, disable=not verbose, leave=False, file=sys.stderr)
@@ -217,6 +205,27 @@ def fit_hyperparameters(
     return FitResult(res.history, res.n_iter, res.converged, res.message, res.loss, res.theta)
 
 
+def _loss_and_gradient(closure: Objective, model: ExactGPModel, space: HyperparameterSpace, where: str):
+    """``fun(theta) -> (loss, gradient)`` in the log hyperparameters for the optimisers, from the closure; a
+    covariance that stops being positive definite raises NotPSDError with advice, naming ``where`` it happened."""
+    calls = [0]
+
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        space.set(model, theta)
+        try:
+            loss = closure()
+        except NotPSDError as exc:
+            raise NotPSDError(
+                f"ExactGP: the training covariance stopped being numerically positive definite at evaluation "
+                f"{calls[0]} ({where}): {exc}. Try dtype='float64', solver='cholesky', or a smaller lr. The "
+                f"estimator was not modified."
+            ) from exc
+        calls[0] += 1
+        return float(loss.detach()), space.gradient(model)
+
+    return fun
+
+
 def mll_estimate(model: ExactGPModel) -> float:
     """GPyTorch's CG/Lanczos estimate of the marginal log likelihood per data point at the current hyperparameters,
     under the caller's GPyTorch settings."""
@@ -231,3 +240,117 @@ def mll_estimate(model: ExactGPModel) -> float:
         model.eval()
         likelihood.eval()
     return value
+
+
+def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, starts: list, X, y, **kw):
+    """Every optimiser run of a fit as ``plan`` says (pretraining, then all the data) from each starting point.
+
+    Parameters
+    ----------
+    plan : FitPlan
+    model : ExactGPModel
+        Built in ``plan.train_dtype`` on the training data.
+    space : HyperparameterSpace
+    starts : list of numpy.ndarray
+        Log hyperparameters to start from (:func:`~gpfast.estimator.restarts.starting_points`).
+    X, y : torch.Tensor of shape (n, d) and (n,)
+        The standardised training data.
+    **kw
+        ``max_iter``, ``pretrain_steps``, ``seed`` (draws the pretraining subset), ``free`` (bytes free on the
+        device), ``checkpoint`` (a :class:`~gpfast.estimator.checkpoint.Checkpoint` or None), and ``lr``, ``tol``,
+        ``verbose`` for :func:`fit_hyperparameters`.
+
+    Returns
+    -------
+    pretrain, result : FitResult or None, FitResult
+        The best run's results on the subset (None without pretraining) and on all the data.
+    record : gpfast.train.EngineRecord or None
+        Its engine record, when the engine took the steps on all the data.
+    restart_losses : list of float
+        The final loss of the run from each start.
+    """
+    max_iter, pretrain_steps, seed = kw.pop("max_iter"), kw.pop("pretrain_steps"), kw.pop("seed")
+    sub_idx = None
+    if plan.pretrain is not None:
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        sub_idx = torch.randperm(X.shape[0], generator=gen)[: plan.pretrain.n].to(X.device)
+    Xd, yd = X.to(plan.train_dtype), y.to(plan.train_dtype)
+    kw.update(optimizer=plan.optimizer, dtype=plan.dtype, space=space)
+
+    def run(theta):
+        space.set(model, theta)
+        pre = None
+        if sub_idx is not None:
+            model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+            desc = f"gpfast pretrain ({plan.pretrain.n} pts, {plan.pretrain.train_solver})"
+            pre, _ = _run(plan.pretrain, model, pretrain_steps, desc=desc, **kw)
+            model.set_train_data(inputs=Xd, targets=yd, strict=False)
+        desc = f"gpfast fit ({plan.optimizer}, {plan.full.train_solver}, {plan.full.trainer})"
+        result, record = _run(plan.full, model, max_iter, desc=desc, **kw)
+        return pre, result, record
+
+    (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+    return pre, result, record, restart_losses
+
+
+def _run(run_plan: RunPlan, model: ExactGPModel, n_steps: int, free: int, checkpoint=None, **fit_kw):
+    """One optimiser run with the objective of ``run_plan.trainer``: ``(result, engine record or None)``. With a
+    ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
+    log = checkpoint.next_run() if checkpoint is not None else None
+    if log is not None and log.done is not None:
+        result, record = log.done
+        fit_kw["space"].set(model, result.theta)
+        return result, record
+    record = None
+    solver = run_plan.train_solver
+    if run_plan.trainer == "gpfast":
+        engine = Engine(run_plan.cg, free)
+        if log is not None:
+            if log.engine_state is not None:
+                engine.load_state_dict(log.engine_state)
+            log.objective_state = engine.state_dict
+        result = fit_hyperparameters(model, n_steps, solver, objective=engine.objective, recorder=log, **fit_kw)
+        record = engine.finish()
+    else:
+        objective = gpytorch_objective if run_plan.trainer == "gpytorch" else None
+        result = fit_hyperparameters(model, n_steps, solver, objective=objective, recorder=log, **fit_kw)
+    if checkpoint is not None:
+        checkpoint.finish_run(log, result, record)
+    return result, record
+
+
+def engine_attributes(record) -> dict:
+    """The estimator's fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the
+    engine did not train: every one None)."""
+    if record is None:
+        names = ("cg_iterations_", "cg_residuals_", "history_data_fit_", "history_log_det_estimate_", "step_seconds_")
+        return dict.fromkeys(names)
+    return dict(
+        cg_iterations_=list(record.cg_iterations),
+        cg_residuals_=list(record.cg_residuals),
+        history_data_fit_=list(record.data_fit),
+        history_log_det_estimate_=list(record.log_det_estimate),
+        step_seconds_=list(record.step_seconds),
+    )
+
+
+def seeded(seed: int | None, device: torch.device, fork: bool = False) -> contextlib.AbstractContextManager:
+    """Seed torch's generators inside ``fork_rng``, so that the caller's are left alone, or do nothing.
+
+    Parameters
+    ----------
+    seed : int or None
+        None: leave the generators as they are.
+    device : torch.device
+        With CUDA, every CUDA device's generator is forked too.
+    fork : bool, default=False
+        Fork even without a seed (a resumed fit sets the generators' state itself).
+    """
+    if seed is None and not fork:
+        return contextlib.nullcontext()
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=devices))
+    if seed is not None:
+        torch.manual_seed(seed)  # also seeds every CUDA device
+    return stack

@@ -116,10 +116,21 @@ def upgrade_params(params: dict) -> dict:
     return old
 
 
-def removed_arguments(names) -> TypeError:
-    """The error for removed argument ``names``, saying where each one's setting lives now."""
-    where = "; ".join(f"{name}: use {REMOVED_ARGUMENTS.get(name, 'nothing (unknown)')}" for name in sorted(names))
-    return TypeError(f"ExactGP got argument(s) it no longer takes ({where}).")
+def removed_arguments(names) -> ValueError:
+    """The error of ``set_params`` for arguments that ExactGP no longer takes, saying where their settings live.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Keys of :data:`REMOVED_ARGUMENTS`.
+
+    Returns
+    -------
+    ValueError
+        scikit-learn's error type for unknown parameter names.
+    """
+    where = "; ".join(f"instead of {name}=..., use {REMOVED_ARGUMENTS[name]}" for name in sorted(names))
+    return ValueError(f"ExactGP no longer takes {', '.join(sorted(names))}: {where}.")
 
 
 def resolve(est) -> Settings:
