@@ -144,24 +144,23 @@ def fit_hyperparameters(
     Parameters
     ----------
     model : gpfast.models.ExactGPModel
-        The model, with its training data set.
+        With its training data set.
     n_steps : int
-        At most this many optimiser iterations; 0 returns at once.
+        At most this many optimiser iterations (0 returns at once).
     solver : {"cholesky", "cg"} or None
         How GPyTorch solves while the objective runs (:func:`solver_settings`).
     optimizer : {"lbfgs", "adam"}
         L-BFGS-B, or projected Adam.
     lr, tol : float, float or None
         Adam's learning rate; the optimiser's stopping tolerance (None: its default; 0 with Adam runs every step).
-    dtype : torch.dtype
-    desc : str
-        Names the run in the progress bar and, with ``dtype``, in errors.
+    dtype, desc : torch.dtype, str
+        The model's dtype and the run's name, for the progress bar (``desc``) and errors (both).
     verbose : bool
         Show a progress bar (on stderr).
     objective : callable or None, default=None
         ``objective(model)`` builds the :data:`Objective`; None: :func:`default_objective` of ``solver``.
     space : HyperparameterSpace or None, default=None
-        The bounds; None: unbounded.
+        The bounds (None: unbounded).
     recorder : gpfast.estimator.checkpoint.RunLog or None, default=None
         Replays and logs the objective's evaluations and is told of each step (for checkpoints).
 
@@ -171,8 +170,8 @@ def fit_hyperparameters(
 
     Raises
     ------
-    NotPSDError, FloatingPointError
-        With advice, when a step fails (FloatingPointError as TrainingDivergedError).
+    NotPSDError, FloatingPointError (TrainingDivergedError)
+        With advice, when a step fails.
     """
     space = space or HyperparameterSpace.unbounded(model)
     theta0 = space.get(model)
