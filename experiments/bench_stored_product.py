@@ -1,6 +1,6 @@
 """The stored-K product of gpfast's training engine: K (n x n, float32) times 11 columns, by each layout of
-:data:`gpfast.train.product.STORED_LAYOUTS`, against the H200's copy bandwidth (4.27 TB/s, the issue's target is
-80% of it). Reading K once is the floor: 4 n^2 bytes per product.
+:data:`gpfast.train.product.STORED_LAYOUTS`, against the H200's copy bandwidth (4.27 TB/s; the target is 80% of
+it). Reading K once is the floor: 4 n^2 bytes per product.
 
     python -m experiments.bench_stored_product --n 36000 --t 11
 

@@ -1,4 +1,4 @@
-"""Training steps of gpfast's engine on synthetic data of any size (the issue's 1M-point, d=8 benchmark).
+"""Training steps of gpfast's engine on synthetic data of any size (up to the 1M-point, d=8 benchmark).
 
     python -m experiments.engine_step --n 1000000 --d 8 --steps 3
 

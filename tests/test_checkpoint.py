@@ -1,4 +1,4 @@
-"""Resumable fits (gpfast.estimator.checkpoint, issue 16): a fit killed partway and resumed equals the
+"""Resumable fits (gpfast.estimator.checkpoint): a fit killed partway and resumed equals the
 uninterrupted one bit for bit on the CPU; checkpoints of other data or settings, and damaged ones, are refused."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ standardised data (:mod:`gpfast.standardize`: each input column and the target c
 variance with the training statistics); the fitted hyperparameters are reported back in the original units
 (``lengthscale_``, ``outputscale_``, ``noise_``, ``constant_mean_``). This class orchestrates; the parts live
 beside it: argument checks (:mod:`~gpfast.estimator.params`), input handling (:mod:`~gpfast.estimator.inputs`),
-the solver rule (:mod:`~gpfast.estimator.solver`), the training loop (:mod:`~gpfast.estimator.training`),
+how a fit runs (:mod:`~gpfast.estimator.solver`), the optimiser runs (:mod:`~gpfast.estimator.fitting`),
 prediction (:mod:`~gpfast.estimator.prediction`) and save files (:mod:`~gpfast.estimator.persistence`).
 """
 
@@ -42,7 +42,7 @@ from gpfast.estimator.hyperparameters import (
     OUTPUTSCALE_BOUNDS,
     HyperparameterSpace,
 )
-from gpfast.estimator.inputs import validate_X, validate_y
+from gpfast.estimator.inputs import standardization, validate_X, validate_y
 from gpfast.estimator.restarts import starting_points
 from gpfast.estimator.solver import FitPlan, free_memory_bytes, plan_fit
 from gpfast.estimator.fitting import engine_attributes, mll_estimate, run_plan, seeded
@@ -292,7 +292,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
         Xt, yt = self._validated(X, y)
-        x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, Xt.shape[0])
+        x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(self.standardize))
         inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), y_std)
         device, free = settings.device, free_memory_bytes(settings.device)
         plan = self._plan(settings, Xt.shape, free)
@@ -422,7 +422,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
                 f"bound instead.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         return space.clip(theta0)
 
@@ -443,37 +443,12 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 stacklevel=4,
             )
 
-    def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
-        """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
-        d = Xt.shape[1]
-        if not self.standardize:
-            zeros = torch.zeros(d, dtype=torch.float64, device=Xt.device)
-            return zeros, torch.ones_like(zeros), 0.0, 1.0
-        xs = column_stats(Xt)
-        const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
-        if const_cols:
-            warnings.warn(
-                f"X has constant column(s) at index {const_cols} (zero variance over the {n} training points); "
-                f"they carry no information for fitting and are only centred (std set to 1).",
-                UserWarning,
-                stacklevel=4,
-            )
-        ys = column_stats(yt)
-        if bool(ys.constant[0]):
-            warnings.warn(
-                f"y is constant (all {n} values equal {float(yt[0])!r}): the fit can only learn that constant; "
-                f"y is centred but not scaled.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
-
     def _subset_size(self, subset: int | None, n: int) -> int | None:
         if subset is not None and subset >= n:
             warnings.warn(
                 f"pretrain={self.pretrain!r}: its {subset} points >= n_samples={n}: skipping the subset pretraining.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             return None
         return subset
@@ -514,9 +489,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
         Returns
         -------
-        mean, or (mean, std), or (mean, cov): numpy float64 arrays for numpy/array-like X, torch tensors on X's
-        device (in X's floating dtype) for a tensor X.
+        mean : numpy.ndarray or torch.Tensor of shape (n_test,)
+            numpy float64 for numpy/array-like X; for a tensor X, a tensor on X's device in X's floating dtype.
+        std : same type, of shape (n_test,)
+            Only with ``return_std``.
+        cov : same type, of shape (n_test, n_test)
+            Only with ``return_cov``.
 
+        Notes
+        -----
         With ``solver_ == "cholesky"`` the posterior is exact in float64 (factorisation done once in
         ``fit``, test points processed in chunks); with ``"cg"`` it is GPyTorch's prediction
         (``fast_pred_var`` off, so variances are solved for, not approximated) in the training dtype.
@@ -544,7 +525,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
         return info.out(mean), info.out(second * self.y_std_**2)
 
     def score(self, X, y, sample_weight=None) -> float:
-        """Coefficient of determination R^2 of ``predict(X)`` against y (numpy or torch inputs)."""
+        """Coefficient of determination R^2 of ``predict(X)`` against y.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        y : array-like or torch.Tensor of shape (n_samples,) or (n_samples, 1)
+        sample_weight : array-like or torch.Tensor of shape (n_samples,) or None, default=None
+
+        Returns
+        -------
+        float
+        """
         y_pred = self.predict(X)
         if torch.is_tensor(y_pred):
             y_pred = y_pred.detach().cpu().to(torch.float64).numpy()
@@ -571,15 +563,28 @@ class ExactGP(RegressorMixin, BaseEstimator):
             self._posterior = None
 
     def save(self, path) -> None:
-        """Save the fitted estimator to ``path`` (see :mod:`gpfast.estimator.persistence` for the format)."""
+        """Save the fitted estimator (:mod:`gpfast.estimator.persistence` describes the format).
+
+        Parameters
+        ----------
+        path : str, path or binary file object
+        """
         persistence.save(self, path)
 
     @classmethod
     def load(cls, path, device=None) -> ExactGP:
         """Rebuild an estimator saved with :meth:`save`; predictions are identical to the saved one's.
 
-        ``device``: where to put it (default: the saved ``device`` parameter; a CUDA estimator loads on the CPU,
-        with a warning, when CUDA is unavailable).
+        Parameters
+        ----------
+        path : str, path or binary file object
+        device : str, torch.device or None, default=None
+            Where to put it. None: the saved ``device`` parameter (a CUDA estimator loads on the CPU, with a
+            warning, when CUDA is unavailable).
+
+        Returns
+        -------
+        ExactGP
         """
         return persistence.load(cls, path, device)
 

@@ -66,6 +66,7 @@ class Settings:
 
 
 def describe(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters for error messages."""
     r = repr(value)
     return r if len(r) <= 80 else r[:77] + "..."
 
@@ -270,7 +271,29 @@ def _resolve_seed(rs, bad) -> int | None:
 
 
 def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, torch.Tensor | None]:
-    """The user's initial hyperparameters in standardised units (float64 CPU tensors, None where not given)."""
+    """The user's initial hyperparameters in standardised units.
+
+    Parameters
+    ----------
+    est : gpfast.ExactGP
+    d : int
+        Features.
+    x_std : torch.Tensor of shape (d,)
+        The inputs' standard deviations (float64, CPU).
+    y_std : float
+        The target's standard deviation.
+
+    Returns
+    -------
+    dict
+        ``"noise"``, ``"outputscale"`` (0-dim) and ``"lengthscale"`` ((1, d) or (1, 1)): float64 CPU tensors,
+        None where not given.
+
+    Raises
+    ------
+    ValueError
+        For a lengthscale_init of the wrong size or sign.
+    """
     out: dict[str, torch.Tensor | None] = {"noise": None, "outputscale": None, "lengthscale": None}
     if est.noise_init is not None:
         v = float(est.noise_init) / y_std**2

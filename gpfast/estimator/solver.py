@@ -68,10 +68,27 @@ class SolverChoice:
 def choose_solver(
     n: int, device: torch.device, free_memory: int, requested: str = "auto", distributed: bool = False
 ) -> SolverChoice:
-    """The solver rule (module docstring) for n training points on ``device`` with ``free_memory`` bytes free.
+    """The solver rule of the module docstring.
 
-    ``requested`` is ``"auto"``, ``"cholesky"`` or ``"cg"``; ``distributed`` forces CG. Raises ValueError when
-    ``"cholesky"`` is requested and does not fit in memory.
+    Parameters
+    ----------
+    n : int
+        Training points.
+    device : torch.device
+    free_memory : int
+        Bytes free on ``device``.
+    requested : {"auto", "cholesky", "cg"}, default="auto"
+    distributed : bool, default=False
+        Forces CG.
+
+    Returns
+    -------
+    SolverChoice
+
+    Raises
+    ------
+    ValueError
+        When ``"cholesky"`` is requested and does not fit in memory.
     """
     device = torch.device(device)
     matrix = 8 * n * n
@@ -237,9 +254,18 @@ def plan_fit(
 
 
 def free_memory_bytes(device: torch.device) -> int:
-    """Free memory (bytes) on ``device``: CUDA from ``torch.cuda.mem_get_info`` (plus memory the caching
-    allocator holds but does not use); CPU from ``/proc/meminfo`` ``MemAvailable``, capped by a cgroup limit,
-    falling back to ``os.sysconf``."""
+    """Free memory on a device.
+
+    Parameters
+    ----------
+    device : torch.device
+
+    Returns
+    -------
+    int
+        Bytes. CUDA: ``torch.cuda.mem_get_info`` plus memory the caching allocator holds but does not use. CPU:
+        ``/proc/meminfo`` ``MemAvailable``, capped by a cgroup limit, falling back to ``os.sysconf``.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
