@@ -83,10 +83,10 @@ class CGSettings:
     predict_preconditioner_rank : int, default=15
         Rank of their pivoted-Cholesky preconditioner (GPyTorch's ``max_preconditioner_size`` default; 0: none).
     trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
-        Who takes the CG training steps. ``"auto"``: gpfast's engine under Adam, GPyTorch's loop under L-BFGS
-        (whose line search needs a loss that depends on the point only, not on the path of warm starts).
-        ``"gpfast"``: the engine for every training step, CG steps even where a Cholesky would train.
-        ``"gpytorch"``: GPyTorch's loop (mBCG and stochastic Lanczos), for comparisons.
+        Who takes the CG training steps (steps that solve by Cholesky use an exact objective). ``"auto"``: gpfast's
+        engine under Adam, GPyTorch's loop under L-BFGS (whose line search needs a loss that depends on the point
+        only, not on the path of warm starts). ``"gpfast"``: the engine for every training step, CG steps even where
+        a Cholesky would train. ``"gpytorch"``: GPyTorch's loop (mBCG and stochastic Lanczos), for comparisons.
     """
 
     num_probes: int | None = None
