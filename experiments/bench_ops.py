@@ -119,7 +119,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="leave out eager PyTorch and torch.compile")
-    parser.add_argument("--shapes", nargs="+", help="B,n,m,d shapes (default: the four of the op issue)")
+    parser.add_argument("--shapes", nargs="+", help="B,n,m,d shapes (default: the four target shapes)")
     parser.add_argument("--bwd-op", action="store_true", help="also time the backward op alone")
     args = parser.parse_args(argv)
     shapes = [tuple(int(v) for v in sh.split(",")) for sh in args.shapes] if args.shapes else SHAPES

@@ -1,4 +1,4 @@
-"""Training steps of gpfast's engine on synthetic data of any size (the issue's 1M-point, d=8 benchmark).
+"""Training steps of gpfast's engine on synthetic data of any size (up to the 1M-point, d=8 benchmark).
 
     python -m experiments.engine_step --n 1000000 --d 8 --steps 3
 
@@ -24,7 +24,7 @@ from gpfast.bench.report import md_table, write_results
 from gpfast.bench.timing import sync
 from gpfast.estimator.solver import free_memory_bytes
 from gpfast.models import ExactGPModel
-from gpfast.train import Engine, EngineSettings
+from gpfast.train import CGSettings, Engine
 
 
 def run(n: int, d: int, steps: int, device: str, options: dict) -> dict:
@@ -34,7 +34,7 @@ def run(n: int, d: int, steps: int, device: str, options: dict) -> dict:
     y = torch.as_tensor(data.y_train, dtype=torch.float32, device=dev).reshape(-1)
     torch.manual_seed(0)
     model = ExactGPModel(X, y, gpytorch.likelihoods.GaussianLikelihood()).to(dev)
-    engine = Engine(EngineSettings(**options), free_memory=free_memory_bytes(dev))
+    engine = Engine(CGSettings(**options), free_memory=free_memory_bytes(dev))
     closure = engine.objective(model)
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
@@ -82,7 +82,7 @@ def main(argv=None):
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an EngineSettings field, e.g. --option preconditioner_rank=100 (repeatable)",
+        help="an CGSettings field, e.g. --option preconditioner_rank=100 (repeatable)",
     )
     ap.add_argument("--stem", default="engine_step")
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")

@@ -97,7 +97,7 @@ def run_engine(X, y, init, iters, lr, cap):
             lengthscale_init=np.asarray(init["init_lengthscale"], dtype=np.float64),
             outputscale_init=init["init_outputscale"],
             noise_init=init["init_noise"],
-            trainer_options={"max_cg_iterations": cap},
+            cg={"max_cg_iterations": cap},
         )
         t0 = time.perf_counter()
         with warnings.catch_warnings():

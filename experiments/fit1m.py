@@ -1,4 +1,4 @@
-"""The million-point fit (issue 16): ``gpfast.ExactGP`` on 1M synthetic points (d = 8), 50 Adam steps with the
+"""The million-point fit: ``gpfast.ExactGP`` on 1M synthetic points (d = 8), 50 Adam steps with the
 training engine, then predictions at 10k test points, in calls of at most a few minutes each.
 
     python -m experiments.fit1m --state .ckpt/fit1m --out OUTDIR      # call again until it prints "fit1m: done"
@@ -9,7 +9,7 @@ Every call resumes where the last one stopped, from files in ``--state`` (a git-
    until the 50 steps are taken; then ``train.pt``: the fitted hyperparameters and standardisation, the loss,
    CG iterations and wall time of every step.
 2. ``mean.pt``: the predictive mean's solve ``alpha = K̂^-1 (y - c)`` by gpfast's PCG (rank-100 pivoted-Cholesky
-   preconditioner, the estimator's ``eval_cg_tolerance`` 0.01), in rounds of ``--cg-round`` iterations, each
+   preconditioner, ``CGSettings.predict_cg_tolerance`` 0.01), in rounds of ``--cg-round`` iterations, each
    warm-started from the last round's solution and saved.
 3. ``var.pt``: predictive variances from a rank-``--lanczos`` Lanczos decomposition of K̂ (GPyTorch's LOVE idea,
    Pleiss et al. 2018: ``var(x*) = s + noise - k*^T Q T^-1 Q^T k*``, the Krylov space started from

@@ -3,12 +3,12 @@
 # Usage (repo root, UCI data copied to .data/uci): bash experiments/run_h200.sh OUTDIR [--commit SHA] STAGE [STAGE ...]
 # Stages: build, tests, tests_dist, sanitize, bench_ops, bench_matmul, bench_matmul_rhs, scaling1m, dist1, dist2, distfit,
 #         uci:SET[,SET...][:ROW[,ROW]]  (ROW: gpytorch, gpytorch+gpfast, gpfast; stem uci_<sets>_<a|b|c letters>),
-#         gpfast's training engine (issue 12; results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
+#         gpfast's training engine (results and logs in OUTDIR): tests_engine, engine_uci_a, engine_uci_b,
 #         engine_uci_c (rows b and c on pol/elevators/bike/kin40k, protein/keggdirected, keggundirected), stored_product,
 #         engine1m,
-#         fit1m (issue 16: ExactGP on 1M synthetic points, d=8, 50 Adam steps, then 10k test points; resumable, call
+#         fit1m (ExactGP on 1M synthetic points, d=8, 50 Adam steps, then 10k test points; resumable, call
 #                it again until its log ends "fit1m: done", see below),
-#         kernels (the CUDA kernel work of issue 14 in one call; KERNELS_BUDGET seconds, default 540, see below),
+#         kernels (every CUDA kernel check in one call; KERNELS_BUDGET seconds, default 540, see below),
 #         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345),
 #         round (everything changed since the last GPU run, in value order; ROUND_BUDGET seconds, default 420),
 #         verify (build, CUDA tests, sanitizers, CG prediction vs Cholesky at 100k, bench_ops; VERIFY_BUDGET 560),
@@ -101,7 +101,7 @@ for st in "$@"; do
         --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
         > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;
     kernels)
-      # Build for sm_90, every CUDA test, bench_ops and bench_matmul at issue 14's target shapes, compute-sanitizer
+      # Build for sm_90, every CUDA test, bench_ops and bench_matmul at the target shapes, compute-sanitizer
       # memcheck and racecheck over experiments/sanitize_ops.py, then a summary table. Each step gets its own limit,
       # cut to what is left of KERNELS_BUDGET, so that the whole stage stays under one 10-minute call (the sanitizers
       # come last: should the budget run out, the sanitize stage reruns them on their own). Files in $OUT:
@@ -166,7 +166,7 @@ PYEOF
       ;;
     round)
       # One call's worth of everything that changed since the last GPU run, most valuable first, within ROUND_BUDGET
-      # seconds (default 420): build for sm_90, every CUDA test, compute-sanitizer memcheck and racecheck (now also
+      # seconds (default 420): build for sm_90, every CUDA test, compute-sanitizer memcheck and racecheck (also
       # over the stored-K product and both backward variants), gpfast.ExactGP (row c) on pol, elevators, bike and
       # kin40k, bench_ops at the target shapes with both backward variants, the stored product at n = 36k, then
       # row c on protein and keggdirected. Files in $OUT: round_*.log and the benchmarks' md/json/csv under

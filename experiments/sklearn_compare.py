@@ -1,5 +1,5 @@
 """``gpfast.ExactGP()`` with its default settings against scikit-learn's ``GaussianProcessRegressor`` on small UCI
-sets (issue 13): test RMSE, test NLPD and wall time (fit + predict), on the standard splits.
+sets: test RMSE, test NLPD and wall time (fit + predict), on the standard splits.
 
 scikit-learn's model is the same as gpfast's: ``ConstantKernel() * RBF(np.ones(d)) + WhiteKernel()``,
 ``normalize_y=True``, its default L-BFGS-B optimiser and no restarts. Both get the raw (unstandardised) data and

@@ -1,4 +1,4 @@
-"""Issue 12's scorecard: gpfast.ExactGP (row c) against stock GPyTorch (row a), from tables already written.
+"""The speed-up scorecard: gpfast.ExactGP (row c) against stock GPyTorch (row a), from tables already written.
 
     python -m experiments.uci_speedup --a experiments/results/uci_table.json ... --c run/uci_*_c.md ... \
         --stem uci_speedup
@@ -6,7 +6,7 @@
 Runs nothing. Reads the rows of earlier ``experiments.uci_table`` runs, from their JSON files or, where only the
 Markdown table survived, from that table, and writes ``<stem>.{md,json,png}`` (the plot needs the [bench] extra):
 per set, (a)'s and (c)'s training seconds per step, (c)'s engine ms per step, the training and end-to-end (train +
-predict) speed-ups, and the RMSE and NLL differences, each against issue 12's targets (training >= 5x; end to end
+predict) speed-ups, and the RMSE and NLL differences, each against the project's targets (training >= 5x; end to end
 >= 10x on kin40k, protein and the kegg sets, >= 4x on the others; RMSE within 2% of (a), NLL within 0.02 of (a),
 or better). Each row names the files, dates and commits its numbers come from, since the two rows may come from
 different runs.
@@ -198,7 +198,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"no set has both rows: (a) has {sorted(a)}, (c) has {sorted(c)}")
     missing = sorted(set(c) - set(a))
     text = (
-        "# gpfast.ExactGP (row c) vs stock GPyTorch (row a): issue 12's targets\n\n"
+        "# gpfast.ExactGP (row c) vs stock GPyTorch (row a): the speed-up targets\n\n"
         "50 Adam steps (lr 0.1), split 0, float32, same initial hyperparameters; both rows measured on the H200 "
         "by experiments.uci_table, possibly in different runs (see the last two columns). 'ms/iter' is training "
         "seconds over 50 (setup included); '(c) engine ms/step' is the engine's median step; 'per-step x' is (a) "

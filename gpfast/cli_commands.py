@@ -151,7 +151,8 @@ def _fit_and_report(args, device, rank0: bool) -> int:
     X, y, X_test, y_test, description, names = _fit_data(args)
     params = dict(lr=args.lr, solver=args.solver, dtype=args.dtype, device=device, random_state=args.seed)
     params.update(verbose=rank0 and not args.quiet, distributed=args.distributed, optimizer=args.optimizer)
-    params.update(pretrain_subset=args.pretrain_subset, pretrain_iter=args.pretrain_iter, tol=args.tol)
+    pretrain = (args.pretrain_subset, args.pretrain_iter) if args.pretrain_subset is not None else None
+    params.update(pretrain=pretrain, tol=args.tol)
     params.update(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
     if args.iters is not None:  # else the estimator's own cap: train to convergence, as the Python API does
         params["max_iter"] = args.iters

@@ -1,4 +1,4 @@
-"""Resumable fits (gpfast.estimator.checkpoint, issue 16): a fit killed partway and resumed equals the
+"""Resumable fits (gpfast.estimator.checkpoint): a fit killed partway and resumed equals the
 uninterrupted one bit for bit on the CPU; checkpoints of other data or settings, and damaged ones, are refused."""
 
 from __future__ import annotations
@@ -31,13 +31,12 @@ ENGINE = dict(
     tol=0,
     max_iter=12,
     n_restarts=1,
-    pretrain_subset=60,
-    pretrain_iter=3,
-    trainer_options={"rebuild_every": 3, "resample_every": 4, "max_cg_iterations": 8},
+    pretrain=(60, 3),
+    cg={"rebuild_every": 3, "resample_every": 4, "max_cg_iterations": 8},
 )
 EXACT_LBFGS = dict(solver="cholesky", max_iter=30)
 EXACT_ADAM = dict(solver="cholesky", optimizer="adam", tol=0, max_iter=10)
-GPYTORCH_LBFGS = dict(solver="cg", dtype="float64", optimizer="lbfgs", trainer="gpytorch", max_iter=5)
+GPYTORCH_LBFGS = dict(solver="cg", dtype="float64", optimizer="lbfgs", cg={"trainer": "gpytorch"}, max_iter=5)
 COMMON = dict(random_state=3, device="cpu")
 
 
@@ -224,7 +223,7 @@ def written(monkeypatch, tmp_path):
         (lambda X, y: (X, -y, {}), "other data"),
         (lambda X, y: (X, y, {"lr": 0.05}), r"other settings: lr=0.1 there, 0.05 now"),
         (lambda X, y: (X, y, {"random_state": 4}), r"random_state=3 there, 4 now"),
-        (lambda X, y: (X, y, {"trainer_options": {"rebuild_every": 5}}), r"trainer_options="),
+        (lambda X, y: (X, y, {"cg": {"rebuild_every": 5}}), r"cg="),
     ],
 )
 def test_checkpoint_of_other_data_or_settings_is_refused_and_the_previous_fit_kept(written, change, match):
@@ -349,7 +348,7 @@ def test_interrupted_cuda_fit_resumes_within_the_cg_tolerance(monkeypatch, tmp_p
     """On a GPU, in float32: the resumed fit takes the same steps up to the device's floating-point
     nondeterminism (typically bit for bit: the same kernels on the same inputs)."""
     X, y = _data(3000, 8)
-    kw = dict(ENGINE, dtype="float32", device="cuda", n_restarts=0, pretrain_subset=None, max_iter=10)
+    kw = dict(ENGINE, dtype="float32", device="cuda", n_restarts=0, pretrain=None, max_iter=10)
     path = tmp_path / "fit.ckpt"
     _interrupted(monkeypatch, path, X, y, 2, **kw)
     resumed, plain = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw), _fit(X, y, **kw)

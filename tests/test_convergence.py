@@ -1,4 +1,4 @@
-"""ExactGP fits to the marginal-likelihood optimum by default and says when a fit went wrong (issue 13): the exact
+"""ExactGP fits to the marginal-likelihood optimum by default and says when a fit went wrong: the exact
 objective's gradient, convergence against scikit-learn, the max_iter cap, L-BFGS in both dtypes, restarts, any
 target scale, the bound/collapse warnings, the blow-up error, and silence by default."""
 
@@ -89,7 +89,7 @@ def test_cap_hit_warns_and_converged_is_false():
 @pytest.mark.slow
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])
 def test_lbfgs_converges_in_float32_and_float64(solver):
-    """Issue 13 saw L-BFGS stall on energy and fail with NotPSDError on yacht in float32. With the Cholesky
+    """L-BFGS on a float32 Cholesky objective can stall (energy) or fail with NotPSDError (yacht). With the Cholesky
     solver the objective is float64 whatever the dtype; with CG it is GPyTorch's float32/float64 estimate."""
     X, y = _load("yacht")
     lml = {}
@@ -136,9 +136,10 @@ def test_any_target_scale_predicts_the_same(scale):
 
 
 def test_initial_values_outside_the_bounds_warn_and_are_clipped():
-    """Issue 13: lengthscale_init=1e-6 ended with lengthscales of about 0, 1e6 and 1e30 stayed where they started,
-    silently. Now both are moved into the bounds with a warning; from the lower bound every pair of points is
-    uncorrelated (exp(-50) at the nearest pair), the gradient vanishes, and the fit says where it ended."""
+    """Unbounded, lengthscale_init=1e-6 would end with lengthscales of about 0, and 1e6 or 1e30 would stay where
+    they started, silently. Both are moved into the bounds with a warning; from the lower bound every pair of
+    points is uncorrelated (exp(-50) at the nearest pair), the gradient vanishes, and the fit says where it
+    ended."""
     X, y = _smooth(0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -104,7 +104,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
 
     # gpfast's training engine on the same problem: each rank stores (or recomputes) only its rows of K, the
     # probes are rank 0's, and every rank takes the single process's steps
-    from gpfast.train import Engine, EngineSettings
+    from gpfast.train import CGSettings, Engine
 
     engine_runs = {}
     for product in ("stored", "matrix_free"):
@@ -113,7 +113,7 @@ def _worker(rank, world, init_file, out_dir, backend="gloo"):
             lik = gpytorch.likelihoods.GaussianLikelihood()
             lik.noise = 0.1
             model = ExactGPModel(x, y, lik, distributed=distributed).double().to(dev)
-            engine = Engine(EngineSettings(product=product, cg_tolerance=1e-8, max_cg_iterations=200))
+            engine = Engine(CGSettings(product=product, cg_tolerance=1e-8, max_cg_iterations=200))
             closure = engine.objective(model)
             opt = torch.optim.Adam(model.parameters(), lr=0.1)
             losses = []

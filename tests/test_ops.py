@@ -31,7 +31,7 @@ def reference64(x1, x2, l, s, diag=False):
 def float32_bound(device, plain_err):
     """FlashAttention's rule for a float32 result against the float64 oracle: at most twice the error of the plain
     float32 formula (plus 1e-7 for draws where that is nearly exact). On CUDA parametrizations only, the floor is
-    1e-6: the CUDA kernels take distances by the norm expansion (issue 14), which errs by 2-5e-7 on centred data
+    1e-6: the CUDA kernels take distances by the norm expansion, which errs by 2-5e-7 on centred data
     however exact the plain formula happens to be; the CPU kernels take differences in double and keep the rule."""
     bound = 2 * plain_err + 1e-7
     return max(bound, 1e-6) if device == "cuda" else bound

@@ -1,4 +1,4 @@
-"""The linter and formatter that pyproject.toml configures hold over the whole tree (issue 11)."""
+"""The linter and formatter that pyproject.toml configures hold over the whole tree."""
 
 import shutil
 import subprocess

@@ -15,7 +15,7 @@ from conftest import DEVICES, HAS_CUDA, rel_err
 from gpfast import ExactGP
 from gpfast import _reference as ref
 from gpfast.models import ExactGPModel
-from gpfast.train import Engine, EngineSettings
+from gpfast.train import CGSettings, Engine
 from gpfast.train.cg import pcg
 from gpfast.train.gradient import data_fit_gradient, per_probe_traces
 from gpfast.train.logdet import slq_log_det
@@ -68,7 +68,7 @@ def _exact_natural_gradients(model):
 def _solve_engine(model, **options):
     opts = dict(cg_tolerance=1e-11, max_cg_iterations=2000, product="stored")
     opts.update(options)
-    engine = Engine(EngineSettings(**opts))
+    engine = Engine(CGSettings(**opts))
     loss = engine.objective(model)()
     return engine, loss
 
@@ -136,7 +136,7 @@ def test_first_loss_is_exact_data_fit_plus_lanczos_log_det():
 def _adam_iterations(warm_start, seed, steps=8, device="cpu"):
     model = _problem(n=500, d=4, seed=seed, device=device)
     engine = Engine(
-        EngineSettings(
+        CGSettings(
             warm_start=warm_start,
             cg_tolerance=0.01,
             max_cg_iterations=500,
@@ -243,9 +243,9 @@ def test_product_choice_follows_the_memory_budget():
     assert choose_product(18000, 36000, torch.float64, 20 * 10**9)[0] == "stored"  # a rank's half of the rows
     assert choose_product(10, 10, torch.float32, 0, "stored")[0] == "stored"  # explicit wins
     model = _problem(n=300, d=3, dtype=torch.float32)
-    small = Engine(EngineSettings(), free_memory=300 * 300 * 4)  # budget: half of K
+    small = Engine(CGSettings(), free_memory=300 * 300 * 4)  # budget: half of K
     small.objective(model)
-    large = Engine(EngineSettings(), free_memory=2 * 300 * 300 * 4)
+    large = Engine(CGSettings(), free_memory=2 * 300 * 300 * 4)
     large.objective(model)
     assert (small.record.product, large.record.product) == ("matrix_free", "stored")
 
@@ -257,7 +257,7 @@ def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
     runs = []
     for product in ("stored", "matrix_free"):
         model = _problem(n=300, d=3, dtype=dtype, seed=5, device=device)
-        engine = Engine(EngineSettings(product=product, num_probes=10))
+        engine = Engine(CGSettings(product=product, num_probes=10))
         closure = engine.objective(model)
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
         with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
@@ -294,20 +294,20 @@ def test_exact_gp_trains_with_the_engine_under_cg(device):
     # the optimiser stopped, for the final loss
     assert len(gp.history_) == 10
     assert len(gp.cg_iterations_) == len(gp.cg_residuals_) == len(gp.history_data_fit_) == 11
-    assert all(0 <= i <= EngineSettings().max_cg_iterations for i in gp.cg_iterations_) and gp.cg_iterations_[0] > 0
+    assert all(0 <= i <= CGSettings().max_cg_iterations for i in gp.cg_iterations_) and gp.cg_iterations_[0] > 0
     for h, f, g in zip(gp.history_, gp.history_data_fit_, gp.history_log_det_estimate_):
         assert h == pytest.approx(f + g + 0.5 * math.log(2 * math.pi), abs=1e-6)
     # the final log marginal likelihood stays exact (Cholesky) where n fits, and near the engine's last loss
     assert gp.log_marginal_likelihood_method_ == "cholesky"
     final = gp.history_data_fit_[-1] + gp.history_log_det_estimate_[-1] + 0.5 * math.log(2 * math.pi)
     assert abs(-gp.log_marginal_likelihood_ / len(y) - final) < 0.05  # the last record is at the final theta
-    other = ExactGP(solver="cg", max_iter=10, verbose=False, random_state=0, trainer="gpytorch", device=device).fit(
-        X, y
-    )
+    other = ExactGP(
+        solver="cg", max_iter=10, verbose=False, random_state=0, cg={"trainer": "gpytorch"}, device=device
+    ).fit(X, y)
     assert other.trainer_ == "gpytorch" and other.cg_iterations_ is None and other.history_data_fit_ is None
     chol = ExactGP(solver="auto", max_iter=3, verbose=False, device=device).fit(X, y)
     assert (chol.trainer_, chol.train_solver_) == ("exact", "cholesky")
-    forced = ExactGP(solver="auto", max_iter=3, verbose=False, trainer="gpfast", device=device).fit(X, y)
+    forced = ExactGP(solver="auto", max_iter=3, verbose=False, cg={"trainer": "gpfast"}, device=device).fit(X, y)
     assert (forced.trainer_, forced.train_solver_, forced.solver_) == ("gpfast", "cg", "cholesky")
 
 
@@ -317,7 +317,7 @@ def test_cuda_budget_from_free_memory_stores_float32_k():
     from gpfast.estimator.solver import free_memory_bytes
 
     model = _problem(n=2000, d=8, dtype=torch.float32, device="cuda")
-    engine = Engine(EngineSettings(), free_memory=free_memory_bytes(torch.device("cuda")))
+    engine = Engine(CGSettings(), free_memory=free_memory_bytes(torch.device("cuda")))
     engine.objective(model)()
     assert engine.product.mode == "stored" and engine.product.K.dtype == torch.float32
     assert engine.product.K.shape == (2000, 2000) and engine.product.K.is_cuda
@@ -338,25 +338,25 @@ def test_exact_gp_engine_is_reproducible_and_shows_its_terms(capsys):
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"num_probes": 0}, r"trainer_options\['num_probes'\]=0; expected None or an int >= 1"),
-        ({"cg_tolerance": -1.0}, r"trainer_options\['cg_tolerance'\]"),
-        ({"product": "dense"}, r"trainer_options\['product'\]='dense'"),
+        ({"num_probes": 0}, r"invalid num_probes=0; expected None or an int >= 1"),
+        ({"cg_tolerance": -1.0}, r"invalid cg_tolerance=-1.0"),
+        ({"product": "dense"}, r"invalid product='dense'"),
         ({"resample_every": 0}, r"resample_every"),
-        ({"bogus": 1}, r"unknown trainer_options key\(s\) \['bogus'\]"),
-        ("fast", r"invalid trainer_options='fast'"),
+        ({"bogus": 1}, r"unknown key\(s\) \['bogus'\]"),
+        ("fast", r"invalid cg='fast'"),
     ],
 )
-def test_bad_trainer_options_raise_and_keep_state(options, match):
+def test_bad_cg_settings_raise_and_keep_state(options, match):
     X, y = _toy(n=60)
     gp = ExactGP(solver="cg", max_iter=2, verbose=False).fit(X, y)
     history = list(gp.history_)
     with pytest.raises(ValueError, match=match):
-        gp.set_params(trainer_options=options).fit(X[:30], y[:30])
+        gp.set_params(cg=options).fit(X[:30], y[:30])
     assert gp.history_ == history and gp.n_features_in_ == 3
     with pytest.raises(ValueError, match=r"invalid trainer='fast'"):
-        ExactGP(trainer="fast").fit(X, y)
+        ExactGP(cg={"trainer": "fast"}).fit(X, y)
     with pytest.raises(ValueError, match=r"trainer='gpfast' takes CG training steps; got solver='cholesky'"):
-        ExactGP(trainer="gpfast", solver="cholesky").fit(X, y)
+        ExactGP(cg={"trainer": "gpfast"}, solver="cholesky").fit(X, y)
 
 
 def test_cg_missing_its_tolerance_warns_with_the_residual_and_the_setting():
@@ -366,13 +366,13 @@ def test_cg_missing_its_tolerance_warns_with_the_residual_and_the_setting():
         max_iter=3,
         verbose=False,
         random_state=0,
-        trainer_options={"max_cg_iterations": 1, "cg_tolerance": 1e-6, "preconditioner_rank": 0},
+        cg={"max_cg_iterations": 1, "cg_tolerance": 1e-6, "preconditioner_rank": 0},
     )
     with pytest.warns(
         ConvergenceWarning,
         match=r"relative residual [0-9.e+-]+ > cg_tolerance 1e-06 after "
         r"max_cg_iterations=1 \(4 of 4 steps missed it\).*Raise "  # 3 steps, then the loss where Adam stopped
-        r"trainer_options\['max_cg_iterations'\]",
+        r"max_cg_iterations or preconditioner_rank of the CGSettings",
     ):
         gp.fit(X, y)
     assert all(r > 1e-6 for r in gp.cg_residuals_) and gp.cg_iterations_ == [1, 1, 1, 1]
@@ -417,9 +417,8 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
     same, so only the gradients differ.
 
     Seeded: the engine's fit is stochastic (Hutchinson probes). Measured over seeds 0-3 against GPyTorch's own
-    loop, before the optimiser was shared (EngineSettings): RMSE
-    within 0.4% on both, NLL within 0.003 on concrete and -0.002 to +0.045 on yacht (seed 0: -0.002), so an
-    unseeded yacht check at 0.02 would fail on some draws."""
+    loop (the measurements behind CGSettings' defaults): RMSE within 0.4% on both, NLL within 0.003 on concrete
+    and -0.002 to +0.045 on yacht (seed 0: -0.002), so an unseeded yacht check at 0.02 would fail on some draws."""
     from gpfast.datasets import load_uci
     from gpfast.metrics import regression_metrics
 
@@ -428,7 +427,7 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
     for trainer, solver in (("exact", "cholesky"), ("gpfast", "cg")):
         gp = ExactGP(
             solver=solver,
-            trainer="auto" if trainer == "exact" else trainer,
+            cg={"trainer": "auto" if trainer == "exact" else trainer},
             optimizer="adam",
             tol=0,
             max_iter=50,

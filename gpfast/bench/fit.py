@@ -76,7 +76,7 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
 
     t_start = now()
     n = min(WARM_UP_POINTS, X.shape[0])
-    small = {**params, "max_iter": 1, "pretrain_subset": None, "verbose": False, "checkpoint": None}
+    small = {**params, "max_iter": 1, "pretrain": None, "verbose": False, "checkpoint": None}
     warm_up(partial(_fit_and_predict, {**small, "solver": s}, X[:n], y[:n]) for s in _warm_up_solvers(params))
     if on_cuda:
         torch.cuda.reset_peak_memory_stats()

@@ -43,7 +43,7 @@ import torch
 
 from gpfast._version import __version__
 from gpfast.estimator import file_format, persistence
-from gpfast.estimator.training import TrainResult
+from gpfast.estimator.fitting import FitResult
 from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint"]
@@ -81,7 +81,7 @@ def _describe_mismatch(saved: dict, now: dict) -> str:
     return "it was written with other settings: " + "; ".join(diffs)
 
 
-def _result_dict(result: TrainResult) -> dict:
+def _result_dict(result: FitResult) -> dict:
     return {
         "history": [float(v) for v in result.history],
         "n_iter": int(result.n_iter),
@@ -92,8 +92,8 @@ def _result_dict(result: TrainResult) -> dict:
     }
 
 
-def _result_from(d: dict) -> TrainResult:
-    return TrainResult(
+def _result_from(d: dict) -> FitResult:
+    return FitResult(
         list(d["history"]), d["n_iter"], d["converged"], d["message"], d["loss"], d["theta"].numpy().copy()
     )
 
@@ -161,7 +161,7 @@ class Checkpoint:
         self._live = RunLog(self, i, saved=saved)
         return self._live
 
-    def finish_run(self, log: RunLog, result: TrainResult, record: EngineRecord | None) -> None:
+    def finish_run(self, log: RunLog, result: FitResult, record: EngineRecord | None) -> None:
         self.done.append({"result": _result_dict(result), "record": asdict(record) if record is not None else None})
         self.current, self._live = None, None
         self.write()
@@ -194,7 +194,8 @@ class Checkpoint:
 
 class RunLog:
     """One optimiser run's evaluations, replayed from a checkpoint and then logged live; the ``recorder`` of
-    :func:`gpfast.estimator.training.train`. ``done``: (TrainResult, EngineRecord or None) of a finished run."""
+    :func:`gpfast.estimator.fitting.fit_hyperparameters`. ``done``: (FitResult, EngineRecord or None) of a
+    finished run."""
 
     def __init__(self, ckpt: Checkpoint, index: int, done=None, saved: dict | None = None):
         self.ckpt, self.index, self.done = ckpt, index, done

@@ -14,13 +14,12 @@ standardised data (:mod:`gpfast.standardize`: each input column and the target c
 variance with the training statistics); the fitted hyperparameters are reported back in the original units
 (``lengthscale_``, ``outputscale_``, ``noise_``, ``constant_mean_``). This class orchestrates; the parts live
 beside it: argument checks (:mod:`~gpfast.estimator.params`), input handling (:mod:`~gpfast.estimator.inputs`),
-the solver rule (:mod:`~gpfast.estimator.solver`), the training loop (:mod:`~gpfast.estimator.training`),
+how a fit runs (:mod:`~gpfast.estimator.solver`), the optimiser runs (:mod:`~gpfast.estimator.fitting`),
 prediction (:mod:`~gpfast.estimator.prediction`) and save files (:mod:`~gpfast.estimator.persistence`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import warnings
@@ -37,20 +36,20 @@ from sklearn.exceptions import ConvergenceWarning
 from gpfast.estimator import checkpoint as _checkpoint
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
-from gpfast.estimator import solver as _solver
 from gpfast.estimator.hyperparameters import (
     LENGTHSCALE_BOUNDS,
     NOISE_BOUNDS,
     OUTPUTSCALE_BOUNDS,
     HyperparameterSpace,
 )
-from gpfast.estimator.inputs import validate_X, validate_y
-from gpfast.estimator.restarts import best_of_restarts, starting_points
-from gpfast.estimator.training import CGSettings, gpytorch_objective, mll_estimate, train
+from gpfast.estimator.inputs import standardization, validate_X, validate_y
+from gpfast.estimator.restarts import starting_points
+from gpfast.estimator import solver as _solver
+from gpfast.estimator.solver import FitPlan, plan_fit
+from gpfast.estimator.fitting import engine_attributes, mll_estimate, run_plan, seeded
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
-from gpfast.train import Engine
-from gpfast.train import settings as _trainer
+from gpfast.train import CGSettings
 
 __all__ = ["ExactGP"]
 
@@ -67,7 +66,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         float64 n x n matrices fit in the device's free memory and ``n <= AUTO_CHOLESKY_MAX_N`` (100k on CUDA,
         10k on CPU), else ``"cg"``; it then trains with the exact objective up to ``AUTO_TRAIN_CHOLESKY_MAX_N`` (4096
         on CUDA, 1500 on CPU, where CG steps become the cheaper way to a fit) and with CG above, while predictions
-        stay exact. The choices are stored in ``solver_`` and ``train_solver_``.
+        stay exact. One rule decides solver, training steps, optimiser and dtype
+        (:func:`gpfast.estimator.solver.plan_fit`); the choices are stored in ``solver_``, ``train_solver_``,
+        ``trainer_``, ``optimizer_`` and ``product_``.
     optimizer : {"auto", "lbfgs", "adam"}, default="auto"
         How the hyperparameters are fitted (:mod:`gpfast.estimator.optimize`), in log space inside the bounds of
         :mod:`gpfast.estimator.hyperparameters`. ``"lbfgs"``: scipy's L-BFGS-B (strong-Wolfe line search) with
@@ -107,11 +108,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
         them); the initial values are then in those units.
-    pretrain_subset : int or None, default=None
-        Wang et al. (2019) schedule: first train ``pretrain_iter`` steps on a random subset of this many
-        points, then ``max_iter`` steps on all the data. ``None`` (or a subset >= n) skips pretraining.
-    pretrain_iter : int, default=10
-        Steps on the subset when ``pretrain_subset`` is set.
+    pretrain : (int, int) or None, default=None
+        ``(n_points, n_steps)``: the schedule of Wang et al. (2019), first ``n_steps`` optimiser steps on a random
+        subset of ``n_points`` points, then ``max_iter`` steps on all the data. ``None`` (or a subset >= n) skips
+        pretraining.
     device : str, torch.device or None, default=None
         ``None`` picks ``"cuda"`` when available, else ``"cpu"``.
     dtype : {"float32", "float64"} or torch.dtype, default="float32"
@@ -123,36 +123,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
         for the subset draw and the CG probe vectors: equal seeds give identical ``history_``.
     verbose : bool, default=False
         Print the solver choice and show a tqdm progress bar with the loss (on stderr). Quiet by default.
-    cg_tolerance : float, default=1.0
-        CG residual tolerance during training (GPyTorch's default; the loss only needs rough solves).
-    eval_cg_tolerance : float, default=0.01
-        CG residual tolerance for predictions.
-    max_cg_iterations : int, default=1000
-        Maximum CG iterations.
-    preconditioner_size : int, default=15
-        Rank of the pivoted-Cholesky preconditioner used by CG (0 disables it). 15 is GPyTorch's default; Wang et
-        al. (2019) used 100 for their largest sets, where fewer CG iterations pay for the costlier preconditioner.
+    cg : gpfast.CGSettings, dict or None, default=None
+        Settings of every conjugate-gradient solve (:class:`gpfast.CGSettings`, which documents each field and the
+        measurements behind its default), or a dict of some of its fields; ``None``: the defaults. Its training
+        fields (``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``num_probes``, ...) drive gpfast's
+        engine, its ``predict_*`` fields the predictions by CG, and its ``trainer`` who takes the CG training steps
+        (``"auto"``: gpfast's engine under Adam, GPyTorch's loop under L-BFGS; ``"gpfast"``: the engine for every
+        step; ``"gpytorch"``: GPyTorch's loop, under ``gpytorch.settings``, for comparisons).
     distributed : bool, default=False
         Split every covariance product by rows over the ranks of an initialised ``torch.distributed`` process
         group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
         then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
         rank's GPU (or the CPU with the gloo backend).
-
-    trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
-        Who takes the training steps. ``"auto"``: gpfast's training engine (:mod:`gpfast.train`: warm-started,
-        truncated preconditioned CG and Hutchinson gradients from one fused backward, no Lanczos) whenever the
-        steps use CG under Adam (under L-BFGS, GPyTorch's: see :func:`gpfast.train.settings.train_solver`), and
-        gpfast's exact float64 objective when they use a dense Cholesky. ``"gpfast"``: the
-        engine for every step (CG steps even where the solver rule would train with a Cholesky). ``"gpytorch"``:
-        GPyTorch's marginal likelihood when the steps use CG (mBCG and stochastic Lanczos, with ``cg_tolerance``,
-        ``max_cg_iterations`` and ``preconditioner_size``), for comparisons. Who trained is stored in
-        ``trainer_``.
-    trainer_options : dict or None, default=None
-        Settings of gpfast's engine, keys of :class:`gpfast.train.EngineSettings` (``num_probes``,
-        ``cg_tolerance``, ``max_cg_iterations``, ``preconditioner_rank``, ``rebuild_every``,
-        ``rebuild_lengthscale_change``, ``resample_every``, ``warm_start``, ``product``, ``memory_fraction``; the
-        defaults and the measurements behind them are documented there); ``None`` keeps its defaults. The
-        GPyTorch parameters above (``cg_tolerance`` etc.) do not apply to the engine's training steps.
     checkpoint : str, path or None, default=None
         Make the fit resumable (:mod:`gpfast.estimator.checkpoint`): every ``checkpoint_every`` optimiser steps,
         and after each optimiser run, the whole training state goes to this file (atomically, with a checksum).
@@ -192,7 +174,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Final training loss of each run: the first start, then the ``n_restarts`` random ones.
     trainer_ : {"gpfast", "exact", "gpytorch"}
         Who took the training steps on the full data: gpfast's engine, the exact float64 Cholesky objective
-        (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``trainer``).
+        (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``cg``).
+    product_ : {"stored", "matrix_free"} or None
+        With ``trainer_ == "gpfast"``: whether the engine's products on the full data read a stored K or
+        recomputed it (:class:`gpfast.CGSettings` ``product``); None otherwise.
     cg_iterations_, cg_residuals_ : list of int, list of float, or None
         With ``trainer_ == "gpfast"``: the engine's CG iterations and its final relative residual (the data
         column's or the probes' mean, whichever is larger) at each step (each objective evaluation: L-BFGS
@@ -235,19 +220,13 @@ class ExactGP(RegressorMixin, BaseEstimator):
         outputscale_init: float | None = None,
         lengthscale_init=None,
         standardize: bool = True,
-        pretrain_subset: int | None = None,
-        pretrain_iter: int = 10,
+        pretrain: tuple[int, int] | None = None,
         device=None,
         dtype="float32",
         random_state=None,
         verbose: bool = False,
-        cg_tolerance: float = 1.0,
-        eval_cg_tolerance: float = 0.01,
-        max_cg_iterations: int = 1000,
-        preconditioner_size: int = 15,
+        cg: CGSettings | dict | None = None,
         distributed: bool = False,
-        trainer: str = "auto",
-        trainer_options: dict | None = None,
         checkpoint=None,
         checkpoint_every: int = 10,
     ):
@@ -262,21 +241,23 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.outputscale_init = outputscale_init
         self.lengthscale_init = lengthscale_init
         self.standardize = standardize
-        self.pretrain_subset = pretrain_subset
-        self.pretrain_iter = pretrain_iter
+        self.pretrain = pretrain
         self.device = device
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
-        self.cg_tolerance = cg_tolerance
-        self.eval_cg_tolerance = eval_cg_tolerance
-        self.max_cg_iterations = max_cg_iterations
-        self.preconditioner_size = preconditioner_size
+        self.cg = cg
         self.distributed = distributed
-        self.trainer = trainer
-        self.trainer_options = trainer_options
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+
+    def set_params(self, **params):
+        """Set parameters, as scikit-learn's ``set_params``; arguments of earlier versions raise ValueError saying
+        where their settings went."""
+        removed = set(params) & set(_params.REMOVED_ARGUMENTS)
+        if removed:
+            raise _params.removed_arguments(removed)
+        return super().set_params(**params)
 
     # ------------------------------------------------------------------------------------------------------
     # fit
@@ -284,8 +265,17 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Standardise the data, train the hyperparameters, and (Cholesky solver) factor the covariance.
 
-        ``X``: (n, d) numpy array, array-like or torch tensor; ``y``: (n,) or (n, 1). Every argument is
-        validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit intact.
+        Every argument is validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit
+        intact.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        y : array-like or torch.Tensor of shape (n_samples,) or (n_samples, 1)
+
+        Returns
+        -------
+        self : ExactGP
         """
         input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
         try:
@@ -302,123 +292,31 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
-        trainer, engine_settings = _trainer.resolve(self.trainer, self.trainer_options, self.solver)
-        Xt, _ = validate_X(self, X, reset=True)
-        n, d = Xt.shape
-        yt = validate_y(y, n)
-        if n < 2:
-            raise ValueError(
-                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
-            )
-        x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
-        inits = _params.initial_values(self, d, x_std.cpu(), y_std)
-        device, dtype = settings.device, settings.dtype
-        free = _solver.free_memory_bytes(device)
-        choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
-        train_solver, _ = _trainer.train_solver(trainer, choice.train_solver)
-        optimizer = _params.resolve_optimizer(settings.optimizer, train_solver)
-        train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver, optimizer)
-        # The exact objective is float64 whatever dtype says: L-BFGS's line search needs the loss to that precision.
-        train_dtype = torch.float64 if train_solver == "cholesky" else dtype
-        subset = self._subset_size(n)
-        cg = self._cg_settings()
-
-        msg = (
-            f"gpfast.ExactGP: n={n}, d={d}, solver={choice.solver} ({choice.reason}), training with "
-            f"{optimizer} on {train_solver} ({trainer_used}) in {str(train_dtype).replace('torch.', '')}, "
-            f"device={device}, model dtype={str(dtype).replace('torch.', '')}"
-        )
-        logger.info(msg)
-        if self.verbose:
-            print(msg, file=sys.stderr)
-
-        ckpt = None
-        if self.checkpoint is not None:
-            fp = _checkpoint.fingerprint(self, settings.seed, Xt, yt)
-            ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
-            if ckpt.resumed:
-                logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
+        Xt, yt = self._validated(X, y)
+        x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(self.standardize))
+        inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), y_std)
+        device, free = settings.device, _solver.free_memory_bytes(settings.device)  # looked up here: tests patch it
+        plan = self._plan(settings, Xt.shape, free)
+        ckpt = self._open_checkpoint(settings.seed, Xt, yt, device)
         Xs = ((Xt - x_mean) / x_std).to(device)
         ys = ((yt - y_mean) / y_std).to(device)
-        with self._seeded(settings.seed, device, fork=ckpt is not None):
-            likelihood = gpytorch.likelihoods.GaussianLikelihood()
-            Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
-            model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
-            model = model.to(device=device, dtype=train_dtype)
-            space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
-            theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
-            if self.max_iter > 0 or subset is not None:
-                theta0 = self._clipped(space, theta0)
-            sub_idx = None
-            if subset is not None:
-                gen = torch.Generator().manual_seed(settings.seed) if settings.seed is not None else None
-                sub_idx = torch.randperm(n, generator=gen)[:subset].to(device)
-                sub_solver, sub_trainer = _trainer.train_solver(
-                    trainer,
-                    self.solver
-                    if self.solver != "auto"
-                    else _solver.choose_solver(subset, device, free, "auto", settings.distributed).train_solver,
-                    optimizer,
-                )
-            train_kw = dict(
-                cg=cg,
-                optimizer=optimizer,
-                lr=self.lr,
-                tol=self.tol,
-                dtype=dtype,
-                verbose=bool(self.verbose),
-                space=space,
-                checkpoint=ckpt,
-            )
-
-            def run(theta):
-                space.set(model, theta)
-                pre = None
-                if sub_idx is not None:
-                    model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
-                    pre, _ = self._train_with(
-                        sub_trainer,
-                        engine_settings,
-                        free,
-                        model,
-                        self.pretrain_iter,
-                        sub_solver,
-                        desc=f"gpfast pretrain ({subset} pts, {sub_solver})",
-                        **train_kw,
-                    )
-                    model.set_train_data(inputs=Xd, targets=yd, strict=False)
-                full, record = self._train_with(
-                    trainer_used,
-                    engine_settings,
-                    free,
-                    model,
-                    self.max_iter,
-                    train_solver,
-                    desc=f"gpfast fit ({optimizer}, {train_solver}, {trainer_used})",
-                    **train_kw,
-                )
-                return pre, full, record
-
+        with seeded(settings.seed, device, fork=ckpt is not None):
+            model, space, theta0 = self._initial_model(Xs, ys, plan, settings, inits)
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
-            (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+            options = dict(max_iter=self.max_iter, pretrain_steps=settings.pretrain_steps, seed=settings.seed)
+            options.update(free=free, checkpoint=ckpt, lr=self.lr, tol=self.tol, verbose=bool(self.verbose))
+            pre, result, record, restart_losses = run_plan(plan, model, space, starts, Xs, ys, **options)
             if ckpt is not None:
                 ckpt.close()
             space.set(model, result.theta)
-            if train_dtype != dtype:
-                model = model.to(dtype)
-                model.set_train_data(inputs=Xs.to(dtype), targets=ys.to(dtype), strict=False)
+            if plan.train_dtype != plan.dtype:
+                model = model.to(plan.dtype)
+                model.set_train_data(inputs=Xs.to(plan.dtype), targets=ys.to(plan.dtype), strict=False)
             model.eval()
-            likelihood.eval()
-            posterior = None
-            if choice.exact_feasible:
-                posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
-                lml, lml_method = float(posterior.log_marginal_likelihood()), "cholesky"
-                if choice.solver != "cholesky":
-                    posterior = None
-            else:
-                lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
+            model.likelihood.eval()
+            lml, lml_method, posterior = self._log_marginal_likelihood(model, Xs, ys, plan)
         if self.max_iter > 0:
-            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
+            self._warn_about_fit(plan.optimizer, result, space, y_constant=bool((ys == 0).all()))
         if ckpt is not None:
             ckpt.remove()
         return dict(
@@ -430,11 +328,12 @@ class ExactGP(RegressorMixin, BaseEstimator):
             y_mean_=y_mean,
             y_std_=y_std,
             model_=model,
-            likelihood_=likelihood,
-            solver_=choice.solver,
-            train_solver_=train_solver,
-            trainer_=trainer_used,
-            optimizer_=optimizer,
+            likelihood_=model.likelihood,
+            solver_=plan.solver,
+            train_solver_=plan.full.train_solver,
+            trainer_=plan.full.trainer,
+            optimizer_=plan.optimizer,
+            product_=plan.full.product,
             history_=result.history,
             pretrain_history_=pre.history if pre is not None else [],
             n_iter_=result.n_iter,
@@ -444,39 +343,78 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
             # built here, not on the first predict, so that predict leaves the estimator unchanged
-            _cg_posterior=(
-                prediction.cg_posterior(Xs, ys, prediction.hyperparameters_float64(model), dtype)
-                if choice.solver == "cg"
-                else None
-            ),
-            **_trainer.fitted_attributes(record),
+            _cg_posterior=self._cg_posterior_of(model, Xs, ys, plan, settings.cg),
+            **engine_attributes(record),
         )
 
+    def _validated(self, X, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """X (n, d) and y (n,) as float64 tensors, checked (at least two samples)."""
+        Xt, _ = validate_X(self, X, reset=True)
+        n = Xt.shape[0]
+        yt = validate_y(y, n)
+        if n < 2:
+            raise ValueError(
+                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
+            )
+        return Xt, yt
+
+    def _plan(self, settings: _params.Settings, shape: tuple[int, int], free: int) -> FitPlan:
+        """:func:`~gpfast.estimator.solver.plan_fit` for data of ``shape`` (n, d), logged (and printed when
+        verbose)."""
+        (n, d), device = shape, settings.device
+        subset = self._subset_size(settings.pretrain_n, n)
+        plan = plan_fit(
+            n,
+            subset,
+            device,
+            free,
+            settings.dtype,
+            self.solver,
+            settings.optimizer,
+            settings.cg,
+            settings.distributed,
+        )
+        msg = (
+            f"gpfast.ExactGP: n={n}, d={d}, solver={plan.solver} ({plan.reason}), training with {plan.optimizer} "
+            f"on {plan.full.train_solver} ({plan.full.trainer}) in {str(plan.train_dtype).replace('torch.', '')}, "
+            f"device={device}, model dtype={str(plan.dtype).replace('torch.', '')}"
+        )
+        logger.info(msg)
+        if self.verbose:
+            print(msg, file=sys.stderr)
+        return plan
+
+    def _open_checkpoint(self, seed: int | None, Xt: torch.Tensor, yt: torch.Tensor, device: torch.device):
+        """The fit's :class:`~gpfast.estimator.checkpoint.Checkpoint` (resumed when one was left), or None."""
+        if self.checkpoint is None:
+            return None
+        fp = _checkpoint.fingerprint(self, seed, Xt, yt)
+        ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
+        if ckpt.resumed:
+            logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
+        return ckpt
+
+    def _initial_model(self, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan, settings: _params.Settings, inits):
+        """The model in the training dtype, its hyperparameter space and the (clipped) starting point."""
+        likelihood = gpytorch.likelihoods.GaussianLikelihood()
+        Xd, yd = Xs.to(plan.train_dtype), ys.to(plan.train_dtype)
+        model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
+        model = model.to(device=Xs.device, dtype=plan.train_dtype)
+        space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
+        theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
+        if self.max_iter > 0 or plan.pretrain is not None:
+            theta0 = self._clipped(space, theta0)
+        return model, space, theta0
+
     @staticmethod
-    def _train_with(trainer_used, engine_settings, free, model, n_steps, solver, checkpoint=None, **train_kw):
-        """:func:`~gpfast.estimator.training.train` with the objective of ``trainer_used``: gpfast's engine
-        (returning its record too), the exact float64 objective (the default for ``"cholesky"``), or GPyTorch's.
-        With a ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
-        log = checkpoint.next_run() if checkpoint is not None else None
-        if log is not None and log.done is not None:
-            result, record = log.done
-            train_kw["space"].set(model, result.theta)
-            return result, record
-        record = None
-        if trainer_used == "gpfast":
-            engine = Engine(engine_settings, free)
-            if log is not None:
-                if log.engine_state is not None:
-                    engine.load_state_dict(log.engine_state)
-                log.objective_state = engine.state_dict
-            result = train(model, n_steps, solver, objective=engine.objective, recorder=log, **train_kw)
-            record = engine.finish()
-        else:
-            objective = gpytorch_objective if trainer_used == "gpytorch" else None
-            result = train(model, n_steps, solver, objective=objective, recorder=log, **train_kw)
-        if checkpoint is not None:
-            checkpoint.finish_run(log, result, record)
-        return result, record
+    def _log_marginal_likelihood(model, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan):
+        """``(value, method, posterior)``: exact by a float64 Cholesky whenever the plan allows one (the posterior
+        is kept for predictions when the solver is ``"cholesky"``), else GPyTorch's CG estimate."""
+        if not plan.exact_feasible:
+            return Xs.shape[0] * mll_estimate(model), "cg_estimate", None
+        posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
+        lml = float(posterior.log_marginal_likelihood())
+        return lml, "cholesky", posterior if plan.solver == "cholesky" else None
 
     def _clipped(self, space: HyperparameterSpace, theta0):
         """theta0 moved into the bounds, with a warning naming what was moved."""
@@ -488,7 +426,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
                 f"bound instead.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         return space.clip(theta0)
 
@@ -509,62 +447,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 stacklevel=4,
             )
 
-    def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
-        """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
-        d = Xt.shape[1]
-        if not self.standardize:
-            zeros = torch.zeros(d, dtype=torch.float64, device=Xt.device)
-            return zeros, torch.ones_like(zeros), 0.0, 1.0
-        xs = column_stats(Xt)
-        const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
-        if const_cols:
-            warnings.warn(
-                f"X has constant column(s) at index {const_cols} (zero variance over the {n} training points); "
-                f"they carry no information for fitting and are only centred (std set to 1).",
-                UserWarning,
-                stacklevel=4,
-            )
-        ys = column_stats(yt)
-        if bool(ys.constant[0]):
-            warnings.warn(
-                f"y is constant (all {n} values equal {float(yt[0])!r}): the fit can only learn that constant; "
-                f"y is centred but not scaled.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
-
-    def _subset_size(self, n: int) -> int | None:
-        subset = self.pretrain_subset
+    def _subset_size(self, subset: int | None, n: int) -> int | None:
         if subset is not None and subset >= n:
             warnings.warn(
-                f"pretrain_subset={subset} >= n_samples={n}: skipping the subset pretraining.",
+                f"pretrain={self.pretrain!r}: its {subset} points >= n_samples={n}: skipping the subset pretraining.",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             return None
         return subset
-
-    def _cg_settings(self) -> CGSettings:
-        return CGSettings(
-            float(self.cg_tolerance),
-            float(self.eval_cg_tolerance),
-            int(self.max_cg_iterations),
-            int(self.preconditioner_size),
-        )
-
-    @staticmethod
-    def _seeded(seed: int | None, device: torch.device, fork: bool = False):
-        """Seed torch's generators inside ``fork_rng`` (the global ones are left alone), or do nothing (with
-        ``fork``: fork without seeding, as a resumed fit sets the generators' state)."""
-        if seed is None and not fork:
-            return contextlib.nullcontext()
-        devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.random.fork_rng(devices=devices))
-        if seed is not None:
-            torch.manual_seed(seed)  # also seeds every CUDA device
-        return stack
 
     def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:
         x_std = torch.as_tensor(self.x_std_, dtype=torch.float64)
@@ -583,11 +474,20 @@ class ExactGP(RegressorMixin, BaseEstimator):
             self._posterior = prediction.exact_posterior(self.X_train_, self.y_train_, hyp)
         return self._posterior
 
+    @staticmethod
+    def _cg_posterior_of(model, Xs, ys, plan, cg: CGSettings):
+        """The CG posterior at the fitted hyperparameters when predictions are by CG, else None."""
+        if plan.solver != "cg":
+            return None
+        dtype = model.covar_module.raw_outputscale.dtype
+        return prediction.cg_posterior(Xs, ys, prediction.hyperparameters_float64(model), dtype, cg)
+
     def _get_cg_posterior(self):
-        if getattr(self, "_cg_posterior", None) is None:
+        if getattr(self, "_cg_posterior", None) is None:  # after loading or unpickling
             hyp = prediction.hyperparameters_float64(self.model_)
             dtype = self.model_.covar_module.raw_outputscale.dtype
-            self._cg_posterior = prediction.cg_posterior(self.X_train_, self.y_train_, hyp, dtype)
+            cg = CGSettings.from_value(self.cg)
+            self._cg_posterior = prediction.cg_posterior(self.X_train_, self.y_train_, hyp, dtype, cg)
         return self._cg_posterior
 
     def predict(self, X, return_std: bool = False, return_cov: bool = False, include_noise: bool = True):
@@ -609,14 +509,20 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
         Returns
         -------
-        mean, or (mean, std), or (mean, cov): numpy float64 arrays for numpy/array-like X, torch tensors on X's
-        device (in X's floating dtype) for a tensor X.
+        mean : numpy.ndarray or torch.Tensor of shape (n_test,)
+            numpy float64 for numpy/array-like X; for a tensor X, a tensor on X's device in X's floating dtype.
+        std : same type, of shape (n_test,)
+            Only with ``return_std``.
+        cov : same type, of shape (n_test, n_test)
+            Only with ``return_cov``.
 
+        Notes
+        -----
         With ``solver_ == "cholesky"`` the posterior is exact in float64 (factorisation done once in
         ``fit``, test points processed in chunks); with ``"cg"`` every mean and variance is solved for by
         preconditioned CG in the training dtype with float64 refinement, and stopped on a certified bound of its
-        own error (variances to 0.1%, means to 1e-5 std(y); :class:`gpfast.models.CGPosterior`, which warns
-        when a bound cannot be met).
+        own error (variances to ``cg.predict_cg_tolerance`` of themselves, means to 1e-5 std(y);
+        :class:`gpfast.models.CGPosterior`, which warns when a bound cannot be met).
         """
         if return_std and return_cov:
             raise ValueError("ExactGP.predict: at most one of return_std and return_cov can be True, got both True.")
@@ -640,7 +546,18 @@ class ExactGP(RegressorMixin, BaseEstimator):
         return info.out(mean), info.out(second * self.y_std_**2)
 
     def score(self, X, y, sample_weight=None) -> float:
-        """Coefficient of determination R^2 of ``predict(X)`` against y (numpy or torch inputs)."""
+        """Coefficient of determination R^2 of ``predict(X)`` against y.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+        y : array-like or torch.Tensor of shape (n_samples,) or (n_samples, 1)
+        sample_weight : array-like or torch.Tensor of shape (n_samples,) or None, default=None
+
+        Returns
+        -------
+        float
+        """
         y_pred = self.predict(X)
         if torch.is_tensor(y_pred):
             y_pred = y_pred.detach().cpu().to(torch.float64).numpy()
@@ -669,15 +586,28 @@ class ExactGP(RegressorMixin, BaseEstimator):
             self._cg_posterior = None
 
     def save(self, path) -> None:
-        """Save the fitted estimator to ``path`` (see :mod:`gpfast.estimator.persistence` for the format)."""
+        """Save the fitted estimator (:mod:`gpfast.estimator.persistence` describes the format).
+
+        Parameters
+        ----------
+        path : str, path or binary file object
+        """
         persistence.save(self, path)
 
     @classmethod
     def load(cls, path, device=None) -> ExactGP:
         """Rebuild an estimator saved with :meth:`save`; predictions are identical to the saved one's.
 
-        ``device``: where to put it (default: the saved ``device`` parameter; a CUDA estimator loads on the CPU,
-        with a warning, when CUDA is unavailable).
+        Parameters
+        ----------
+        path : str, path or binary file object
+        device : str, torch.device or None, default=None
+            Where to put it. None: the saved ``device`` parameter (a CUDA estimator loads on the CPU, with a
+            warning, when CUDA is unavailable).
+
+        Returns
+        -------
+        ExactGP
         """
         return persistence.load(cls, path, device)
 

@@ -68,7 +68,7 @@ def negative_log_likelihood(
 
 
 def cholesky_objective(model: ExactGPModel):
-    """An :data:`~gpfast.estimator.training.Objective` for ``model``: the exact negative log marginal likelihood per
+    """An :data:`~gpfast.estimator.fitting.Objective` for ``model``: the exact negative log marginal likelihood per
     data point (float64, whatever the model's dtype), with ``.grad`` set on the model's raw parameters."""
     X = model.train_inputs[0].detach().to(torch.float64)
     y = model.train_targets.detach().to(torch.float64)

@@ -11,7 +11,9 @@ import torch
 from sklearn.exceptions import DataConversionWarning
 from sklearn.utils.validation import check_array, validate_data
 
-__all__ = ["InputInfo", "check_finite", "validate_X", "validate_y"]
+from gpfast.standardize import column_stats
+
+__all__ = ["InputInfo", "check_finite", "standardization", "validate_X", "validate_y"]
 
 
 class InputInfo:
@@ -159,3 +161,46 @@ def check_finite(t: torch.Tensor, name: str) -> None:
 
 def _first_index(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
+
+
+def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
+    """The training statistics by the one standardisation rule (:mod:`gpfast.standardize`).
+
+    Constant columns of X, and a constant y, are centred but not scaled, with a warning (for the caller's caller:
+    ``ExactGP.fit``).
+
+    Parameters
+    ----------
+    X : torch.Tensor of shape (n, d)
+    y : torch.Tensor of shape (n,)
+    standardize : bool, default=True
+        False: the identity (means 0, standard deviations 1).
+
+    Returns
+    -------
+    x_mean, x_std : torch.Tensor of shape (d,)
+        float64, on X's device.
+    y_mean, y_std : float
+    """
+    n, d = X.shape
+    if not standardize:
+        zeros = torch.zeros(d, dtype=torch.float64, device=X.device)
+        return zeros, torch.ones_like(zeros), 0.0, 1.0
+    xs = column_stats(X)
+    const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
+    if const_cols:
+        warnings.warn(
+            f"X has constant column(s) at index {const_cols} (zero variance over the {n} training points); "
+            f"they carry no information for fitting and are only centred (std set to 1).",
+            UserWarning,
+            stacklevel=4,
+        )
+    ys = column_stats(y)
+    if bool(ys.constant[0]):
+        warnings.warn(
+            f"y is constant (all {n} values equal {float(y[0])!r}): the fit can only learn that constant; "
+            f"y is centred but not scaled.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])

@@ -1,5 +1,6 @@
 """Validation of :class:`gpfast.ExactGP`'s constructor arguments, done at ``fit`` (scikit-learn's rule:
-``__init__`` only stores). Nothing here modifies the estimator."""
+``__init__`` only stores), and the pointers from removed argument names to their places. Nothing here modifies
+the estimator."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-__all__ = ["MAX_RESTARTS", "MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
+from gpfast.train.settings import CGSettings
+
+__all__ = [
+    "MAX_RESTARTS",
+    "MIN_NOISE",
+    "OPTIMIZERS",
+    "REMOVED_ARGUMENTS",
+    "Settings",
+    "initial_values",
+    "removed_arguments",
+    "resolve",
+]
 
 #: ``optimizer`` values; ``"auto"`` is L-BFGS on the exact (Cholesky) objective and Adam on the CG estimate.
 OPTIMIZERS = ("auto", "lbfgs", "adam")
@@ -25,6 +37,23 @@ MAX_RESTARTS = 1000
 
 #: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
 MIN_NOISE = 1e-4
+
+#: Arguments that ExactGP no longer takes, and where their settings live now.
+REMOVED_ARGUMENTS = {
+    "cg_tolerance": (
+        "cg={'cg_tolerance': ...} sets the training steps' tolerance (gpfast's engine); GPyTorch's own training "
+        "loop follows gpytorch.settings.cg_tolerance"
+    ),
+    "eval_cg_tolerance": "cg={'predict_cg_tolerance': ...}",
+    "max_cg_iterations": "cg={'max_cg_iterations': ...} (training steps) or cg={'predict_max_cg_iterations': ...}",
+    "preconditioner_size": (
+        "cg={'preconditioner_rank': ...} (training steps) or cg={'predict_preconditioner_rank': ...}"
+    ),
+    "trainer_options": "cg={...} (a dict of gpfast.CGSettings fields, or a gpfast.CGSettings)",
+    "trainer": "cg={'trainer': ...}",
+    "pretrain_subset": "pretrain=(n_points, n_steps)",
+    "pretrain_iter": "pretrain=(n_points, n_steps)",
+}
 
 _DTYPES = {
     "float32": torch.float32,
@@ -44,9 +73,13 @@ class Settings:
     device: torch.device
     distributed: bool
     seed: int | None
+    cg: CGSettings
+    pretrain_n: int | None
+    pretrain_steps: int
 
 
 def describe(value: Any) -> str:
+    """``repr(value)``, cut to 80 characters for error messages."""
     r = repr(value)
     return r if len(r) <= 80 else r[:77] + "..."
 
@@ -59,8 +92,77 @@ def _is_real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))
 
 
+def upgrade_params(params: dict) -> dict:
+    """The arguments of an estimator saved by an earlier version, in today's names.
+
+    Parameters
+    ----------
+    params : dict
+        ``get_params()`` as saved; keys that are not argument names of an earlier version pass through.
+
+    Returns
+    -------
+    dict
+        The same settings: the GPyTorch CG arguments that governed predictions become ``cg``'s ``predict_*``
+        fields, ``trainer`` and ``trainer_options`` join ``cg`` (None when every field keeps its default), and
+        ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``. GPyTorch's training tolerance
+        (``cg_tolerance``) is dropped: GPyTorch's loop follows ``gpytorch.settings`` now, and a loaded model
+        predicts without training.
+    """
+    old = dict(params)
+    if not any(name in old for name in REMOVED_ARGUMENTS):
+        return old
+    cg = dict(old.pop("trainer_options", None) or {})
+    for name, field in (
+        ("trainer", "trainer"),
+        ("eval_cg_tolerance", "predict_cg_tolerance"),
+        ("max_cg_iterations", "predict_max_cg_iterations"),
+        ("preconditioner_size", "predict_preconditioner_rank"),
+    ):
+        if name in old:
+            cg[field] = old.pop(name)
+    old.pop("cg_tolerance", None)
+    defaults = CGSettings()
+    cg = {k: v for k, v in cg.items() if getattr(defaults, k, None) != v}
+    old.setdefault("cg", cg or None)
+    subset, steps = old.pop("pretrain_subset", None), old.pop("pretrain_iter", 10)
+    old.setdefault("pretrain", None if subset is None else (subset, steps))
+    return old
+
+
+def removed_arguments(names) -> ValueError:
+    """The error of ``set_params`` for arguments that ExactGP no longer takes, saying where their settings live.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Keys of :data:`REMOVED_ARGUMENTS`.
+
+    Returns
+    -------
+    ValueError
+        scikit-learn's error type for unknown parameter names.
+    """
+    where = "; ".join(f"instead of {name}=..., use {REMOVED_ARGUMENTS[name]}" for name in sorted(names))
+    return ValueError(f"ExactGP no longer takes {', '.join(sorted(names))}: {where}.")
+
+
 def resolve(est) -> Settings:
-    """Check every argument of ``est`` (an ExactGP) and resolve dtype, device and seed."""
+    """Check every argument of an estimator and resolve what the fit uses.
+
+    Parameters
+    ----------
+    est : gpfast.ExactGP
+
+    Returns
+    -------
+    Settings
+
+    Raises
+    ------
+    ValueError
+        Naming the first argument whose value is invalid, with the value seen and what is expected.
+    """
 
     def bad(name, expected):
         return ValueError(f"ExactGP: invalid {name}={describe(getattr(est, name))}; expected {expected}.")
@@ -84,17 +186,25 @@ def resolve(est) -> Settings:
         v = getattr(est, name)
         if v is not None and (not _is_real(v) or v <= 0):
             raise bad(name, "None or a positive float")
-    if est.pretrain_subset is not None and (not _is_int(est.pretrain_subset) or est.pretrain_subset < 2):
-        raise bad("pretrain_subset", "None or an int >= 2")
-    if not _is_int(est.pretrain_iter) or est.pretrain_iter < 0:
-        raise bad("pretrain_iter", "an int >= 0")
-    for name in ("cg_tolerance", "eval_cg_tolerance"):
-        if not _is_real(getattr(est, name)) or getattr(est, name) <= 0:
-            raise bad(name, "a positive float")
-    if not _is_int(est.max_cg_iterations) or est.max_cg_iterations < 1:
-        raise bad("max_cg_iterations", "an int >= 1")
-    if not _is_int(est.preconditioner_size) or est.preconditioner_size < 0:
-        raise bad("preconditioner_size", "an int >= 0")
+    pretrain = est.pretrain
+    if pretrain is not None and not (
+        isinstance(pretrain, (tuple, list))
+        and len(pretrain) == 2
+        and _is_int(pretrain[0])
+        and pretrain[0] >= 2
+        and _is_int(pretrain[1])
+        and pretrain[1] >= 0
+    ):
+        raise bad("pretrain", "None or a pair (n_points, n_steps) of ints, n_points >= 2 and n_steps >= 0")
+    try:
+        cg = CGSettings.from_value(est.cg)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"ExactGP: invalid cg={describe(est.cg)}: {exc}") from None
+    if cg.trainer == "gpfast" and est.solver == "cholesky":
+        raise ValueError(
+            "ExactGP: cg trainer='gpfast' takes CG training steps; got solver='cholesky' (use solver='auto' or "
+            "'cg', or trainer='auto')."
+        )
     if est.verbose not in (True, False, 0, 1):
         raise bad("verbose", "True or False")
     if est.checkpoint is not None and not isinstance(est.checkpoint, (str, os.PathLike)):
@@ -109,15 +219,10 @@ def resolve(est) -> Settings:
         device=_resolve_device(est, bad),
         distributed=bool(est.distributed),
         seed=_resolve_seed(est.random_state, bad),
+        cg=cg,
+        pretrain_n=int(pretrain[0]) if pretrain is not None else None,
+        pretrain_steps=int(pretrain[1]) if pretrain is not None else 0,
     )
-
-
-def resolve_optimizer(optimizer: str, train_solver: str) -> str:
-    """``"auto"``: L-BFGS (deterministic line searches) on the exact float64 objective of the ``"cholesky"``
-    solver, Adam with its convergence test on the stochastic CG estimate. Otherwise the one asked for."""
-    if optimizer != "auto":
-        return optimizer
-    return "lbfgs" if train_solver == "cholesky" else "adam"
 
 
 def _resolve_dtype(dt, bad) -> torch.dtype:
@@ -179,7 +284,29 @@ def _resolve_seed(rs, bad) -> int | None:
 
 
 def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, torch.Tensor | None]:
-    """The user's initial hyperparameters in standardised units (float64 CPU tensors, None where not given)."""
+    """The user's initial hyperparameters in standardised units.
+
+    Parameters
+    ----------
+    est : gpfast.ExactGP
+    d : int
+        Features.
+    x_std : torch.Tensor of shape (d,)
+        The inputs' standard deviations (float64, CPU).
+    y_std : float
+        The target's standard deviation.
+
+    Returns
+    -------
+    dict
+        ``"noise"``, ``"outputscale"`` (0-dim) and ``"lengthscale"`` ((1, d) or (1, 1)): float64 CPU tensors,
+        None where not given.
+
+    Raises
+    ------
+    ValueError
+        For a lengthscale_init of the wrong size or sign.
+    """
     out: dict[str, torch.Tensor | None] = {"noise": None, "outputscale": None, "lengthscale": None}
     if est.noise_init is not None:
         v = float(est.noise_init) / y_std**2

@@ -15,6 +15,7 @@ format N, inconsistent contents).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -35,7 +36,7 @@ from gpfast.estimator.file_format import (
     read_state,
     write_state,
 )
-from gpfast.estimator.params import resolve
+from gpfast.estimator.params import resolve, upgrade_params
 from gpfast.estimator.prediction import hyperparameters_float64
 from gpfast.models import ExactGPModel
 
@@ -116,6 +117,8 @@ def plain_params(est) -> dict[str, Any]:
         params["device"] = str(params["device"])
     if params.get("checkpoint") is not None:
         params["checkpoint"] = os.fspath(params["checkpoint"])
+    if dataclasses.is_dataclass(params.get("cg")):
+        params["cg"] = dataclasses.asdict(params["cg"])  # a CGSettings, as plain types
     return params
 
 
@@ -337,6 +340,8 @@ def load(cls, path, device=None):
     damaged, foreign, newer or inconsistent file; never runs code from the file.
     """
     _, state = read_state(path)
+    if isinstance(state.get("params"), dict):
+        state["params"] = upgrade_params(state["params"])
     _check_state(path, state, cls().get_params(deep=False))
     params = dict(state["params"])
     if params.get("distributed"):

@@ -7,6 +7,7 @@ import torch
 
 from gpfast.models import CGPosterior, ExactGPModel, ExactPosterior
 from gpfast.ops import rbf_covariance
+from gpfast.train.settings import CGSettings
 
 __all__ = ["cg_posterior", "exact_posterior", "hyperparameters_float64", "predict_cg", "predict_exact"]
 
@@ -63,9 +64,11 @@ def predict_exact(
     )
 
 
-def cg_posterior(X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tensor], dtype: torch.dtype) -> CGPosterior:
+def cg_posterior(
+    X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tensor], dtype: torch.dtype, cg: CGSettings
+) -> CGPosterior:
     """The CG posterior of the training data: solves in ``dtype`` refined in float64, each prediction with a
-    certified error bound (:class:`gpfast.models.CGPosterior`)."""
+    certified error bound (:class:`gpfast.models.CGPosterior`), under the ``predict_*`` fields of ``cg``."""
     return CGPosterior(
         X,
         y,
@@ -74,6 +77,9 @@ def cg_posterior(X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tensor],
         float(hyp["noise"]),
         float(hyp["mean"]),
         dtype=dtype,
+        rank=cg.predict_preconditioner_rank,
+        variance_rtol=cg.predict_cg_tolerance,
+        max_iter=cg.predict_max_cg_iterations,
     )
 
 

@@ -1,10 +1,13 @@
-"""How :class:`gpfast.ExactGP` solves with the training covariance: the one rule for choosing, and the memory
-probe it rests on.
+"""How a fit of :class:`gpfast.ExactGP` runs: the one rule that decides it (:func:`plan_fit`), the solver rule
+under it (:func:`choose_solver`), and the memory probe they rest on.
 
-* ``"cholesky"``: training with GPyTorch's exact marginal likelihood through a dense Cholesky factorisation, and
-  prediction with an exact float64 Cholesky factorisation of the n x n training covariance
-  (:class:`gpfast.models.ExactPosterior`).
-* ``"cg"``: matrix-free training and prediction with conjugate gradients (memory O(n) with gpfast's kernel).
+The solver, which makes the predictions and the reported log marginal likelihood:
+
+* ``"cholesky"``: an exact float64 Cholesky factorisation of the n x n training covariance
+  (:class:`gpfast.models.ExactPosterior`); training steps with the exact float64 objective
+  (:mod:`gpfast.estimator.exact_objective`), under L-BFGS by default.
+* ``"cg"``: matrix-free training and prediction with conjugate gradients (memory O(n) with gpfast's kernel);
+  training steps by gpfast's engine (:mod:`gpfast.train`) under Adam, by GPyTorch's loop under L-BFGS.
 * ``"auto"``: ``"cholesky"`` when :data:`CHOLESKY_WORKSPACE_FACTOR` float64 n x n matrices fit in the free memory
   of the device and ``n <= AUTO_CHOLESKY_MAX_N[device type]``, else ``"cg"``. The training steps use the dense
   Cholesky only up to ``AUTO_TRAIN_CHOLESKY_MAX_N[device type]`` and CG above it (faster per step); prediction
@@ -14,17 +17,24 @@ probe it rests on.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from gpfast.kernels import distributed as _dist
+from gpfast.train.product import choose_product
+from gpfast.train.settings import CGSettings
 
 __all__ = [
     "AUTO_CHOLESKY_MAX_N",
     "AUTO_TRAIN_CHOLESKY_MAX_N",
     "CHOLESKY_WORKSPACE_FACTOR",
+    "FitPlan",
+    "RunPlan",
     "SolverChoice",
     "choose_solver",
     "free_memory_bytes",
+    "plan_fit",
 ]
 
 #: With ``solver="auto"``, the largest n for which the Cholesky solver is chosen (on top of the memory rule).
@@ -58,10 +68,27 @@ class SolverChoice:
 def choose_solver(
     n: int, device: torch.device, free_memory: int, requested: str = "auto", distributed: bool = False
 ) -> SolverChoice:
-    """The solver rule (module docstring) for n training points on ``device`` with ``free_memory`` bytes free.
+    """The solver rule of the module docstring.
 
-    ``requested`` is ``"auto"``, ``"cholesky"`` or ``"cg"``; ``distributed`` forces CG. Raises ValueError when
-    ``"cholesky"`` is requested and does not fit in memory.
+    Parameters
+    ----------
+    n : int
+        Training points.
+    device : torch.device
+    free_memory : int
+        Bytes free on ``device``.
+    requested : {"auto", "cholesky", "cg"}, default="auto"
+    distributed : bool, default=False
+        Forces CG.
+
+    Returns
+    -------
+    SolverChoice
+
+    Raises
+    ------
+    ValueError
+        When ``"cholesky"`` is requested and does not fit in memory.
     """
     device = torch.device(device)
     matrix = 8 * n * n
@@ -90,10 +117,155 @@ def choose_solver(
     return SolverChoice(solver, train_solver, exact, why)
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """How the steps of one optimiser run are taken (the full data, or the pretraining subset).
+
+    Attributes
+    ----------
+    n : int
+        Training points of the run.
+    train_solver : {"cholesky", "cg"}
+        How the steps solve.
+    trainer : {"gpfast", "exact", "gpytorch"}
+        Who computes the loss and its gradient: gpfast's engine, the exact float64 Cholesky objective, or
+        GPyTorch's marginal likelihood.
+    cg : CGSettings
+        The settings the engine runs with; with ``trainer == "gpfast"`` its ``product`` is decided
+        (``"stored"`` or ``"matrix_free"``).
+    """
+
+    n: int
+    train_solver: str
+    trainer: str
+    cg: CGSettings
+
+    @property
+    def product(self) -> str | None:
+        """``"stored"`` or ``"matrix_free"`` when the engine trains, else None."""
+        return self.cg.product if self.trainer == "gpfast" else None
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Everything :func:`plan_fit` decides about a fit.
+
+    Attributes
+    ----------
+    solver : {"cholesky", "cg"}
+        How predictions and the log marginal likelihood are computed.
+    exact_feasible : bool
+        An exact float64 Cholesky of the n x n covariance is allowed (memory and cap), whatever the solver.
+    optimizer : {"lbfgs", "adam"}
+        The optimiser of every run.
+    dtype : torch.dtype
+        Of the fitted model: CG training and prediction.
+    train_dtype : torch.dtype
+        Of the model while it trains: float64 when the full data trains with the exact objective, whose line
+        searches need the loss to that precision; else ``dtype``.
+    full : RunPlan
+        The steps on all the data.
+    pretrain : RunPlan or None
+        The steps on the pretraining subset, if any.
+    reason : str
+        One line for the log.
+    """
+
+    solver: str
+    exact_feasible: bool
+    optimizer: str
+    dtype: torch.dtype
+    train_dtype: torch.dtype
+    full: RunPlan
+    pretrain: RunPlan | None
+    reason: str
+
+
+def plan_fit(
+    n: int,
+    pretrain_n: int | None,
+    device: torch.device,
+    free_memory: int,
+    dtype: torch.dtype,
+    solver: str = "auto",
+    optimizer: str = "auto",
+    cg: CGSettings | None = None,
+    distributed: bool = False,
+) -> FitPlan:
+    """Decide how a fit runs: solver, optimiser, dtype, and who takes the steps on what products.
+
+    The training steps solve as the solver rule says (:func:`choose_solver`), or by CG wherever
+    ``cg.trainer == "gpfast"``. ``optimizer="auto"`` is L-BFGS when the full data train with a Cholesky (a
+    deterministic loss for its line searches) and Adam with CG (a stochastic estimate). The CG steps go to gpfast's
+    engine under Adam and to GPyTorch's loop under L-BFGS: a line search compares losses at nearby points, and the
+    engine's, from warm-started truncated solves and a carried log-determinant estimate, depend on the path as well
+    as the point (on yacht, L-BFGS on the engine's loss went uphill; on GPyTorch's it converges). The optimiser and
+    dtype of the full data serve the pretraining subset too.
+
+    Parameters
+    ----------
+    n : int
+        Training points.
+    pretrain_n : int or None
+        Points of the pretraining subset (None: no pretraining).
+    device : torch.device
+    free_memory : int
+        Bytes free on ``device`` at the start of the fit.
+    dtype : torch.dtype
+        The precision asked for (CG training and prediction).
+    solver : {"auto", "cholesky", "cg"}, default="auto"
+    optimizer : {"auto", "lbfgs", "adam"}, default="auto"
+    cg : CGSettings or None, default=None
+        None: the defaults.
+    distributed : bool, default=False
+        The products are split over the ranks of ``torch.distributed`` (forces CG).
+
+    Returns
+    -------
+    FitPlan
+
+    Raises
+    ------
+    ValueError
+        When ``solver="cholesky"`` does not fit in memory.
+    """
+    cg = cg or CGSettings()
+    choice = choose_solver(n, device, free_memory, solver, distributed)
+    train_solver = "cg" if cg.trainer == "gpfast" else choice.train_solver
+    if optimizer == "auto":
+        optimizer = "lbfgs" if train_solver == "cholesky" else "adam"
+    train_dtype = torch.float64 if train_solver == "cholesky" else dtype
+
+    def run(m: int, rule_train_solver: str) -> RunPlan:
+        steps = "cg" if cg.trainer == "gpfast" else rule_train_solver
+        if steps == "cholesky":
+            return RunPlan(m, "cholesky", "exact", cg)
+        if cg.trainer == "gpytorch" or (cg.trainer == "auto" and optimizer == "lbfgs"):
+            return RunPlan(m, "cg", "gpytorch", cg)
+        r0, r1 = _dist.row_range(m) if distributed and _dist.is_active() else (0, m)
+        product, _ = choose_product(r1 - r0, m, train_dtype, free_memory, cg.product, cg.memory_fraction)
+        return RunPlan(m, "cg", "gpfast", replace(cg, product=product))
+
+    full = run(n, choice.train_solver)
+    pretrain = None
+    if pretrain_n is not None:
+        pretrain = run(pretrain_n, choose_solver(pretrain_n, device, free_memory, solver, distributed).train_solver)
+    return FitPlan(choice.solver, choice.exact_feasible, optimizer, dtype, train_dtype, full, pretrain, choice.reason)
+
+
 def free_memory_bytes(device: torch.device) -> int:
-    """Free memory (bytes) on ``device``: CUDA from ``torch.cuda.mem_get_info`` (plus memory the caching
-    allocator holds but does not use); CPU from ``/proc/meminfo`` ``MemAvailable``, capped by a cgroup limit,
-    falling back to ``os.sysconf``."""
+    """Free memory on a device.
+
+    Parameters
+    ----------
+    device : torch.device
+
+    Returns
+    -------
+    int
+        Bytes. CUDA: ``torch.cuda.mem_get_info`` plus memory the caching allocator holds but does not use. CPU:
+        ``/proc/meminfo`` ``MemAvailable``, capped by a cgroup limit, falling back to ``os.sysconf``.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)

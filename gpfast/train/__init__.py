@@ -1,13 +1,13 @@
 """gpfast's own training engine for the exact GP: warm-started, truncated preconditioned CG on [y - mean, probes],
 a pivoted-Cholesky preconditioner applied by Woodbury, and Hutchinson gradients from one fused backward.
 
-:class:`Engine` plugs into :func:`gpfast.estimator.training.train` as its ``objective``; :class:`gpfast.ExactGP`
-uses it whenever it trains with CG (``trainer="auto"``). The parts, one file each: :mod:`.product` (products with
-the training covariance, stored or matrix-free, row-split over ranks), :mod:`.preconditioner`, :mod:`.cg`,
-:mod:`.gradient`, :mod:`.logdet`, :mod:`.settings` (defaults and the trainer rule) and :mod:`.engine`.
+:class:`Engine` plugs into :func:`gpfast.estimator.fitting.fit_hyperparameters` as its objective. The parts, one
+file each: :mod:`.product` (products with the training covariance, stored or matrix-free, row-split over ranks),
+:mod:`.preconditioner`, :mod:`.cg`, :mod:`.gradient`, :mod:`.logdet`, :mod:`.settings` (:class:`CGSettings`, the
+settings of every CG solve, with the measurements behind the defaults) and :mod:`.engine`.
 """
 
 from gpfast.train.engine import Engine, EngineRecord
-from gpfast.train.settings import TRAINERS, EngineSettings
+from gpfast.train.settings import TRAINERS, CGSettings
 
-__all__ = ["TRAINERS", "Engine", "EngineRecord", "EngineSettings"]
+__all__ = ["TRAINERS", "CGSettings", "Engine", "EngineRecord"]

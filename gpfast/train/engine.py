@@ -19,7 +19,7 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    path of the hyperparameters (trapezoid rule; the data-fit part of that integral is replaced by the exact
    difference). Measured drift after 50 steps on kin40k-3000: 0.006-0.011 per point against the exact value.
 
-Why these defaults: :class:`~gpfast.train.settings.EngineSettings`.
+Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct, choose_product
-from gpfast.train.settings import EngineSettings
+from gpfast.train.settings import CGSettings
 
 __all__ = ["Engine", "EngineRecord"]
 
@@ -92,27 +92,27 @@ def _parameters(model):
         raise TypeError(
             "gpfast's training engine handles ConstantMean + ScaleKernel(RBFKernel) + GaussianLikelihood "
             f"(gpfast.models.ExactGPModel), got mean {type(model.mean_module).__name__}, kernel "
-            f"{type(covar).__name__}, likelihood {type(lik).__name__}; use trainer='gpytorch'."
+            f"{type(covar).__name__}, likelihood {type(lik).__name__}; use CGSettings(trainer='gpytorch')."
         )
     if any(True for _ in model.named_priors()):
         raise TypeError(
             "gpfast's training engine does not add hyperparameter priors to the loss; the model has "
-            "priors: use trainer='gpytorch'."
+            "priors: use CGSettings(trainer='gpytorch')."
         )
     return covar.base_kernel.lengthscale, covar.outputscale, lik.noise, model.mean_module.constant
 
 
 class Engine:
-    """The training engine (module docstring). ``objective(model)`` is a :data:`gpfast.estimator.training.Objective`
-    factory for :func:`gpfast.estimator.training.train`; :meth:`finish` ends the run (releases the stored K,
-    warns when CG missed its tolerance at the end) and returns the :class:`EngineRecord`.
+    """The training engine (module docstring). ``objective(model)`` is a :data:`gpfast.estimator.fitting.Objective`
+    factory for :func:`gpfast.estimator.fitting.fit_hyperparameters`; :meth:`finish` ends the run (releases the
+    stored K, warns when CG missed its tolerance at the end) and returns the :class:`EngineRecord`.
 
-    settings: :class:`EngineSettings` (default: its defaults); free_memory: bytes free on the device at the start
+    settings: :class:`CGSettings` (default: its defaults); free_memory: bytes free on the device at the start
     (for the stored-K budget; required unless ``settings.product`` is explicit).
     """
 
-    def __init__(self, settings: EngineSettings | None = None, free_memory: int | None = None):
-        self.settings = settings or EngineSettings()
+    def __init__(self, settings: CGSettings | None = None, free_memory: int | None = None):
+        self.settings = settings or CGSettings()
         self.free_memory = free_memory
         self.record = EngineRecord()
         self.product: CovarianceProduct | None = None
@@ -284,8 +284,8 @@ class Engine:
                 f"gpfast's training engine: CG did not reach its tolerance on the last training step: relative "
                 f"residual {rec.cg_residuals[-1]:.3g} > cg_tolerance {cfg.cg_tolerance:g} after "
                 f"max_cg_iterations={cfg.max_cg_iterations} ({missed} of {len(rec.cg_residuals)} steps missed it), so "
-                f"the last gradients rest on inexact solves. Raise trainer_options['max_cg_iterations'] or "
-                f"trainer_options['preconditioner_rank'] (or loosen trainer_options['cg_tolerance']).",
+                f"the last gradients rest on inexact solves. Raise max_cg_iterations or preconditioner_rank of the "
+                f"CGSettings (or loosen its cg_tolerance).",
                 ConvergenceWarning,
                 stacklevel=2,
             )

@@ -1,7 +1,7 @@
-"""The training engine's settings: defaults (with the measurements behind them), checks, and the trainer rule.
+"""The settings of every conjugate-gradient solve in gpfast, named and documented once: :class:`CGSettings`.
 
-:class:`gpfast.ExactGP` takes ``trainer`` (:data:`TRAINERS`) and ``trainer_options`` (a dict of
-:class:`EngineSettings` fields); :func:`resolve` checks both before a fit changes anything.
+:class:`gpfast.train.Engine` reads the training fields; :class:`gpfast.ExactGP` takes the whole object as its
+``cg`` argument and hands the prediction fields to its predictions. Nothing here knows the estimator.
 """
 
 from __future__ import annotations
@@ -12,66 +12,82 @@ from dataclasses import dataclass, fields, replace
 
 from gpfast.train.product import PRODUCTS
 
-__all__ = ["PROBE_BUDGET", "TRAINERS", "EngineSettings", "fitted_attributes", "resolve", "train_solver"]
+__all__ = ["PROBE_BUDGET", "TRAINERS", "CGSettings"]
 
 #: With ``num_probes=None``, the probes number about PROBE_BUDGET / n (10 to 256): the Hutchinson estimate's relative
 #: spread falls roughly like 1 / sqrt(n s), so small sets get the probes that large ones need not.
 PROBE_BUDGET = 100_000
 
-#: ``"auto"``: gpfast's engine whenever the training steps use CG, GPyTorch's exact loop when they use a dense
-#: Cholesky. ``"gpfast"``: the engine for every training step (the steps are then CG steps even where the solver
-#: rule would train with a Cholesky). ``"gpytorch"``: GPyTorch's loop (mBCG and Lanczos under CG), as before the
-#: engine existed, for comparisons.
+#: Values of :attr:`CGSettings.trainer`.
 TRAINERS = ("auto", "gpfast", "gpytorch")
 
 
 @dataclass(frozen=True)
-class EngineSettings:
-    """Settings of :class:`gpfast.train.Engine` (the keys of ``ExactGP(trainer_options=...)``).
+class CGSettings:
+    """Settings of the conjugate-gradient solves: gpfast's training engine and predictions by CG.
 
-    The defaults come from 50-step Adam fits (lr 0.1, float32, this CPU, 2026-11-30) against GPyTorch's exact
-    (Cholesky) loop: kin40k (3,000-point subset of split 0; exact: test RMSE 0.1976, NLL -0.3074), concrete
-    (0.2467, -0.0235) and yacht (0.2528, 0.8210), several seeds each.
+    The training defaults come from 50-step Adam fits (lr 0.1, float32, the 2-core CPU box, 2026-11-30) against
+    GPyTorch's exact (Cholesky) loop: kin40k (3,000-point subset of split 0; exact: test RMSE 0.1976, NLL -0.3074),
+    concrete (0.2467, -0.0235) and yacht (0.2528, 0.8210), several seeds each. GPyTorch's own training loop
+    (``trainer="gpytorch"``) and its estimate of the log marginal likelihood run under GPyTorch's settings
+    (``gpytorch.settings.cg_tolerance`` and the like, GPyTorch's defaults unless the caller changes them), so that
+    comparisons see GPyTorch as it ships. Every value is checked on construction (ValueError naming the field).
 
-    num_probes : int or None, default None
+    Parameters
+    ----------
+    num_probes : int or None, default=None
         Hutchinson probes s; one solve of 1 + s columns per step. None: ``clip(ceil(PROBE_BUDGET / n), 10, 256)``,
         so 10 (GPyTorch's ``num_trace_samples``) from n = 10,000 on. With 10 probes the fitted NLL varied by
         +-0.12 over seeds on yacht (n = 277) and RMSE by up to 3% on concrete; with the rule (256 and 108 probes)
         concrete's RMSE stays within 0.3% and its NLL within 0.003 of the exact loop, yacht's RMSE within 0.4%
         and NLL -0.002 to +0.045 (4 seeds). On kin40k-3000, 10 probes already match the exact loop.
-    cg_tolerance : float, default 0.01
-        CG stops once the data column's relative residual ``|b - K̂ x| / |b|`` and the probe columns' mean one are
-        at most this. 0.1 and 0.3 halve or third the iterations and keep kin40k-3000 and concrete on the exact
-        loop's RMSE and NLL, but bias yacht's NLL by +0.07 and +0.17 (all seeds).
-    max_cg_iterations : int, default 15
-        CG iteration cap per step: the truncated, warm-started regime (issue 12's prototype: 10-15). Late in a fit
-        the cap binds (kin40k-3000: 15 from step ~25 on, final residual ~0.2-0.3) and the fit still matches the
-        exact loop (RMSE 0.1973-0.1978, NLL -0.3064 to -0.3094); a cap of 30 took 50% more iterations for the
-        same RMSE and NLL. The finishing warning then says so (raise this, or loosen the tolerance).
-    preconditioner_rank : int, default 100
-        Rank k of the pivoted-Cholesky preconditioner (0: none, P = noise I). 100 against 50: 6% fewer
-        iterations on kin40k-3000 and 38% fewer on concrete, same fits; Wang et al. (2019) used 100.
-    rebuild_every : int, default 10
+    cg_tolerance : float, default=0.01
+        A training step's CG stops once the data column's relative residual ``|b - K̂ x| / |b|`` and the probe
+        columns' mean one are at most this. 0.1 and 0.3 halve or third the iterations and keep kin40k-3000 and
+        concrete on the exact loop's RMSE and NLL, but bias yacht's NLL by +0.07 and +0.17 (all seeds).
+    max_cg_iterations : int, default=15
+        CG iteration cap per training step: the truncated, warm-started regime. Late in a fit the cap binds
+        (kin40k-3000: 15 from step ~25 on, final residual ~0.2-0.3) and the fit still matches the exact loop
+        (RMSE 0.1973-0.1978, NLL -0.3064 to -0.3094); a cap of 30 took 50% more iterations for the same RMSE and
+        NLL. The engine warns at the end of a fit whose last step missed the tolerance.
+    preconditioner_rank : int, default=100
+        Rank k of the training steps' pivoted-Cholesky preconditioner (0: none, P = noise I). 100 against 50: 6%
+        fewer iterations on kin40k-3000 and 38% fewer on concrete, same fits; Wang et al. (2019) used 100.
+    rebuild_every : int, default=10
         The preconditioner is rebuilt every this many steps ...
-    rebuild_lengthscale_change : float, default 0.2
+    rebuild_lengthscale_change : float, default=0.2
         ... or sooner, once some lengthscale has changed by more than this in log (about 22%) since the build
         (with Adam at lr 0.1 that is every 3-5 steps early in a fit). The outputscale and noise are tracked exactly
         by the Woodbury form and never force a rebuild. The probes do not depend on the preconditioner, so a
         rebuild costs no warm start.
-    resample_every : int or None, default None
+    resample_every : int or None, default=None
         The probes are drawn anew every this many steps (their solves then restart cold); None keeps one draw for
         the whole fit. Redrawing every 5 or 10 steps did not improve the fits above (yacht's NLL spread stayed,
         kin40k-3000 matched either way) and costs the probes' warm start (+3-7 iterations on each redraw step).
-    warm_start : bool, default True
+    warm_start : bool, default=True
         Start each step's solves from the previous step's solutions (False: from zero, for comparisons; cold solves
         took ~1.8x the iterations of warm ones in tests/test_train.py).
-    product : {"auto", "stored", "matrix_free"}, default "auto"
+    product : {"auto", "stored", "matrix_free"}, default="auto"
         Products with a stored K (rebuilt by the fused forward each step) or matrix-free; ``"auto"`` stores K
         when it takes at most ``memory_fraction`` of the device's free memory.
-    memory_fraction : float, default 0.5
+    memory_fraction : float, default=0.5
         Share of the free memory (at the start of the fit) that a stored K may take; the rest stays for the
         solves, the preconditioner and the exact posterior that ``ExactGP`` factors after training (K is released
         before that).
+    predict_cg_tolerance : float, default=0.01
+        Predictions by CG (:class:`gpfast.models.CGPosterior`) certify every predictive variance to within this
+        fraction of itself (0.01: 0.5% in the standard deviation); the means are certified to 1e-5 std(y).
+    predict_max_cg_iterations : int, default=1000
+        Iteration cap of each of their solves (they start from zero, so they need far more iterations than a
+        warm-started training step); a variance left uncertified at the cap is reported with a warning.
+    predict_preconditioner_rank : int, default=1024
+        Rank of their pivoted-Cholesky preconditioner, built once per fit (0: none). It also makes the variance
+        bound: ``A >= L L^T + noise I``. 1024 took a third of the iterations of 256 (synthetic d = 8, n = 3000).
+    trainer : {"auto", "gpfast", "gpytorch"}, default="auto"
+        Who takes the CG training steps (steps that solve by Cholesky use an exact objective). ``"auto"``: gpfast's
+        engine under Adam, GPyTorch's loop under L-BFGS (whose line search needs a loss that depends on the point
+        only, not on the path of warm starts). ``"gpfast"``: the engine for every training step, CG steps even where
+        a Cholesky would train. ``"gpytorch"``: GPyTorch's loop (mBCG and stochastic Lanczos), for comparisons.
     """
 
     num_probes: int | None = None
@@ -84,37 +100,68 @@ class EngineSettings:
     warm_start: bool = True
     product: str = "auto"
     memory_fraction: float = 0.5
+    predict_cg_tolerance: float = 0.01
+    predict_max_cg_iterations: int = 1000
+    predict_preconditioner_rank: int = 1024
+    trainer: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def probes_for(self, n: int) -> int:
-        """The number of probes for n training points: ``num_probes``, or by default
-        ``clip(ceil(PROBE_BUDGET / n), 10, 256)`` (see the class docstring)."""
+        """The number of probes for n training points.
+
+        Parameters
+        ----------
+        n : int
+            Training points.
+
+        Returns
+        -------
+        int
+            ``num_probes``, or by default ``clip(ceil(PROBE_BUDGET / n), 10, 256)``.
+        """
         if self.num_probes is not None:
             return int(self.num_probes)
         return int(min(256, max(10, math.ceil(PROBE_BUDGET / n))))
 
     @classmethod
-    def from_options(cls, options: dict | None) -> EngineSettings:
-        """Settings from a ``trainer_options`` dict (unknown keys and bad values raise ValueError)."""
-        if options is None:
+    def from_value(cls, value) -> CGSettings:
+        """The settings that ``value`` stands for.
+
+        Parameters
+        ----------
+        value : CGSettings, dict or None
+            Settings, a dict of some of their fields (the others keep their defaults), or None for the defaults.
+
+        Returns
+        -------
+        CGSettings
+
+        Raises
+        ------
+        ValueError
+            For another type, an unknown key or a bad value, naming it.
+        """
+        if value is None:
             return cls()
-        if not isinstance(options, dict):
+        if isinstance(value, cls):
+            return value
+        known = [f.name for f in fields(cls)]
+        if not isinstance(value, dict):
             raise ValueError(
-                f"ExactGP: invalid trainer_options={options!r}; expected None or a dict with keys "
-                f"{[f.name for f in fields(cls)]}."
+                f"CGSettings: expected a CGSettings, a dict with keys from {known} or None, got {value!r}."
             )
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
+        unknown = sorted(set(value) - set(known))
         if unknown:
-            raise ValueError(f"ExactGP: unknown trainer_options key(s) {unknown}; known keys: {sorted(known)}.")
-        settings = replace(cls(), **options)
-        settings.check()
-        return settings
+            raise ValueError(f"CGSettings: unknown key(s) {unknown}; known keys: {known}.")
+        return replace(cls(), **value)
 
     def check(self) -> None:
+        """Raise ValueError naming the first field whose value is out of its range."""
+
         def bad(name, expected):
-            return ValueError(
-                f"ExactGP: invalid trainer_options['{name}']={getattr(self, name)!r}; expected {expected}."
-            )
+            return ValueError(f"CGSettings: invalid {name}={getattr(self, name)!r}; expected {expected}.")
 
         def is_int(v):
             return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -129,13 +176,14 @@ class EngineSettings:
             ("max_cg_iterations", 1),
             ("preconditioner_rank", 0),
             ("rebuild_every", 1),
+            ("predict_max_cg_iterations", 1),
+            ("predict_preconditioner_rank", 0),
         ):
             if not is_int(getattr(self, name)) or getattr(self, name) < low:
                 raise bad(name, f"an int >= {low}")
-        if not is_real(self.cg_tolerance) or self.cg_tolerance <= 0:
-            raise bad("cg_tolerance", "a positive float")
-        if not is_real(self.rebuild_lengthscale_change) or self.rebuild_lengthscale_change <= 0:
-            raise bad("rebuild_lengthscale_change", "a positive float")
+        for name in ("cg_tolerance", "rebuild_lengthscale_change", "predict_cg_tolerance"):
+            if not is_real(getattr(self, name)) or getattr(self, name) <= 0:
+                raise bad(name, "a positive float")
         if self.resample_every is not None and (not is_int(self.resample_every) or self.resample_every < 1):
             raise bad("resample_every", "None or an int >= 1")
         if self.warm_start not in (True, False):
@@ -144,49 +192,5 @@ class EngineSettings:
             raise bad("product", f"one of {PRODUCTS}")
         if not is_real(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise bad("memory_fraction", "a float in (0, 1]")
-
-
-def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
-    """Check ``trainer`` and ``trainer_options`` of an ExactGP whose ``solver`` parameter is ``solver``."""
-    if not isinstance(trainer, str) or trainer not in TRAINERS:
-        raise ValueError(f"ExactGP: invalid trainer={trainer!r}; expected one of {TRAINERS}.")
-    if trainer == "gpfast" and solver == "cholesky":
-        raise ValueError(
-            "ExactGP: trainer='gpfast' takes CG training steps; got solver='cholesky' (use solver='auto' "
-            "or 'cg', or trainer='auto')."
-        )
-    return trainer, EngineSettings.from_options(options)
-
-
-def train_solver(trainer: str, rule_train_solver: str, optimizer: str = "adam") -> tuple[str, str]:
-    """``(train_solver, trainer_used)``: how the training steps are taken, given the solver rule's choice.
-    ``trainer_used`` is ``"gpfast"`` (the engine), ``"exact"`` (the float64 Cholesky objective of
-    :mod:`gpfast.estimator.exact_objective`) or ``"gpytorch"`` (GPyTorch's marginal likelihood under CG).
-    ``"auto"`` gives CG steps to the engine only under Adam: L-BFGS's line search compares losses at nearby points,
-    and the engine's, from warm-started truncated solves and a carried log-determinant estimate, depend on the
-    path as well as the point (on yacht, L-BFGS on the engine's loss went uphill; on GPyTorch's it converges)."""
-    if trainer == "gpfast" or (trainer == "auto" and rule_train_solver == "cg" and optimizer != "lbfgs"):
-        return "cg", "gpfast"
-    if rule_train_solver == "cholesky":
-        return "cholesky", "exact"
-    return rule_train_solver, "gpytorch"
-
-
-def fitted_attributes(record) -> dict:
-    """The estimator's fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the
-    engine did not train)."""
-    if record is None:
-        return dict(
-            cg_iterations_=None,
-            cg_residuals_=None,
-            history_data_fit_=None,
-            history_log_det_estimate_=None,
-            step_seconds_=None,
-        )
-    return dict(
-        cg_iterations_=list(record.cg_iterations),
-        cg_residuals_=list(record.cg_residuals),
-        history_data_fit_=list(record.data_fit),
-        history_log_det_estimate_=list(record.log_det_estimate),
-        step_seconds_=list(record.step_seconds),
-    )
+        if self.trainer not in TRAINERS:
+            raise bad("trainer", f"one of {TRAINERS}")

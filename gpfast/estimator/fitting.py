@@ -1,0 +1,349 @@
+"""The hyperparameter fit of :class:`gpfast.ExactGP`: an optimiser (:mod:`~gpfast.estimator.optimize`) on the
+negative marginal log likelihood, computed by an objective: gpfast's engine (:class:`gpfast.train.Engine`), the
+exact float64 one (:mod:`~gpfast.estimator.exact_objective`), GPyTorch's, or any other with the same contract."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gpytorch
+import numpy as np
+import torch
+from linear_operator.utils.errors import NotPSDError
+from tqdm.auto import tqdm
+
+from gpfast.estimator.exact_objective import cholesky_objective
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
+from gpfast.estimator.restarts import best_of_restarts
+from gpfast.estimator.solver import FitPlan, RunPlan
+from gpfast.models import ExactGPModel
+from gpfast.train import Engine
+
+__all__ = [
+    "FitResult",
+    "Objective",
+    "default_objective",
+    "engine_attributes",
+    "fit_hyperparameters",
+    "gpytorch_objective",
+    "mll_estimate",
+    "run_plan",
+    "seeded",
+    "solver_settings",
+]
+
+#: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
+#: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
+#: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
+#: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
+Objective = Callable[[], torch.Tensor]
+
+
+def solver_settings(solver: str | None) -> contextlib.ExitStack:
+    """GPyTorch settings that make it solve by dense Cholesky or by CG (GPyTorch's CG settings are left as the
+    caller has them, as GPyTorch's training loop and its estimate of the log marginal likelihood use them).
+
+    Parameters
+    ----------
+    solver : {"cholesky", "cg"} or None
+        ``None`` keeps GPyTorch's own rule (Cholesky up to n = 800, CG above).
+
+    Returns
+    -------
+    contextlib.ExitStack
+        The settings, entered; leave it (``with``) to restore the caller's.
+    """
+    stack = contextlib.ExitStack()
+    if solver == "cholesky":
+        stack.enter_context(gpytorch.settings.max_cholesky_size(2**62))
+    elif solver == "cg":
+        stack.enter_context(gpytorch.settings.max_cholesky_size(0))
+    return stack
+
+
+def gpytorch_objective(model: ExactGPModel) -> Objective:
+    """The negative of GPyTorch's ``ExactMarginalLogLikelihood`` (per data point), differentiated by autograd; it
+    solves as the surrounding :func:`solver_settings` say."""
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(model.likelihood, model)
+    X, y = model.train_inputs[0], model.train_targets
+
+    def closure() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss = -mll(model(X), y)
+        loss.backward()
+        return loss
+
+    return closure
+
+
+@dataclass
+class FitResult:
+    """What :func:`fit_hyperparameters` did.
+
+    Attributes
+    ----------
+    history : list of float
+        The loss at each step.
+    n_iter : int
+        Steps taken.
+    converged : bool
+        The optimiser's stopping rule was met.
+    message : str
+        scipy's or :mod:`~gpfast.estimator.optimize`'s reason for stopping.
+    loss : float
+        The final loss.
+    theta : numpy.ndarray
+        The final log hyperparameters (:class:`~gpfast.estimator.hyperparameters.HyperparameterSpace` layout).
+    """
+
+    history: list[float]
+    n_iter: int
+    converged: bool
+    message: str
+    loss: float
+    theta: np.ndarray
+
+
+def default_objective(solver: str | None) -> Callable[[ExactGPModel], Objective]:
+    """The objective factory of a solver: the exact float64 Cholesky objective for ``"cholesky"``, GPyTorch's
+    marginal likelihood otherwise."""
+    return cholesky_objective if solver == "cholesky" else gpytorch_objective
+
+
+def fit_hyperparameters(
+    model: ExactGPModel,
+    n_steps: int,
+    solver: str | None,
+    optimizer: str,
+    lr: float,
+    tol,
+    dtype: torch.dtype,
+    desc: str,
+    verbose: bool,
+    objective: Callable[[ExactGPModel], Objective] | None = None,
+    space: HyperparameterSpace | None = None,
+    recorder=None,
+) -> FitResult:
+    """Minimise the negative marginal log likelihood per data point over the model's hyperparameters.
+
+    The optimiser starts from the model's current values and works in log space inside ``space``'s bounds; see
+    :mod:`~gpfast.estimator.optimize` for the stopping rules. The model ends at the returned hyperparameters.
+
+    Parameters
+    ----------
+    model : gpfast.models.ExactGPModel
+        With its training data set.
+    n_steps : int
+        At most this many optimiser iterations (0 returns at once).
+    solver : {"cholesky", "cg"} or None
+        How GPyTorch solves while the objective runs (:func:`solver_settings`).
+    optimizer : {"lbfgs", "adam"}
+        L-BFGS-B, or projected Adam.
+    lr, tol : float, float or None
+        Adam's learning rate; the optimiser's stopping tolerance (None: its default; 0 with Adam runs every step).
+    dtype, desc : torch.dtype, str
+        The model's dtype and the run's name, for the progress bar (``desc``) and errors (both).
+    verbose : bool
+        Show a progress bar (on stderr).
+    objective : callable or None, default=None
+        ``objective(model)`` builds the :data:`Objective`; None: :func:`default_objective` of ``solver``.
+    space : HyperparameterSpace or None, default=None
+        The bounds (None: unbounded).
+    recorder : gpfast.estimator.checkpoint.RunLog or None, default=None
+        Replays and logs the objective's evaluations and is told of each step (for checkpoints).
+
+    Returns
+    -------
+    FitResult
+
+    Raises
+    ------
+    NotPSDError, FloatingPointError (TrainingDivergedError)
+        With advice, when a step fails.
+    """
+    space = space or HyperparameterSpace.unbounded(model)
+    theta0 = space.get(model)
+    if n_steps <= 0:
+        return FitResult([], 0, False, "max_iter=0", math.nan, theta0)
+    model.train()
+    model.likelihood.train()
+    closure = (objective or default_objective(solver))(model)
+    n = model.train_targets.shape[-1]
+    fun = _loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
+    if recorder is not None:
+        fun = recorder.wrap(fun)
+    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
+    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
+
+    def on_step(loss: float) -> None:
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.4f}", **getattr(closure, "postfix", dict)())
+        if recorder is not None:
+            recorder.step()
+
+    try:
+        with solver_settings(solver):
+            if optimizer == "lbfgs":
+                res = minimize_lbfgs(fun, theta0, space, n, n_steps, tol, desc, on_step)
+            else:
+                res = minimize_adam(fun, theta0, space, n_steps, lr, tol, desc, on_step)
+    finally:
+        bar.close()
+    space.set(model, res.theta)
+    return FitResult(res.history, res.n_iter, res.converged, res.message, res.loss, res.theta)
+
+
+def _loss_and_gradient(closure: Objective, model: ExactGPModel, space: HyperparameterSpace, where: str):
+    """``fun(theta) -> (loss, gradient)`` in the log hyperparameters for the optimisers, from the closure; a
+    covariance that stops being positive definite raises NotPSDError with advice, naming ``where`` it happened."""
+    calls = [0]
+
+    def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        space.set(model, theta)
+        try:
+            loss = closure()
+        except NotPSDError as exc:
+            raise NotPSDError(
+                f"ExactGP: the training covariance stopped being numerically positive definite at evaluation "
+                f"{calls[0]} ({where}): {exc}. Try dtype='float64', solver='cholesky', or a smaller lr. The "
+                f"estimator was not modified."
+            ) from exc
+        calls[0] += 1
+        return float(loss.detach()), space.gradient(model)
+
+    return fun
+
+
+def mll_estimate(model: ExactGPModel) -> float:
+    """GPyTorch's CG/Lanczos estimate of the marginal log likelihood per data point at the current hyperparameters,
+    under the caller's GPyTorch settings."""
+    likelihood = model.likelihood
+    model.train()
+    likelihood.train()
+    mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
+    try:
+        with torch.no_grad(), solver_settings("cg"):
+            value = float(mll(model(model.train_inputs[0]), model.train_targets))
+    finally:
+        model.eval()
+        likelihood.eval()
+    return value
+
+
+def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, starts: list, X, y, **kw):
+    """Every optimiser run of a fit as ``plan`` says (pretraining, then all the data) from each starting point.
+
+    Parameters
+    ----------
+    plan : FitPlan
+    model : ExactGPModel
+        Built in ``plan.train_dtype`` on the training data.
+    space : HyperparameterSpace
+    starts : list of numpy.ndarray
+        Log hyperparameters to start from (:func:`~gpfast.estimator.restarts.starting_points`).
+    X, y : torch.Tensor of shape (n, d) and (n,)
+        The standardised training data.
+    **kw
+        ``max_iter``, ``pretrain_steps``, ``seed`` (draws the pretraining subset), ``free`` (bytes free on the
+        device), ``checkpoint`` (a :class:`~gpfast.estimator.checkpoint.Checkpoint` or None), and ``lr``, ``tol``,
+        ``verbose`` for :func:`fit_hyperparameters`.
+
+    Returns
+    -------
+    pretrain, result : FitResult or None, FitResult
+        The best run's results on the subset (None without pretraining) and on all the data.
+    record : gpfast.train.EngineRecord or None
+        Its engine record, when the engine took the steps on all the data.
+    restart_losses : list of float
+        The final loss of the run from each start.
+    """
+    max_iter, pretrain_steps, seed = kw.pop("max_iter"), kw.pop("pretrain_steps"), kw.pop("seed")
+    sub_idx = None
+    if plan.pretrain is not None:
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        sub_idx = torch.randperm(X.shape[0], generator=gen)[: plan.pretrain.n].to(X.device)
+    Xd, yd = X.to(plan.train_dtype), y.to(plan.train_dtype)
+    kw.update(optimizer=plan.optimizer, dtype=plan.dtype, space=space)
+
+    def run(theta):
+        space.set(model, theta)
+        pre = None
+        if sub_idx is not None:
+            model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+            desc = f"gpfast pretrain ({plan.pretrain.n} pts, {plan.pretrain.train_solver})"
+            pre, _ = _run(plan.pretrain, model, pretrain_steps, desc=desc, **kw)
+            model.set_train_data(inputs=Xd, targets=yd, strict=False)
+        desc = f"gpfast fit ({plan.optimizer}, {plan.full.train_solver}, {plan.full.trainer})"
+        result, record = _run(plan.full, model, max_iter, desc=desc, **kw)
+        return pre, result, record
+
+    (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+    return pre, result, record, restart_losses
+
+
+def _run(run_plan: RunPlan, model: ExactGPModel, n_steps: int, free: int, checkpoint=None, **fit_kw):
+    """One optimiser run with the objective of ``run_plan.trainer``: ``(result, engine record or None)``. With a
+    ``checkpoint``, a run it holds as finished is not run again, and one under way resumes."""
+    log = checkpoint.next_run() if checkpoint is not None else None
+    if log is not None and log.done is not None:
+        result, record = log.done
+        fit_kw["space"].set(model, result.theta)
+        return result, record
+    record = None
+    solver = run_plan.train_solver
+    if run_plan.trainer == "gpfast":
+        engine = Engine(run_plan.cg, free)
+        if log is not None:
+            if log.engine_state is not None:
+                engine.load_state_dict(log.engine_state)
+            log.objective_state = engine.state_dict
+        result = fit_hyperparameters(model, n_steps, solver, objective=engine.objective, recorder=log, **fit_kw)
+        record = engine.finish()
+    else:
+        objective = gpytorch_objective if run_plan.trainer == "gpytorch" else None
+        result = fit_hyperparameters(model, n_steps, solver, objective=objective, recorder=log, **fit_kw)
+    if checkpoint is not None:
+        checkpoint.finish_run(log, result, record)
+    return result, record
+
+
+def engine_attributes(record) -> dict:
+    """The estimator's fitted attributes from an engine run's :class:`~gpfast.train.EngineRecord` (None: the
+    engine did not train: every one None)."""
+    if record is None:
+        names = ("cg_iterations_", "cg_residuals_", "history_data_fit_", "history_log_det_estimate_", "step_seconds_")
+        return dict.fromkeys(names)
+    return dict(
+        cg_iterations_=list(record.cg_iterations),
+        cg_residuals_=list(record.cg_residuals),
+        history_data_fit_=list(record.data_fit),
+        history_log_det_estimate_=list(record.log_det_estimate),
+        step_seconds_=list(record.step_seconds),
+    )
+
+
+def seeded(seed: int | None, device: torch.device, fork: bool = False) -> contextlib.AbstractContextManager:
+    """Seed torch's generators inside ``fork_rng``, so that the caller's are left alone, or do nothing.
+
+    Parameters
+    ----------
+    seed : int or None
+        None: leave the generators as they are.
+    device : torch.device
+        With CUDA, every CUDA device's generator is forked too.
+    fork : bool, default=False
+        Fork even without a seed (a resumed fit sets the generators' state itself).
+    """
+    if seed is None and not fork:
+        return contextlib.nullcontext()
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=devices))
+    if seed is not None:
+        torch.manual_seed(seed)  # also seeds every CUDA device
+    return stack
