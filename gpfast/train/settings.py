@@ -72,6 +72,17 @@ class EngineSettings:
         Share of the free memory (at the start of the fit) that a stored K may take; the rest stays for the
         solves, the preconditioner and the exact posterior that ``ExactGP`` factors after training (K is released
         before that).
+    cg_check_every : int or None, default None
+        CG reads its convergence measure on the host (a wait for the device on a GPU) only after every this many
+        iterations; None: at most twice per step, near the last step's iteration count and a little after it
+        (:func:`gpfast.train.engine._checks`), so that a step reads the device at most three times. 1 stops each
+        solve at the first iteration that meets the tolerance (tests that count iterations).
+    max_preconditioner_rank : int, default 800
+        When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``)
+        and the preconditioner is rebuilt at the next step, up to this rank.
+    cg_iteration_limit : int, default 40
+        Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
+        ``max_cg_iterations``) up to this.
     """
 
     num_probes: int | None = None
@@ -84,6 +95,9 @@ class EngineSettings:
     warm_start: bool = True
     product: str = "auto"
     memory_fraction: float = 0.5
+    cg_check_every: int | None = None
+    max_preconditioner_rank: int = 800
+    cg_iteration_limit: int = 40
 
     def probes_for(self, n: int) -> int:
         """The number of probes for n training points: ``num_probes``, or by default
@@ -144,6 +158,8 @@ class EngineSettings:
             raise bad("product", f"one of {PRODUCTS}")
         if not is_real(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise bad("memory_fraction", "a float in (0, 1]")
+        if self.cg_check_every is not None and (not is_int(self.cg_check_every) or self.cg_check_every < 1):
+            raise bad("cg_check_every", "None or an int >= 1")
 
 
 def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
