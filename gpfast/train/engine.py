@@ -355,7 +355,8 @@ class _State:
         def cpu(t):
             return None if t is None else t.detach().cpu().clone()
 
-        out = {k: None if getattr(self, k) is None else torch.tensor(getattr(self, k)) for k in self._LISTS}
+        out = {k: None if getattr(self, k) is None else torch.tensor(getattr(self, k), dtype=torch.float64)
+               for k in self._LISTS}  # fmt: skip
         out["x"] = cpu(self.x)
         out.update({k: getattr(self, k) for k in self._NUMBERS})
         out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
