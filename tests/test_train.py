@@ -367,13 +367,18 @@ def test_cg_missing_its_tolerance_warns_with_the_residual_and_the_setting():
         max_iter=3,
         verbose=False,
         random_state=0,
-        trainer_options={"max_cg_iterations": 1, "cg_tolerance": 1e-6, "preconditioner_rank": 0},
+        trainer_options={
+            "max_cg_iterations": 1,
+            "cg_tolerance": 1e-6,
+            "preconditioner_rank": 0,
+            "cg_iteration_limit": 1,
+        },
     )
     with pytest.warns(
         ConvergenceWarning,
         match=r"relative residual [0-9.e+-]+ > cg_tolerance 1e-06 after "
-        r"max_cg_iterations=1 \(4 of 4 steps missed it\).*Raise "  # 3 steps, then the loss where Adam stopped
-        r"trainer_options\['max_cg_iterations'\]",
+        r"max_cg_iterations=1 with a rank-0 preconditioner \(4 of 4 steps missed it\).*Raise "  # 3 steps, then the
+        r"trainer_options\['cg_iteration_limit'\]",  # loss where Adam stopped
     ):
         gp.fit(X, y)
     assert all(r > 1e-6 for r in gp.cg_residuals_) and gp.cg_iterations_ == [1, 1, 1, 1]
@@ -599,3 +604,27 @@ def test_engine_fit_matches_adam_with_exact_gradients(options):
     assert got["rmse_std"] <= 1.01 * want["rmse_std"], (got, want)
     assert got["nll_std"] <= want["nll_std"] + 0.01, (got, want)
     assert not got["warned"], got  # the engine met its tolerance at the end: no warning
+
+
+def test_missed_solves_raise_the_rank_then_the_cap_and_warn_only_at_risk():
+    from gpfast.train.engine import _at_risk, _State
+
+    cfg = EngineSettings(max_preconditioner_rank=400, cg_iteration_limit=40)  # rank 100, cap 15 to start
+    state = _State(cfg)
+    state.x = torch.zeros(10_000, 3)
+    state.after_step(cfg, True, [1.0], 4, [4, 8], 0.005)  # met: nothing changes
+    assert (state.rank, state.cap, state.rebuild_next) == (100, 15, False)
+    assert not _at_risk(cfg, state, 0.005) and not _at_risk(cfg, state, 0.05) and _at_risk(cfg, state, 0.2)
+    seen = []
+    for _ in range(6):
+        state.after_step(cfg, False, [1.0], 15, [5, 10], 0.05)
+        seen.append((state.rank, state.cap, state.rebuild_next))
+    assert seen == [(200, 15, True), (400, 15, True), (400, 23, False), (400, 35, False), (400, 40, False)] + [
+        (400, 40, False)
+    ]
+    assert _at_risk(cfg, state, 0.05) and not _at_risk(cfg, state, 0.01)  # exhausted: any miss is at risk
+    small = _State(cfg)
+    small.x = torch.zeros(150, 3)
+    small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)  # the rank stops at n, then the cap grows
+    small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)
+    assert (small.rank, small.cap) == (150, 23)

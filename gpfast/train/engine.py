@@ -272,14 +272,17 @@ class Engine:
             self.product.release()
         self.last = {}
         cfg, rec = self.settings, self.record
-        if rec.cg_residuals and rec.cg_residuals[-1] > cfg.cg_tolerance:
+        state = self._state
+        if rec.cg_residuals and state is not None and _at_risk(cfg, state, rec.cg_residuals[-1]):
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(
                 f"gpfast's training engine: CG did not reach its tolerance on the last training step: relative "
                 f"residual {rec.cg_residuals[-1]:.3g} > cg_tolerance {cfg.cg_tolerance:g} after "
-                f"max_cg_iterations={cfg.max_cg_iterations} ({missed} of {len(rec.cg_residuals)} steps missed it), so "
-                f"the last gradients rest on inexact solves. Raise trainer_options['max_cg_iterations'] or "
-                f"trainer_options['preconditioner_rank'] (or loosen trainer_options['cg_tolerance']).",
+                f"max_cg_iterations={state.cap} with a rank-{min(state.rank, state.x.shape[0])} preconditioner "
+                f"({missed} of {len(rec.cg_residuals)} steps missed it), so the last gradients rest on inexact solves. "
+                f"Raise "
+                f"trainer_options['cg_iteration_limit'] or trainer_options['max_preconditioner_rank'] (or loosen "
+                f"trainer_options['cg_tolerance']).",
                 ConvergenceWarning,
                 stacklevel=2,
             )
@@ -342,12 +345,21 @@ class _State:
         self.rebuild_next = change > cfg.rebuild_lengthscale_change
         self.hit_first_check = bool(checks) and iterations == checks[0]
         self.last_iterations = iterations
-        if res > cfg.cg_tolerance and self.rank > 0:  # the accuracy rule: a missed solve gets more help next step
-            if self.rank < cfg.max_preconditioner_rank:
-                self.rank = min(2 * self.rank, cfg.max_preconditioner_rank)
+        if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
+            top = min(cfg.max_preconditioner_rank, self.x.shape[0])
+            if 0 < self.rank < top:
+                self.rank = min(2 * self.rank, top)
                 self.rebuild_next = True
             elif self.cap < cfg.cg_iteration_limit:
                 self.cap = min(math.ceil(1.5 * self.cap), cfg.cg_iteration_limit)
+
+    def exhausted(self, cfg: EngineSettings) -> bool:
+        """The accuracy rule has nothing left to give: the rank at its maximum (or 0, no preconditioner, or n) and
+        the cap at its limit."""
+        n = self.x.shape[0]
+        return (
+            self.rank == 0 or self.rank >= min(cfg.max_preconditioner_rank, n)
+        ) and self.cap >= cfg.cg_iteration_limit
 
     def state_dict(self) -> dict:
         """Plain types and CPU tensors; the preconditioner is kept as the hyperparameters it was built at."""
@@ -384,6 +396,21 @@ class _State:
             ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
             product.update(ls, s, noise)
             self.build(product, s.reshape(()), X.dtype)
+
+
+#: A last solve that misses the tolerance by more than this factor puts the fit at risk even while the accuracy
+#: rule is still raising the rank or the cap: Adam's last step then follows a gradient of unknown quality.
+RISK_FACTOR = 10.0
+
+
+def _at_risk(cfg: EngineSettings, state: _State, last_residual: float) -> bool:
+    """Whether the fit's result is at risk from inexact solves: the last solve missed ``cg_tolerance`` and either
+    the accuracy rule is exhausted (it could not have done better) or the miss is wider than :data:`RISK_FACTOR`.
+    A miss that the rule is still closing, within that factor, changes the last of many Adam steps by a fraction of
+    its size: no warning."""
+    if last_residual <= cfg.cg_tolerance:
+        return False
+    return state.exhausted(cfg) or last_residual > RISK_FACTOR * cfg.cg_tolerance
 
 
 def _checks(last: int | None, hit_first: bool, cap: int, every: int | None) -> list[int]:
