@@ -628,3 +628,20 @@ def test_missed_solves_raise_the_rank_then_the_cap_and_warn_only_at_risk():
     small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)  # the rank stops at n, then the cap grows
     small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)
     assert (small.rank, small.cap) == (150, 23)
+
+
+def test_step_anatomy_runs_on_the_cpu(tmp_path):
+    """``python -m experiments.step_anatomy`` on a small synthetic set: its table, with the split of the step into
+    products, backward, preconditioner and the rest, and the host reads per step within the budget."""
+    import json as _json
+
+    from experiments import step_anatomy
+
+    step_anatomy.main(["--device", "cpu", "--synthetic", "300", "3", "--steps", "2", "--warmup", "1",
+                       "--out", str(tmp_path)])  # fmt: skip
+    (row,) = _json.loads((tmp_path / "step_anatomy.json").read_text())["rows"]
+    assert row["n"] == 300 and row["product"] in ("stored", "matrix_free") and row["products"] >= 1
+    assert row["host_reads"] <= 3 and row["step_ms"] > 0 and row["floor_ms"] > 0
+    shares = [row[f"{p}_share"] for p in ("products", "backward", "preconditioner", "rest")]
+    assert all(0 <= v <= 1 for v in shares) and row["products_share"] > 0 and sum(shares) == pytest.approx(1.0)
+    assert "| synthetic-300-3 |" in (tmp_path / "step_anatomy.md").read_text()
