@@ -8,6 +8,7 @@ Per set: float32 training inputs on the device, gpfast's model at GPyTorch's ini
 with its defaults (K stored when it fits half the free memory), ``--warmup`` Adam steps (lr 0.1) to leave the
 cold first solve behind, then ``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
 
+- rank / cap: the preconditioner rank and CG cap that the engine's accuracy rule had reached;
 - step ms: wall time per profiled step (the profiler's own overhead included);
 - floor ms: the passes over a stored float32 K that a step needs at the device's bandwidth (``--bandwidth``, default
   the H200's 4.27 TB/s; on the CPU the bandwidth of one measured ``K @ V``): the step's products, the K rebuild and
@@ -171,7 +172,7 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     floor = (products + 2) * n * n * 4 / bw
     row = {"set": name, "n": n, "d": d, "product": rec.product, "step_ms": 1e3 * wall, "floor_ms": 1e3 * floor,
            "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
-           "host_reads": max(reads)}  # fmt: skip
+           "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap}  # fmt: skip
     row.update(_profile_counts(prof, device, steps))
     engine.finish()
     return row
@@ -243,6 +244,7 @@ def write(args, rows, device) -> None:
             "n",
             "d",
             "product",
+            "rank / cap",
             "step ms",
             "floor ms",
             "step / floor",
@@ -263,6 +265,7 @@ def write(args, rows, device) -> None:
                 r["n"],
                 r["d"],
                 r["product"],
+                f"{r['rank']} / {r['cap']}",
                 f"{r['step_ms']:.1f}",
                 f"{r['floor_ms']:.2f}",
                 f"{r['step_ms'] / r['floor_ms']:.1f}",

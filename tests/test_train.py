@@ -503,16 +503,16 @@ def test_an_engine_step_reads_the_device_at_most_three_times(monkeypatch, option
 
 
 def test_checks_stay_within_two_reads_and_follow_the_last_count():
-    from gpfast.train.engine import _checks
+    from gpfast.train.engine import _checks, _estimate
 
     for cap in (1, 2, 3, 15, 40, 500):
-        for last in (None, 1, 2, 3, 7, 14, 15, 39, 40, 499):
-            for hit in (False, True):
-                c = _checks(last, hit, cap, None)
-                assert len(c) <= 2 and all(1 <= i < cap for i in c), (cap, last, hit, c)
-    assert _checks(6, False, 15, None)[0] == 6 and _checks(6, True, 15, None)[0] == 5
-    assert _checks(None, False, 15, None) == [5, 10]
-    assert _checks(None, False, 10, 3) == [3, 6, 9]
+        for estimate in (None, 0, 1, 2, 3, 7, 14, 15, 39, 40, 499):
+            c = _checks(estimate, cap, None)
+            assert len(c) <= 2 and all(1 <= i < cap for i in c), (cap, estimate, c)
+    assert _checks(None, 15, None) == [5, 7] and _checks(9, 15, None) == [9, 12] and _checks(3, 15, None) == [3, 5]
+    assert _checks(None, 10, 3) == [3, 6, 9]
+    # converged at the first check: try one fewer; at the second: just after the first; at the cap: no estimate
+    assert _estimate(9, [9, 12]) == 8 and _estimate(12, [9, 12]) == 10 and _estimate(15, [9, 12]) == 15
 
 
 @pytest.mark.parametrize("d, lengthscale", [(3, 0.8), (8, 1.5)])

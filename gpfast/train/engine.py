@@ -185,8 +185,8 @@ class Engine:
             state.drawn_at = step
         B, x0, warm = self._right_hand_sides(state, pc, y - mu, first, resample)
         cap = state.cap
-        last = None if (first or resample) else state.last_iterations
-        checks = _checks(last, state.hit_first_check, cap, cfg.cg_check_every)
+        estimate = None if (first or resample) else state.estimate
+        checks = _checks(estimate, cap, cfg.cg_check_every)
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=_measure, check_at=checks)
         s_cols = slice(1, 1 + state.s)
         alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
@@ -303,9 +303,9 @@ class _State:
     warm starts x are the engine's only large state (n x (1 + s) each); the preconditioner is a deterministic
     function of the hyperparameters at its build (``build_hyper``, at step ``built_at``, rank ``rank``), so
     rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det carry the
-    log-determinant's path integral; ``last_iterations`` and ``hit_first_check`` place the next solve's convergence
-    checks; ``rebuild_next`` is the lengthscale rule's verdict on the last step, and ``rank`` and ``cap`` the
-    preconditioner rank and CG cap that the accuracy rule (:meth:`after_step`) has reached."""
+    log-determinant's path integral; ``estimate`` places the next solve's convergence checks; ``rebuild_next`` is
+    the lengthscale rule's verdict on the last step, and ``rank`` and ``cap`` the preconditioner rank and CG cap
+    that the accuracy rule (:meth:`after_step`) has reached."""
 
     def __init__(self, settings: EngineSettings | None = None):
         settings = settings or EngineSettings()
@@ -321,13 +321,13 @@ class _State:
         self.g = self.hyper = None  # host lists: the last gradient per point and hyperparameters
         self.data_fit = self.log_det = 0.0
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
-        self.rebuild_next, self.hit_first_check = False, False
-        self.last_iterations: int | None = None
+        self.rebuild_next = False
+        self.estimate: int | None = None  # the next solve's expected CG iterations
         self.postfix: dict = {}
 
     _LISTS = ("l_build", "g", "hyper")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
-                "hit_first_check", "last_iterations")  # fmt: skip
+                "estimate")  # fmt: skip
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
         """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
@@ -343,8 +343,7 @@ class _State:
             self.l_build = list(lengthscale)
         change = max(abs(math.log(a / b)) for a, b in zip(lengthscale, self.l_build))
         self.rebuild_next = change > cfg.rebuild_lengthscale_change
-        self.hit_first_check = bool(checks) and iterations == checks[0]
-        self.last_iterations = iterations
+        self.estimate = _estimate(iterations, checks)
         if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
             top = min(cfg.max_preconditioner_rank, self.x.shape[0])
             if 0 < self.rank < top:
@@ -413,19 +412,25 @@ def _at_risk(cfg: EngineSettings, state: _State, last_residual: float) -> bool:
     return state.exhausted(cfg) or last_residual > RISK_FACTOR * cfg.cg_tolerance
 
 
-def _checks(last: int | None, hit_first: bool, cap: int, every: int | None) -> list[int]:
+def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:
     """The CG iterations after which the solve reads its convergence measure on the host (each read makes a GPU
-    wait). ``every``: every that many iterations. None: two reads at most, at q and min(2 q, (q + cap) / 2), q
-    near the last step's count ``last`` (one fewer when the last solve already converged at its first check, so
-    that the count can fall). After a cold start, a redraw of the probes or a solve that hit the cap the last count
-    says nothing, and q is a third of the cap."""
+    wait). ``every``: every that many iterations. None: two reads at most, at the estimated count q and a little
+    after it, min(q + max(2, q / 3), (q + cap) / 2). With no estimate (a cold start, a redraw of the probes, or a
+    solve that hit the cap) q is a third of the cap."""
     if every is not None:
         return list(range(every, cap, every))
-    if last is None or last >= cap:
-        q = max(1, cap // 3)
-    else:
-        q = max(1, last - 1 if hit_first else last)
-    return sorted({q, min(2 * q, (q + cap) // 2)} & set(range(1, cap)))
+    q = max(1, cap // 3) if estimate is None or estimate >= cap else max(1, estimate)
+    return sorted({q, min(q + max(2, math.ceil(q / 3)), (q + cap) // 2)} & set(range(1, cap)))
+
+
+def _estimate(iterations: int, checks: list[int]) -> int:
+    """The next solve's expected count from this one's: converged at the first check, so perhaps earlier (one
+    fewer, so that the count can fall); at the second, so just after the first; otherwise the count itself."""
+    if checks and iterations == checks[0]:
+        return iterations - 1
+    if len(checks) > 1 and iterations == checks[1]:
+        return checks[0] + 1
+    return iterations
 
 
 def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
