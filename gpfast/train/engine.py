@@ -10,7 +10,8 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
-   ``max_cg_iterations``. The first step adds s Gaussian probes with covariance P for the log-determinant.
+   the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
+   on the host at two iterations at most, placed by the last step's count (:func:`_checks`).
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
    parameters through their constraints. A non-finite gradient raises FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
@@ -18,6 +19,16 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    P-distributed probes (:mod:`.logdet`), carried to later steps by integrating the estimated gradient along the
    path of the hyperparameters (trapezoid rule; the data-fit part of that integral is replaced by the exact
    difference). Measured drift after 50 steps on kin40k-3000: 0.006-0.011 per point against the exact value.
+7. Accuracy rule: a solve that ends above ``cg_tolerance`` makes the next steps work harder, first by doubling
+   the preconditioner rank (rebuilt at the next step, up to ``max_preconditioner_rank``), then by raising the cap
+   by half (up to ``cg_iteration_limit``). Late in a fit the noise falls and K̂ grows ill-conditioned, so a fixed
+   cap leaves the last, most consequential steps on inexact solves; a larger rank removes the top of the spectrum
+   for O(n k) per iteration, far below a product's O(n^2) at the sizes where this matters, so it comes first.
+   The ConvergenceWarning fires only when the last solve missed and the rule is exhausted, or missed by more
+   than ten times the tolerance (:func:`_at_risk`).
+
+A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
+the loss terms and the records together), so on a GPU it waits for the device only there.
 
 Why these defaults: :class:`~gpfast.train.settings.EngineSettings`.
 """
