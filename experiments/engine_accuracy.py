@@ -41,6 +41,15 @@ from gpfast.models import ExactPosterior
 RMSE_RATIO, NLL_EXCESS = 1.01, 0.01
 
 
+def smooth4(n: int = 1700, n_train: int = 1200, seed: int = 0):
+    """The CPU test's problem (tests/test_train.py): a smooth 4-feature function with noise std 0.05, whose fit ends
+    at a small noise and an ill-conditioned K̂; returns (X_train, y_train, X_test, y_test)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 4))
+    y = np.sin(1.5 * X[:, 0]) * np.cos(X[:, 1]) + 0.5 * X[:, 2] ** 2 - 0.3 * X[:, 3] + 0.05 * rng.normal(size=n)
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+
+
 def exact_scores(X, y, Xt, yt, hyper, device) -> tuple[float, float]:
     """Test RMSE and NLL of the exact float64 posterior (:class:`ExactPosterior`) at hyperparameters ``hyper``
     (lengthscale, outputscale, noise, mean), computed on ``device``."""
@@ -91,7 +100,7 @@ def fit(X, y, init, iters, lr, exact, options=None, device="cpu"):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--datasets", nargs="+", default=["kin40k"])
+    ap.add_argument("--datasets", nargs="+", default=["kin40k"], help="UCI names, or smooth4 (the CPU test's problem)")
     ap.add_argument("--data-dir", default=None, help="folder of the UCI sets (default: gpfast.datasets' search order)")
     ap.add_argument("--sizes", type=int, nargs="+", default=[4000], help="training rows (0: the whole set)")
     ap.add_argument("--variant", action="append", default=None, help="label=json of trainer_options")
@@ -107,7 +116,10 @@ def main(argv=None) -> None:
     variants = [v.split("=", 1) for v in (args.variant or ["defaults={}"])]
     rows = []
     for name in args.datasets:
-        ds = load_uci(name, 0, data_dir=args.data_dir)
+        if name == "smooth4":  # synthetic, not a UCI set
+            ds = argparse.Namespace(**dict(zip(("X_train", "y_train", "X_test", "y_test"), smooth4())))
+        else:
+            ds = load_uci(name, 0, data_dir=args.data_dir)
         Xt, yt = ds.X_test[: args.n_test or None], ds.y_test[: args.n_test or None]
         init = default_init(ds.X_train.shape[1])
         for n in args.sizes:
