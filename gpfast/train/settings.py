@@ -160,6 +160,9 @@ class EngineSettings:
             raise bad("memory_fraction", "a float in (0, 1]")
         if self.cg_check_every is not None and (not is_int(self.cg_check_every) or self.cg_check_every < 1):
             raise bad("cg_check_every", "None or an int >= 1")
+        for name, low in (("max_preconditioner_rank", 0), ("cg_iteration_limit", 1)):
+            if not is_int(getattr(self, name)) or getattr(self, name) < low:
+                raise bad(name, f"an int >= {low}")
 
 
 def resolve(trainer, options, solver: str) -> tuple[str, EngineSettings]:
