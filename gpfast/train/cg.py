@@ -3,7 +3,9 @@
 Every column of B is its own CG run (Saad, Iterative Methods, Alg. 9.1), but all columns share each product with
 A, so a step of the engine costs one product of K̂ with an (n, 1 + s) block per iteration. The solve stops when
 the relative residuals ``|b - A x| / |b|`` of the columns, summarised by ``measure`` (default: the largest), are at
-most ``tol``, or after ``max_iter`` iterations. A column
+most ``tol``, or after ``max_iter`` iterations. Reading that number on the host makes a GPU wait for the device, so
+``check_at`` can name the few iterations at which it is read; in between the iterations go on unchecked (a column
+that has converged is frozen on the device and costs nothing but its share of the product). A column
 is frozen (its step size set to zero) once it has converged far below ``tol`` or when its curvature ``p^T A p``
 is not positive (a numerically indefinite K̂ in float32), so finished columns cannot break down while the others
 go on.
@@ -53,13 +55,16 @@ def pcg(
     max_iter: int = 15,
     freeze_rtol: float | None = None,
     measure: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    check_at: Sequence[int] | None = None,
 ) -> CGResult:
     """Solve ``A X = B`` column by column with preconditioner ``precond`` (applies P^{-1}).
 
     x0: initial guesses (n, t), or None for zeros; warm: the columns of x0 that are not zero (only those enter
     the initial-residual product; default all when x0 is given). freeze_rtol: relative residual below which a
     column stops updating (default ``1e-3 * tol``, at least 100 machine epsilons). measure: maps the (t,) relative
-    residuals to the 0-dim number compared with ``tol`` (default: their maximum).
+    residuals to the 0-dim number compared with ``tol`` (default: their maximum). check_at: the iteration counts
+    (0: the start) after which that number is read on the host to stop early (default: every one, 0 to max_iter - 1;
+    an empty list runs max_iter iterations with no host read).
     """
     measure = measure or (lambda rel: rel.max())
     eps = torch.finfo(B.dtype).eps
@@ -82,7 +87,8 @@ def pcg(
     betas: list[torch.Tensor] = []
     broke = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)
     iterations = 0
-    if bool(measure(rel) <= tol) or max_iter <= 0:
+    checks = set(range(max_iter)) if check_at is None else set(check_at)
+    if max_iter <= 0 or (0 in checks and bool(measure(rel) <= tol)):
         return CGResult(X, R, rel, 0, products, alphas, betas, broke)
     active = rel > freeze
     Zp = precond(R)
@@ -100,7 +106,7 @@ def pcg(
         R.addcmul_(AP, alpha, value=-1.0)
         rel = torch.linalg.vector_norm(R, dim=0) / b_norm
         alphas.append(alpha)
-        if bool(measure(rel) <= tol):
+        if iterations == max_iter or (iterations in checks and bool(measure(rel) <= tol)):
             betas.append(torch.zeros_like(alpha))
             break
         active &= rel > freeze

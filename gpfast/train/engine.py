@@ -10,7 +10,8 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
-   ``max_cg_iterations``. The first step adds s Gaussian probes with covariance P for the log-determinant.
+   the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
+   on the host at two iterations at most, placed by the last step's count (:func:`_checks`).
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
    parameters through their constraints. A non-finite gradient raises FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
@@ -18,6 +19,16 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    P-distributed probes (:mod:`.logdet`), carried to later steps by integrating the estimated gradient along the
    path of the hyperparameters (trapezoid rule; the data-fit part of that integral is replaced by the exact
    difference). Measured drift after 50 steps on kin40k-3000: 0.006-0.011 per point against the exact value.
+7. Accuracy rule: a solve that ends above ``cg_tolerance`` makes the next steps work harder, first by doubling
+   the preconditioner rank (rebuilt at the next step, up to ``max_preconditioner_rank``), then by raising the cap
+   by half (up to ``cg_iteration_limit``). Late in a fit the noise falls and K̂ grows ill-conditioned, so a fixed
+   cap leaves the last, most consequential steps on inexact solves; a larger rank removes the top of the spectrum
+   for O(n k) per iteration, far below a product's O(n^2) at the sizes where this matters, so it comes first.
+   The ConvergenceWarning fires only when the last solve missed and the rule is exhausted, or missed by more
+   than ten times the tolerance (:func:`_at_risk`).
+
+A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
+the loss terms and the records together), so on a GPU it waits for the device only there.
 
 Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 """
@@ -30,6 +41,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 import gpytorch
+import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
@@ -146,10 +158,10 @@ class Engine:
         rec = self.record
         rec.product, rec.product_reason = mode, reason
         rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
-        state = _State()
+        state = _State(cfg)
         state.s = rec.num_probes = cfg.probes_for(n)
         if self._restore is not None:
-            state.load(self._restore, product, X, cfg.preconditioner_rank)
+            state.load(self._restore, product, X)
             self._restore = None
         self._state = state
 
@@ -161,82 +173,60 @@ class Engine:
         return closure
 
     def _step(self, model, product: CovarianceProduct, state: _State, X, y) -> torch.Tensor:
+        """One objective evaluation. It reads the device at most three times: twice inside CG (its convergence
+        checks, :func:`_checks`) and once at the end (the gradient, the loss terms and the records, one vector)."""
         t0 = time.perf_counter()
         cfg, rec = self.settings, self.record
         n, step = X.shape[0], len(rec.cg_iterations)
         ls_t, os_t, noise_t, mean_t = _parameters(model)
         ls, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
         s, noise, mu = s[0], noise[0], mu[0]
-        hyper = torch.cat([ls, s.reshape(1), noise.reshape(1), mu.reshape(1)]).to(torch.float64).cpu()  # one sync
-        l_host, s_host, noise_host = hyper[:-3], float(hyper[-3]), float(hyper[-2])
         product.update(ls, s, noise)
-
-        rebuild = (
-            state.pc is None
-            or step - state.built_at >= cfg.rebuild_every
-            or float((l_host / state.l_build).log().abs().max()) > cfg.rebuild_lengthscale_change
-        )
+        rebuild = state.pc is None or state.rebuild_next or step - state.built_at >= cfg.rebuild_every
         if rebuild:
-            diag = torch.full((n,), s_host, dtype=X.dtype, device=X.device)
-            L = pivoted_cholesky(product.kernel_rows, diag, min(cfg.preconditioner_rank, n))
-            state.pc = Preconditioner(L, s_host, X.dtype)
-            state.built_at, state.l_build = step, l_host.clone()
-            state.build_hyper = (ls, s, noise)
+            state.build(product, s, X.dtype)
+            state.built_at = step
         pc = state.pc
-        pc.set_scales(s_host, noise_host)
+        pc.set_scales(s, noise)
         first = state.x is None
         resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
         if resample:
             state.z_rng = generator_state(X.device)
             state.Z = _rademacher(n, state.s, X, product.split is not None)
             state.drawn_at = step
-        r = y - mu
-        blocks = [r.unsqueeze(1), state.Z]
-        if first:  # Gaussian probes with covariance P, for the stochastic-Lanczos log-determinant
-            W1 = torch.randn(pc.k, state.s, dtype=torch.float64, device=X.device)
-            W2 = torch.randn(n, state.s, dtype=X.dtype, device=X.device)
-            if product.split is not None:
-                torch.distributed.broadcast(W1, 0)
-                torch.distributed.broadcast(W2, 0)
-            blocks.append(pc.sample(W1, W2))
-        B = torch.cat(blocks, dim=1)
+        B, x0, warm = self._right_hand_sides(state, pc, y - mu, first, resample)
+        cap = state.cap
+        estimate = None if (first or resample) else state.estimate
+        checks = _checks(estimate, cap, cfg.cg_check_every)
+        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=_measure, check_at=checks)
         s_cols = slice(1, 1 + state.s)
-        if first or not cfg.warm_start:
-            x0, warm = None, None
-        elif resample:
-            x0 = torch.zeros_like(B)
-            x0[:, 0] = state.x[:, 0]
-            warm = [0]
-        else:
-            x0, warm = state.x, None
-        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cfg.max_cg_iterations, measure=_measure)
         alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
         grad = hutchinson_gradient(product, alpha, U, Z)
-        g = grad.vector() / n
+        r = B[:, 0]
         data_fit_t = 0.5 * (r.dot(alpha) + alpha.dot(res.residual[:, 0])) / n
-        summary = torch.cat([g, data_fit_t.reshape(1), _measure(res.rel_residual).reshape(1)])
-        summary = summary.to(torch.float64).cpu()
-        g_host, data_fit, max_res = summary[:-2], float(summary[-2]), float(summary[-1])
-        if not bool(torch.isfinite(summary).all()):
-            names = [f"lengthscale[{i}]" for i in range(ls.numel())] + ["outputscale", "noise", "mean"]
-            bad = [nm for nm, v in zip(names, g_host.tolist()) if not math.isfinite(v)]
-            raise FloatingPointError(
-                f"ExactGP: gpfast's training engine got a non-finite gradient at step {step} (in {bad or 'the loss'}; "
-                f"lengthscale {l_host.tolist()}, outputscale {s_host:.4g}, noise {noise_host:.4g}, CG relative "
-                f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
-                f"was not modified."
-            )
-
+        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, _measure(res.rel_residual), res.broke_down.any()]
+        if first:  # the stochastic-Lanczos inputs ride along in the same read
+            ZP = B[:, 1 + state.s :]
+            parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]
+        host = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).tolist()  # the step's one read
+        p = ls.numel() + 3
+        hyper, g_host, (data_fit, max_res, broke) = host[:p], host[p : 2 * p], host[2 * p : 2 * p + 3]
+        if not all(math.isfinite(v) for v in host[p : 2 * p + 2]):
+            raise FloatingPointError(_non_finite_message(step, hyper, g_host, max_res))
         if first:
             cols = list(range(1 + state.s, B.shape[1]))
-            ZP = B[:, cols]
-            log_det, se = slq_log_det(res.alphas, res.betas, cols, (ZP * pc.solve(ZP)).sum(0), pc.log_det)
+            it, t = res.iterations, B.shape[1]
+            lanczos = np.asarray(host[2 * p + 3 :], dtype=np.float64)
+            alphas, betas = lanczos[: it * t].reshape(it, t), lanczos[it * t : 2 * it * t].reshape(it, t)
+            norms, log_det_p = lanczos[2 * it * t : -1], float(lanczos[-1])
+            log_det, se = slq_log_det(alphas, betas, cols, norms, log_det_p)
             log_det, rec.log_det_standard_error = 0.5 * log_det / n, 0.5 * se / n
         else:  # trapezoid rule on the loss, with the data-fit part of the integral replaced by the exact change
-            dloss = 0.5 * float((state.g + g_host).dot(hyper - state.hyper))
+            dloss = 0.5 * float(np.dot(np.add(state.g, g_host), np.subtract(hyper, state.hyper)))
             log_det = state.log_det + dloss - (data_fit - state.data_fit)
         state.x = res.x[:, : 1 + state.s]
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
+        state.after_step(cfg, rebuild, hyper[: ls.numel()], res.iterations, checks, max_res)
 
         self.last = {"alpha": alpha, "U": U, "Z": Z, "gradient": grad, "product": product}
         _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
@@ -245,22 +235,37 @@ class Engine:
         rec.cg_residuals.append(max_res)
         rec.data_fit.append(data_fit)
         rec.log_det_estimate.append(log_det)
-        rec.step_seconds.append(time.perf_counter() - t0)  # the summary's .cpu() synchronised the device
+        rec.step_seconds.append(time.perf_counter() - t0)  # the read above synchronised the device
         rec.rebuilt.append(bool(rebuild))
         rec.resampled.append(bool(resample))
-        rec.broke_down |= bool(res.broke_down.any())
-        loss = data_fit + log_det + _HALF_LOG_2PI
-        state.postfix = {
-            "fit": f"{data_fit:.4f}",
-            "logdet~": f"{log_det:.4f}",
-            "cg": res.iterations,
-            "res": f"{max_res:.1e}",
-        }
-        return torch.tensor(loss, dtype=torch.float64)
+        rec.broke_down |= broke > 0
+        state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
+                         "res": f"{max_res:.1e}"}  # fmt: skip
+        return torch.tensor(data_fit + log_det + _HALF_LOG_2PI, dtype=torch.float64)
+
+    def _right_hand_sides(self, state: _State, pc: Preconditioner, r: torch.Tensor, first: bool, resample: bool):
+        """(B, x0, warm) of the step's solve: [r, Z] (and on the first step s probes with covariance P)."""
+        n, dev = r.shape[0], r.device
+        blocks = [r.unsqueeze(1), state.Z]
+        if first:  # Gaussian probes with covariance P, for the stochastic-Lanczos log-determinant
+            W1 = torch.randn(pc.k, state.s, dtype=torch.float64, device=dev)
+            W2 = torch.randn(n, state.s, dtype=r.dtype, device=dev)
+            if self.product.split is not None:
+                torch.distributed.broadcast(W1, 0)
+                torch.distributed.broadcast(W2, 0)
+            blocks.append(pc.sample(W1, W2))
+        B = torch.cat(blocks, dim=1)
+        if first or not self.settings.warm_start:
+            return B, None, None
+        if resample:
+            x0 = torch.zeros_like(B)
+            x0[:, 0] = state.x[:, 0]
+            return B, x0, [0]
+        return B, state.x, None
 
     # ------------------------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The run's state after its last step, as plain types and CPU tensors (for a checkpoint, issue 16): the
+        """The run's state after its last step, as plain types and CPU tensors (for a checkpoint): the
         EngineRecord and the step-to-step state of :class:`_State`. :meth:`load_state_dict` on a fresh engine,
         before :meth:`objective`, makes that engine continue exactly where this one stands."""
         return {"record": asdict(self.record), "state": self._state.state_dict() if self._state is not None else None}
@@ -278,14 +283,15 @@ class Engine:
             self.product.release()
         self.last = {}
         cfg, rec = self.settings, self.record
-        if rec.cg_residuals and rec.cg_residuals[-1] > cfg.cg_tolerance:
+        state = self._state
+        if rec.cg_residuals and state is not None and _at_risk(cfg, state, rec.cg_residuals[-1]):
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(
                 f"gpfast's training engine: CG did not reach its tolerance on the last training step: relative "
                 f"residual {rec.cg_residuals[-1]:.3g} > cg_tolerance {cfg.cg_tolerance:g} after "
-                f"max_cg_iterations={cfg.max_cg_iterations} ({missed} of {len(rec.cg_residuals)} steps missed it), so "
-                f"the last gradients rest on inexact solves. Raise max_cg_iterations or preconditioner_rank of the "
-                f"CGSettings (or loosen its cg_tolerance).",
+                f"max_cg_iterations={state.cap} with a rank-{min(state.rank, state.x.shape[0])} preconditioner "
+                f"({missed} of {len(rec.cg_residuals)} steps missed it), so the last gradients rest on inexact solves. "
+                f"Raise cg_iteration_limit or max_preconditioner_rank of the CGSettings (or loosen its cg_tolerance).",
                 ConvergenceWarning,
                 stacklevel=2,
             )
@@ -301,29 +307,67 @@ class Engine:
 
 
 class _State:
-    """What one run carries from step to step: everything a resumable fit (issue 16) has to checkpoint besides
-    the model, the optimiser and the EngineRecord. The probes Z (or the RNG state they were drawn from, with
-    ``drawn_at``) and the warm starts x are the engine's only large state (n x (1 + s) each); the preconditioner
-    is a deterministic function of the hyperparameters at its build (``l_build`` and the outputscale, at step
-    ``built_at``), so rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det
-    carry the log-determinant's path integral."""
+    """What one run carries from step to step: everything a resumable fit has to checkpoint besides the model, the
+    optimiser and the EngineRecord. The probes Z (or the RNG state they were drawn from, with ``drawn_at``) and the
+    warm starts x are the engine's only large state (n x (1 + s) each); the preconditioner is a deterministic
+    function of the hyperparameters at its build (``build_hyper``, at step ``built_at``, rank ``rank``), so
+    rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det carry the
+    log-determinant's path integral; ``estimate`` places the next solve's convergence checks; ``rebuild_next`` is
+    the lengthscale rule's verdict on the last step, and ``rank`` and ``cap`` the preconditioner rank and CG cap
+    that the accuracy rule (:meth:`after_step`) has reached."""
 
-    def __init__(self):
+    def __init__(self, settings: CGSettings | None = None):
+        settings = settings or CGSettings()
         self.s = 0  # the number of probes
         self.pc: Preconditioner | None = None
         self.built_at = 0
-        self.l_build: torch.Tensor | None = None
+        self.l_build: list[float] | None = None  # the lengthscales at the build (host)
         self.Z: torch.Tensor | None = None  # the Hutchinson probes
         self.z_rng: dict | None = None  # the generators' state they were drawn from
         self.drawn_at = 0
         self.x: torch.Tensor | None = None  # the last solutions (warm starts)
         self.build_hyper: tuple | None = None  # (lengthscale, outputscale, noise) given to the product at the build
-        self.g = self.hyper = None
+        self.g = self.hyper = None  # host lists: the last gradient per point and hyperparameters
         self.data_fit = self.log_det = 0.0
+        self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
+        self.rebuild_next = False
+        self.estimate: int | None = None  # the next solve's expected CG iterations
         self.postfix: dict = {}
 
-    _TENSORS = ("l_build", "x", "g", "hyper")
-    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det")
+    _LISTS = ("l_build", "g", "hyper")
+    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
+                "estimate")  # fmt: skip
+
+    def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
+        """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
+        n = product.n
+        self.build_hyper = (product.lengthscale, outputscale, product.noise)
+        diag = outputscale.to(dtype).expand(n)
+        self.pc = Preconditioner(pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n)), outputscale, dtype)
+
+    def after_step(self, cfg: CGSettings, rebuilt: bool, lengthscale: list, iterations: int, checks, res):
+        """Host bookkeeping from the step's one read: the lengthscale rule for the next rebuild and the places of
+        the next convergence checks."""
+        if rebuilt:
+            self.l_build = list(lengthscale)
+        change = max(abs(math.log(a / b)) for a, b in zip(lengthscale, self.l_build))
+        self.rebuild_next = change > cfg.rebuild_lengthscale_change
+        self.estimate = _estimate(iterations, checks)
+        if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
+            top = min(cfg.max_preconditioner_rank, self.x.shape[0])
+            if 0 < self.rank < top:
+                self.rank = min(2 * self.rank, top)
+                self.rebuild_next = True
+            elif self.cap < cfg.cg_iteration_limit:
+                self.cap = min(math.ceil(1.5 * self.cap), cfg.cg_iteration_limit)
+
+    def exhausted(self, cfg: CGSettings) -> bool:
+        """The accuracy rule has nothing left to give: the rank at its maximum (or 0, no preconditioner, or n) and
+        the cap at its limit."""
+        n = self.x.shape[0]
+        return (
+            self.rank == 0 or self.rank >= min(cfg.max_preconditioner_rank, n)
+        ) and self.cap >= cfg.cg_iteration_limit
 
     def state_dict(self) -> dict:
         """Plain types and CPU tensors; the preconditioner is kept as the hyperparameters it was built at."""
@@ -331,21 +375,23 @@ class _State:
         def cpu(t):
             return None if t is None else t.detach().cpu().clone()
 
-        out = {k: cpu(getattr(self, k)) for k in self._TENSORS}
+        out = {k: None if getattr(self, k) is None else torch.tensor(getattr(self, k), dtype=torch.float64)
+               for k in self._LISTS}  # fmt: skip
+        out["x"] = cpu(self.x)
         out.update({k: getattr(self, k) for k in self._NUMBERS})
         out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
         out["z_rng"] = self.z_rng  # the probes are drawn again from it: half the size of a checkpoint at s = 10
         return out
 
-    def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor, rank: int) -> None:
+    def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor) -> None:
         """Restore :meth:`state_dict`'s output for training inputs X, rebuilding the preconditioner by the
-        same pivoted Cholesky, at the same hyperparameters, as the step that built it."""
+        same pivoted Cholesky, at the same hyperparameters and rank, as the step that built it."""
         if int(saved["s"]) != self.s:
             raise ValueError(f"the saved engine state has {saved['s']} probes; these settings give {self.s}")
         for k in self._NUMBERS:
-            setattr(self, k, saved[k])
-        for k in ("l_build", "g", "hyper"):
-            setattr(self, k, saved[k])
+            setattr(self, k, saved.get(k, getattr(self, k)))
+        for k in self._LISTS:
+            setattr(self, k, None if saved[k] is None else torch.as_tensor(saved[k]).tolist())
         if saved["x"] is not None:
             self.x = saved["x"].to(device=X.device, dtype=X.dtype)
         if saved["z_rng"] is not None:  # the draw of _step, from the generators' state before it
@@ -356,12 +402,56 @@ class _State:
                 self.Z = _rademacher(X.shape[0], self.s, X, False)
         if saved["build_hyper"] is not None:
             ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
-            self.build_hyper = (ls, s, noise)
             product.update(ls, s, noise)
-            s_host = float(s.to(torch.float64).cpu())
-            diag = torch.full((X.shape[0],), s_host, dtype=X.dtype, device=X.device)
-            L = pivoted_cholesky(product.kernel_rows, diag, min(rank, X.shape[0]))
-            self.pc = Preconditioner(L, s_host, X.dtype)
+            self.build(product, s.reshape(()), X.dtype)
+
+
+#: A last solve that misses the tolerance by more than this factor puts the fit at risk even while the accuracy
+#: rule is still raising the rank or the cap: Adam's last step then follows a gradient of unknown quality.
+RISK_FACTOR = 10.0
+
+
+def _at_risk(cfg: CGSettings, state: _State, last_residual: float) -> bool:
+    """Whether the fit's result is at risk from inexact solves: the last solve missed ``cg_tolerance`` and either
+    the accuracy rule is exhausted (it could not have done better) or the miss is wider than :data:`RISK_FACTOR`.
+    A miss that the rule is still closing, within that factor, changes the last of many Adam steps by a fraction of
+    its size: no warning."""
+    if last_residual <= cfg.cg_tolerance:
+        return False
+    return state.exhausted(cfg) or last_residual > RISK_FACTOR * cfg.cg_tolerance
+
+
+def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:
+    """The CG iterations after which the solve reads its convergence measure on the host (each read makes a GPU
+    wait). ``every``: every that many iterations. None: two reads at most, at the estimated count q and a little
+    after it, min(q + max(2, q / 3), (q + cap) / 2). With no estimate (a cold start, a redraw of the probes, or a
+    solve that hit the cap) q is a third of the cap."""
+    if every is not None:
+        return list(range(every, cap, every))
+    q = max(1, cap // 3) if estimate is None or estimate >= cap else max(1, estimate)
+    return sorted({q, min(q + max(2, math.ceil(q / 3)), (q + cap) // 2)} & set(range(1, cap)))
+
+
+def _estimate(iterations: int, checks: list[int]) -> int:
+    """The next solve's expected count from this one's: converged at the first check, so perhaps earlier (one
+    fewer, so that the count can fall); at the second, so just after the first; otherwise the count itself."""
+    if checks and iterations == checks[0]:
+        return iterations - 1
+    if len(checks) > 1 and iterations == checks[1]:
+        return checks[0] + 1
+    return iterations
+
+
+def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
+    d = len(hyper) - 3
+    names = [f"lengthscale[{i}]" for i in range(d)] + ["outputscale", "noise", "mean"]
+    bad = [nm for nm, v in zip(names, g) if not math.isfinite(v)]
+    return (
+        f"ExactGP: gpfast's training engine got a non-finite gradient at step {step} (in {bad or 'the loss'}; "
+        f"lengthscale {hyper[:d]}, outputscale {hyper[d]:.4g}, noise {hyper[d + 1]:.4g}, CG relative "
+        f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
+        f"was not modified."
+    )
 
 
 def _measure(rel: torch.Tensor) -> torch.Tensor:

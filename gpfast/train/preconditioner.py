@@ -1,9 +1,10 @@
 """The engine's preconditioner: a rank-k pivoted Cholesky factor of K, applied to K + noise I by Woodbury.
 
 ``P = L L^T + noise I`` with L (n, k) from the greedy pivoted Cholesky of K (Harbrecht et al. 2012; the
-preconditioner of Gardner et al. 2018 and GPyTorch). Each pivot costs one fused row evaluation
-(:meth:`~gpfast.train.product.CovarianceProduct.kernel_rows`, O(n d)) and an (n, m) x (m,) product, so a build is
-O(n k^2) with no n x n matrix and no host synchronisation. The factor is kept in float64.
+preconditioner of Gardner et al. 2018 and GPyTorch). The pivots are taken in blocks: one fused evaluation of the
+candidate rows (:meth:`~gpfast.train.product.CovarianceProduct.kernel_rows`, O(n d) each) per block, and an
+(n, m) x (m,) product per pivot, so a build is O(n k^2) with no n x n matrix and no host synchronisation. The
+factor is kept in float64.
 
 Between builds the outputscale and the noise change exactly at no cost: L is rescaled by sqrt(s / s_build) and the
 Woodbury factor is redone for the current noise in O(n k^2) (:meth:`Preconditioner.set_scales`):
@@ -19,7 +20,6 @@ the Hutchinson estimate and their preconditioned Lanczos coefficients a stochast
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -28,60 +28,83 @@ __all__ = ["Preconditioner", "pivoted_cholesky"]
 
 
 def pivoted_cholesky(
-    kernel_rows: Callable[[torch.Tensor], torch.Tensor], diagonal: torch.Tensor, rank: int, rel_floor: float = 1e-8
+    kernel_rows: Callable[[torch.Tensor], torch.Tensor],
+    diagonal: torch.Tensor,
+    rank: int,
+    rel_floor: float = 1e-8,
+    block: int = 16,
 ) -> torch.Tensor:
-    """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T.
+    """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T, built on the device in blocks.
 
-    kernel_rows(index) returns the rows ``K[index, :]`` (1, n); diagonal is K's diagonal (n,). A pivot whose
-    remaining diagonal is below ``rel_floor * max(diagonal)`` (K's rank is exhausted) gives a zero column instead
-    of a division by a vanishing pivot; no step synchronises with the device.
+    kernel_rows(index) returns the rows ``K[index, :]`` (len(index), n); diagonal is K's diagonal (n,). Each block
+    evaluates the rows of the ``2 * block`` points with the largest remaining diagonal in one call and takes
+    ``block`` pivots among them greedily (each the candidate with the largest remaining diagonal), so a build makes
+    about ``rank / block`` row evaluations instead of ``rank``. The greedy rule is the unblocked one restricted to
+    the candidates: a pivot can only differ from it when more than ``block`` of the top ``2 * block`` diagonals
+    collapse inside one block. A pivot whose remaining diagonal is below ``rel_floor * max(diagonal)`` (K's rank is
+    exhausted) gives a zero column instead of a division by a vanishing pivot. Pivots are chosen by device-side
+    argmax: no step reads a number back to the host.
     """
     n = diagonal.shape[0]
     rank = min(rank, n)
     L = torch.zeros(n, rank, dtype=torch.float64, device=diagonal.device)
     d = diagonal.to(torch.float64).clone()
     floor = rel_floor * d.max()
-    for m in range(rank):
-        i = torch.argmax(d).reshape(1)
-        pivot = d.index_select(0, i)
-        row = kernel_rows(i).reshape(-1).to(torch.float64)
-        if m:
-            row = row - L[:, :m] @ L.index_select(0, i)[0, :m]
-        ok = pivot > floor
-        col = torch.where(ok, row / pivot.clamp_min(floor).sqrt(), torch.zeros_like(row))
-        L[:, m] = col
-        d = (d - col * col).clamp_min_(0.0)
-        d.index_fill_(0, i, 0.0)
+    m = 0
+    while m < rank:
+        b = min(block, rank - m)
+        cand = torch.topk(d, min(2 * b, n)).indices  # (c,) candidates, this block's pivots are taken among them
+        rows = kernel_rows(cand).to(torch.float64)  # (c, n)
+        m0 = m
+        if m0:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
+            rows = rows - L.index_select(0, cand)[:, :m0] @ L[:, :m0].t()
+        for _ in range(b):
+            p = torch.argmax(d.index_select(0, cand)).reshape(1)  # local index of the next pivot
+            i = cand.index_select(0, p)
+            pivot = d.index_select(0, i)
+            row = rows.index_select(0, p).reshape(-1)
+            if m > m0:  # and after this block's columns so far
+                row = row - L[:, m0:m] @ L.index_select(0, i)[0, m0:m]
+            ok = pivot > floor
+            col = torch.where(ok, row / pivot.clamp_min(floor).sqrt(), torch.zeros_like(row))
+            L[:, m] = col
+            d = (d - col * col).clamp_min_(0.0)
+            d.index_fill_(0, i, 0.0)
+            m += 1
     return L
 
 
 class Preconditioner:
     """``P = (s / s_build) L L^T + noise I`` with its Woodbury inverse, log-determinant and probe sampler.
 
-    L: (n, k) float64 pivoted Cholesky factor of K at outputscale ``s_build`` (k = 0 gives P = noise I);
-    dtype: the working dtype of the vectors it is applied to.
+    L: (n, k) float64 pivoted Cholesky factor of K at outputscale ``s_build`` (a float or a 0-dim tensor; k = 0
+    gives P = noise I); dtype: the working dtype of the vectors it is applied to. The scales may stay on the device
+    as 0-dim tensors: nothing here reads them back to the host.
     """
 
-    def __init__(self, L: torch.Tensor, s_build: float, dtype: torch.dtype):
+    def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype):
         self.L = L
         self.gram = L.t() @ L  # (k, k) float64
-        self.s_build = float(s_build)
+        self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
         self.dtype = dtype
         self.n, self.k = L.shape
 
-    def set_scales(self, outputscale: float, noise: float) -> None:
-        """Woodbury factor for the current outputscale and noise (O(n k^2), float64)."""
-        c = outputscale / self.s_build
-        self.noise = float(noise)
-        self.scale = math.sqrt(c)
+    def set_scales(self, outputscale, noise) -> None:
+        """Woodbury factor for the current outputscale and noise (floats or 0-dim tensors; O(n k^2), float64).
+        ``log_det`` is then a 0-dim float64 tensor on L's device."""
+        as64 = dict(dtype=torch.float64, device=self.L.device)
+        c = torch.as_tensor(outputscale, **as64) / self.s_build
+        noise64 = torch.as_tensor(noise, **as64)
+        self.noise = noise64.to(self.dtype)
+        self.scale = c.sqrt()
         if self.k == 0:
             self.Q = self.L.to(self.dtype)
-            self.log_det = self.n * math.log(self.noise)
+            self.log_det = self.n * noise64.log()
             return
-        C = c * self.gram + self.noise * torch.eye(self.k, dtype=torch.float64, device=self.L.device)
-        R = torch.linalg.cholesky(C)
+        C = c * self.gram + noise64 * torch.eye(self.k, **as64)
+        R, _ = torch.linalg.cholesky_ex(C)  # no error check: that would wait for the device
         self.Q = torch.linalg.solve_triangular(R, self.scale * self.L.t(), upper=False).t().to(self.dtype)
-        self.log_det = (self.n - self.k) * math.log(self.noise) + 2.0 * float(R.diagonal().log().sum())
+        self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:
         """P^{-1} V for V (n, t)."""
@@ -91,7 +114,7 @@ class Preconditioner:
 
     def sample(self, W1: torch.Tensor, W2: torch.Tensor) -> torch.Tensor:
         """Probes with covariance P from standard normal W1 (k, s) and W2 (n, s): ``L W1 + sqrt(noise) W2``."""
-        Z = W2 * math.sqrt(self.noise)
+        Z = W2 * self.noise.sqrt()
         if self.k:
             Z = Z + (self.scale * (self.L @ W1.to(torch.float64))).to(self.dtype)
         return Z

@@ -115,11 +115,17 @@ class CovarianceProduct:
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
         self.products = 0
-        # stored K on CUDA: its rows padded to a multiple of 4 columns (16 bytes in float32), so that
-        # ops.dense_matmul reads them with 16-byte loads; K is the (rows, n) view of a (rows, n + pad) block whose
-        # extra columns (copies of the last point) nobody reads
-        pad = (-self.n) % 4 if (mode == "stored" and x.is_cuda) else 0
-        self.x_cols = torch.cat([self.x, self.x[-1:].expand(pad, -1)]) if pad else self.x
+        self.x_cols = self._padded_columns()
+
+    def _padded_columns(self) -> torch.Tensor:
+        """The points that K's columns are formed from. On CUDA K's rows are padded to a multiple of 16 bytes, so
+        that ops.dense_matmul reads every row with 16-byte loads whatever n is; K is then the (rows, n) view of a
+        (rows, n + pad) block whose extra columns (copies of the last point) nobody reads. Made for either mode
+        (n x d numbers), because the engine settles the mode after construction."""
+        if not self.x.is_cuda:
+            return self.x
+        pad = (-self.n) % (16 // self.x.element_size())
+        return torch.cat([self.x, self.x[-1:].expand(pad, -1)]) if pad else self.x
 
     def update(self, lengthscale: torch.Tensor, outputscale: torch.Tensor, noise: torch.Tensor) -> None:
         """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form

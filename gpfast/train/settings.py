@@ -88,6 +88,17 @@ class CGSettings:
         engine under Adam, GPyTorch's loop under L-BFGS (whose line search needs a loss that depends on the point
         only, not on the path of warm starts). ``"gpfast"``: the engine for every training step, CG steps even where
         a Cholesky would train. ``"gpytorch"``: GPyTorch's loop (mBCG and stochastic Lanczos), for comparisons.
+    cg_check_every : int or None, default None
+        CG reads its convergence measure on the host (a wait for the device on a GPU) only after every this many
+        iterations; None: at most twice per step, near the last step's iteration count and a little after it
+        (:func:`gpfast.train.engine._checks`), so that a step reads the device at most three times. 1 stops each
+        solve at the first iteration that meets the tolerance (tests that count iterations).
+    max_preconditioner_rank : int, default 800
+        When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``)
+        and the preconditioner is rebuilt at the next step, up to this rank.
+    cg_iteration_limit : int, default 40
+        Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
+        ``max_cg_iterations``) up to this.
     """
 
     num_probes: int | None = None
@@ -104,6 +115,9 @@ class CGSettings:
     predict_max_cg_iterations: int = 1000
     predict_preconditioner_rank: int = 1024
     trainer: str = "auto"
+    cg_check_every: int | None = None
+    max_preconditioner_rank: int = 800
+    cg_iteration_limit: int = 40
 
     def __post_init__(self) -> None:
         self.check()
@@ -194,3 +208,8 @@ class CGSettings:
             raise bad("memory_fraction", "a float in (0, 1]")
         if self.trainer not in TRAINERS:
             raise bad("trainer", f"one of {TRAINERS}")
+        if self.cg_check_every is not None and (not is_int(self.cg_check_every) or self.cg_check_every < 1):
+            raise bad("cg_check_every", "None or an int >= 1")
+        for name, low in (("max_preconditioner_rank", 0), ("cg_iteration_limit", 1)):
+            if not is_int(getattr(self, name)) or getattr(self, name) < low:
+                raise bad(name, f"an int >= {low}")

@@ -1,0 +1,301 @@
+"""Where an engine step's time goes: step time against its product floor, launches, syncs and host reads per step,
+and the split into products, backward, preconditioner and the rest, from torch.profiler.
+
+    python -m experiments.step_anatomy --device cuda                      # the seven UCI sets, whole training sets
+    python -m experiments.step_anatomy --device cpu --synthetic 600 4     # a small CPU run (the test does this)
+
+Per set: float32 training inputs on the device, gpfast's model at GPyTorch's initial hyperparameters, the engine
+with its defaults (K stored when it fits half the free memory), ``--warmup`` Adam steps (lr 0.1) to leave the
+cold first solve behind, then ``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
+
+- rank / cap: the preconditioner rank and CG cap that the engine's accuracy rule had reached;
+- step ms: wall time per profiled step (the profiler's own overhead included);
+- floor ms: the passes over a stored float32 K that a step needs at the device's bandwidth (``--bandwidth``, default
+  the H200's 4.27 TB/s; on the CPU the bandwidth of one measured ``K @ V``): the step's products, the K rebuild and
+  one backward read;
+- launches, syncs, memcpys per step: CUDA runtime calls (``cudaLaunchKernel`` and friends;
+  ``cudaStreamSynchronize``/``cudaDeviceSynchronize``; ``cudaMemcpyAsync``), none on the CPU;
+- host reads per step: tensor values handed to Python inside the engine step (``.item()``, ``.tolist()``,
+  ``float()``, ``bool()``, ``.cpu()``...), counted in separate unprofiled steps;
+- the split: device time (CPU time on the CPU) inside the engine's products (K rebuild and K̂ V), its fused
+  backward, its preconditioner (builds, applies, rescaling) and the rest of the step, as shares of the step.
+
+Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import gpytorch
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from experiments import RESULTS
+from gpfast import datasets
+from gpfast.bench.compare import default_init
+from gpfast.bench.report import md_table
+from gpfast.bench.timing import git_rev, machine, today
+from gpfast.datasets.uci import load_uci
+from gpfast.estimator.solver import free_memory_bytes
+from gpfast.models import ExactGPModel
+from gpfast.train import Engine, CGSettings
+from gpfast.train import engine as engine_module
+from gpfast.train import preconditioner as pc_module
+
+UCI7 = ["pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggundirected"]
+PARTS = ("products", "backward", "preconditioner")
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+LAUNCH = (
+    "cudaLaunchKernel",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernel",
+    "cuLaunchKernelEx",
+    "cudaLaunchCooperativeKernel",
+)
+SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def _labelled(fn, label):
+    def inner(*args, **kwargs):
+        with record_function(label):
+            return fn(*args, **kwargs)
+
+    return inner
+
+
+@contextlib.contextmanager
+def labels(engine):
+    """Profiler ranges around the engine's products, backward and preconditioner work (patched on its objects)."""
+    prod = engine.product
+    saved = {name: getattr(prod, name) for name in ("matmul", "update", "backward")}
+    prod.matmul = _labelled(saved["matmul"], "anatomy::products")
+    prod.update = _labelled(saved["update"], "anatomy::products")
+    prod.backward = _labelled(saved["backward"], "anatomy::backward")
+    cls = pc_module.Preconditioner
+    methods = {name: getattr(cls, name) for name in ("solve", "set_scales", "sample")}
+    build = engine_module.pivoted_cholesky
+    try:
+        for name, fn in methods.items():
+            setattr(cls, name, _labelled(fn, "anatomy::preconditioner"))
+        engine_module.pivoted_cholesky = _labelled(build, "anatomy::preconditioner")
+        yield
+    finally:
+        for name, fn in methods.items():
+            setattr(cls, name, fn)
+        engine_module.pivoted_cholesky = build
+        for name, fn in saved.items():
+            setattr(prod, name, fn)
+
+
+@contextlib.contextmanager
+def count_host_reads(seen: list):
+    """Record the name of every tensor-to-Python read while inside."""
+    real = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name):
+        def inner(self, *args, **kwargs):
+            seen.append(name)
+            return real[name](self, *args, **kwargs)
+
+        return inner
+
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, counted(name))
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(torch.Tensor, name, fn)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bandwidth(K: torch.Tensor, device) -> float:
+    """Bytes per second of one measured ``K @ V`` (11 columns) on this device (the CPU's floor)."""
+    V = torch.randn(K.shape[1], 11, dtype=K.dtype, device=device)
+    K @ V
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        K @ V
+    _sync(device)
+    return 3 * K.numel() * K.element_size() / (time.perf_counter() - t0)
+
+
+def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
+    X = torch.as_tensor(X, dtype=torch.float32, device=device)
+    y = torch.as_tensor(y, dtype=torch.float32, device=device)
+    n, d = X.shape
+    torch.manual_seed(0)
+    model = ExactGPModel(X, y, gpytorch.likelihoods.GaussianLikelihood()).to(device)
+    init = default_init(d)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
+    engine = Engine(CGSettings(**options), free_memory=free_memory_bytes(device))
+    closure = engine.objective(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model.train()
+    for _ in range(warmup):
+        closure()
+        opt.step()
+    reads = []
+    for _ in range(2):
+        seen = []
+        with count_host_reads(seen):
+            closure()
+        opt.step()
+        reads.append(len(seen))
+    first = len(engine.record.cg_iterations)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    with labels(engine), profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            with record_function("anatomy::step"):
+                closure()
+                opt.step()
+        _sync(device)
+        wall = (time.perf_counter() - t0) / steps
+    rec = engine.record
+    products = float(np.mean(rec.products[first:]))
+    if bw is None:
+        bw = bandwidth(engine.product.K, device) if engine.product.K is not None else float("nan")
+    floor = (products + 2) * n * n * 4 / bw
+    row = {"set": name, "n": n, "d": d, "product": rec.product, "step_ms": 1e3 * wall, "floor_ms": 1e3 * floor,
+           "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
+           "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap}  # fmt: skip
+    row.update(_profile_counts(prof, device, steps))
+    engine.finish()
+    return row
+
+
+def _profile_counts(prof, device, steps) -> dict:
+    events = prof.key_averages()
+    by_name = {e.key: e for e in events}
+
+    def count(names):
+        return sum(by_name[k].count for k in names if k in by_name) / steps
+
+    def time_us(key):
+        e = by_name.get(key)
+        if e is None:
+            return 0.0
+        if device.type == "cuda":
+            return float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
+        return float(e.cpu_time_total)
+
+    total = time_us("anatomy::step") or sum(time_us(f"anatomy::{p}") for p in PARTS)
+    if device.type == "cuda":  # the step range covers the host side; the device total is the kernels' sum
+        total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events) or total
+    out = {f"{p}_share": time_us(f"anatomy::{p}") / total if total else float("nan") for p in PARTS}
+    out["rest_share"] = max(0.0, 1.0 - sum(out[f"{p}_share"] for p in PARTS))
+    out["launches"] = count(LAUNCH)
+    out["syncs"] = count(SYNC)
+    out["memcpys"] = count(("cudaMemcpyAsync", "cudaMemcpy"))
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=UCI7)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--max-n", type=int, default=None, help="use the first max-n training rows of each set")
+    ap.add_argument("--synthetic", type=int, nargs=2, metavar=("N", "D"), default=None, help="synthetic data instead")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the floor (default: 4.27e12 on CUDA)")
+    ap.add_argument("--options", default="{}", help="json of CGSettings fields")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--stem", default="step_anatomy")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    bw = args.bandwidth or (4.27e12 if device.type == "cuda" else None)
+    options = json.loads(args.options)
+    if args.synthetic:
+        n, d = args.synthetic
+        data = datasets.synthetic_split(n, 1, d, noise=0.1, seed=0)
+        sets = [(f"synthetic-{n}-{d}", data.X_train, data.y_train)]
+    else:
+        sets = []
+        for name in args.datasets:
+            ds = load_uci(name, 0, data_dir=args.data_dir)
+            sets.append((name, ds.X_train[: args.max_n], ds.y_train[: args.max_n]))
+    rows = []
+    for name, X, y in sets:
+        rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options))
+        print(json.dumps(rows[-1]), flush=True)
+    write(args, rows, device)
+
+
+def write(args, rows, device) -> None:
+    table = md_table(
+        [
+            "set",
+            "n",
+            "d",
+            "product",
+            "rank / cap",
+            "step ms",
+            "floor ms",
+            "step / floor",
+            "CG it",
+            "products",
+            "launches",
+            "syncs",
+            "memcpys",
+            "host reads",
+            "products %",
+            "backward %",
+            "precond %",
+            "rest %",
+        ],  # fmt: skip
+        [
+            [
+                r["set"],
+                r["n"],
+                r["d"],
+                r["product"],
+                f"{r['rank']} / {r['cap']}",
+                f"{r['step_ms']:.1f}",
+                f"{r['floor_ms']:.2f}",
+                f"{r['step_ms'] / r['floor_ms']:.1f}",
+                f"{r['cg_iterations']:.1f}",
+                f"{r['products']:.1f}",
+                f"{r['launches']:.0f}",
+                f"{r['syncs']:.0f}",
+                f"{r['memcpys']:.0f}",
+                r["host_reads"],
+            ]
+            + [f"{100 * r[f'{p}_share']:.0f}" for p in (*PARTS, "rest")]  # fmt: skip
+            for r in rows
+        ],
+    )
+    info = {"machine": machine(device), "date": today(), "commit": git_rev(), "device": str(device),
+            "steps": args.steps, "warmup": args.warmup}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2))
+    text = (
+        f"# Anatomy of a training-engine step ({device.type})\n\n"
+        f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults, float32, "
+        f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} profiled "
+        "steps; per step: launches, syncs and memcpys are CUDA runtime calls, host reads are tensor values handed to "
+        "Python inside the engine step, the split is device time (CPU time on the CPU) as a share of the step. "
+        "The floor is (products + 2) passes over a float32 K at the bandwidth "
+        f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'}).\n\n" + table + "\n"
+    )
+    (args.out / f"{args.stem}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
