@@ -343,7 +343,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
             # built here, not on the first predict, so that predict leaves the estimator unchanged
-            _cg_posterior=self._cg_posterior_of(model, Xs, ys, plan, settings.cg),
+            _cg_posterior=prediction.cg_posterior_of(model, Xs, ys, plan.solver, settings.cg),
             **engine_attributes(record),
         )
 
@@ -474,20 +474,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
             self._posterior = prediction.exact_posterior(self.X_train_, self.y_train_, hyp)
         return self._posterior
 
-    @staticmethod
-    def _cg_posterior_of(model, Xs, ys, plan, cg: CGSettings):
-        """The CG posterior at the fitted hyperparameters when predictions are by CG, else None."""
-        if plan.solver != "cg":
-            return None
-        dtype = model.covar_module.raw_outputscale.dtype
-        return prediction.cg_posterior(Xs, ys, prediction.hyperparameters_float64(model), dtype, cg)
-
     def _get_cg_posterior(self):
         if getattr(self, "_cg_posterior", None) is None:  # after loading or unpickling
-            hyp = prediction.hyperparameters_float64(self.model_)
-            dtype = self.model_.covar_module.raw_outputscale.dtype
             cg = CGSettings.from_value(self.cg)
-            self._cg_posterior = prediction.cg_posterior(self.X_train_, self.y_train_, hyp, dtype, cg)
+            self._cg_posterior = prediction.cg_posterior_of(self.model_, self.X_train_, self.y_train_, "cg", cg)
         return self._cg_posterior
 
     def predict(self, X, return_std: bool = False, return_cov: bool = False, include_noise: bool = True):

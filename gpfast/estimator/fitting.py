@@ -149,7 +149,7 @@ def fit_hyperparameters(
     dtype, desc : torch.dtype, str
         The model's dtype and the run's name, for the progress bar (``desc``) and errors (both).
     verbose : bool
-        Show a progress bar (on stderr).
+        Show a progress bar on stderr (only when it is a terminal, so that a log file gets no bars).
     objective : callable or None, default=None
         ``objective(model)`` builds the :data:`Objective`; None: :func:`default_objective` of ``solver``.
     space : HyperparameterSpace or None, default=None
@@ -177,8 +177,7 @@ def fit_hyperparameters(
     fun = _loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
     if recorder is not None:
         fun = recorder.wrap(fun)
-    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
-    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
+    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)  # None: tty
 
     def on_step(loss: float) -> None:
         bar.update(1)

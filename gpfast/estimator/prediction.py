@@ -9,7 +9,14 @@ from gpfast.models import CGPosterior, ExactGPModel, ExactPosterior
 from gpfast.ops import rbf_covariance
 from gpfast.train.settings import CGSettings
 
-__all__ = ["cg_posterior", "exact_posterior", "hyperparameters_float64", "predict_cg", "predict_exact"]
+__all__ = [
+    "cg_posterior",
+    "cg_posterior_of",
+    "exact_posterior",
+    "hyperparameters_float64",
+    "predict_cg",
+    "predict_exact",
+]
 
 
 def hyperparameters_float64(model: ExactGPModel) -> dict[str, torch.Tensor]:
@@ -81,6 +88,15 @@ def cg_posterior(
         variance_rtol=cg.predict_cg_tolerance,
         max_iter=cg.predict_max_cg_iterations,
     )
+
+
+def cg_posterior_of(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor, solver: str, cg: CGSettings):
+    """:func:`cg_posterior` at the model's hyperparameters, in its dtype, when ``solver`` predicts by CG; else
+    None."""
+    if solver != "cg":
+        return None
+    dtype = model.covar_module.raw_outputscale.dtype
+    return cg_posterior(X, y, hyperparameters_float64(model), dtype, cg)
 
 
 def predict_cg(posterior: CGPosterior, X: torch.Tensor, return_std: bool, return_cov: bool, include_noise: bool):
