@@ -12,7 +12,9 @@
 #         perf (the stored-K product kernel and the backward's copy pipeline; PERF_BUDGET seconds, default 345),
 #         round (everything changed since the last GPU run, in value order; ROUND_BUDGET seconds, default 420),
 #         verify (build, CUDA tests, sanitizers, CG prediction vs Cholesky at 100k, bench_ops; VERIFY_BUDGET 560),
-#         accuracy (UCI: the engine against 50 exact-gradient Adam steps; CG prediction at 1M; ACCURACY_BUDGET 560)
+#         accuracy (engine and CG-posterior CUDA tests, CG prediction vs Cholesky at 100k, UCI rows c and exact on
+#                   the four smaller sets, step_anatomy; ACCURACY_BUDGET 560), accuracy_large (rows c and exact on
+#                   protein and the kegg sets, CG prediction at 1M)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -321,24 +323,46 @@ PYEOF
       tar czf "$OUT/verify_results.tar.gz" -C "$OUT" verify_results && rm -rf "$res"
       echo "verify: $(( SECONDS - B_T0 )) s" ;;
     accuracy)
-      # The training engine against the same 50 Adam steps with exact gradients (row "exact", float64 Cholesky) on
-      # the UCI sets, then the CG posterior's cost at 1M points, in one call of at most ACCURACY_BUDGET seconds
-      # (default 560). Expects a build in $GPFAST_BUILD_DIR (run after verify on a warm machine, or it builds).
+      # The training engine's changes on the GPU, in one call of at most ACCURACY_BUDGET seconds (default 560): build,
+      # the CUDA tests of the engine and of the CG posterior, the CG posterior against the float64 Cholesky at
+      # n = 100k, rows c (the engine) and "exact" (the same 50 Adam steps with exact gradients) on pol, elevators,
+      # bike and kin40k, then step_anatomy on the seven sets. Files in $OUT: accuracy_*.log and
+      # accuracy_results.tar.gz (unpack into experiments/results).
       budget_start ${ACCURACY_BUDGET:-560}
       export TORCH_CUDA_ARCH_LIST=9.0
       res="$OUT/accuracy_results"; mkdir -p "$res"
       brun 240 "$OUT/accuracy_build.log" python -m gpfast.build || { tail -40 "$OUT/accuracy_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 60 "$OUT/accuracy_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_train.py \
+        tests/test_cg_posterior.py tests/test_dense_matmul.py; echo "tests rc=$?"; tail -3 "$OUT/accuracy_tests.log"
+      brun 100 "$OUT/accuracy_cgpred.log" python -m experiments.cg_prediction --agree 100000 --points 400 --out "$res"
+      echo "cg_prediction rc=$?"; grep -E "^\| " "$OUT/accuracy_cgpred.log" | tail -4
       brun 200 "$OUT/accuracy_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
         --iters 50 --lr 0.1 --quiet --datasets pol elevators bike kin40k --rows gpfast exact \
         --stem uci_pol_elevators_bike_kin40k_c_exact --out "$res"; echo "uci rc=$?"
-      brun 200 "$OUT/accuracy_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --datasets protein keggdirected keggundirected --rows gpfast exact \
-        --stem uci_protein_kegg_c_exact --out "$res"; echo "uci (large sets) rc=$?"
-      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/accuracy_uci.log" | cut -d'|' -f2-5,10-13,20
-      brun 150 "$OUT/accuracy_cgpred1m.log" python -m experiments.cg_prediction --scale 1000000 --sample 4 \
-        --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_cgpred1m.log"
+      grep -E "^\| (pol|elevators|bike|kin40k) " "$OUT/accuracy_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,20
+      brun 120 "$OUT/accuracy_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/accuracy_anatomy.log" | tail -9
       tar czf "$OUT/accuracy_results.tar.gz" -C "$OUT" accuracy_results && rm -rf "$res"
       echo "accuracy: $(( SECONDS - B_T0 )) s" ;;
+    accuracy_large)
+      # Rows c and "exact" on protein, keggdirected and keggundirected, then the CG posterior's cost at 1M points,
+      # in one call of at most ACCURACY_BUDGET seconds (default 560). Files: accuracy_large_*.log and
+      # accuracy_large_results.tar.gz.
+      budget_start ${ACCURACY_BUDGET:-560}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/accuracy_large_results"; mkdir -p "$res"
+      brun 240 "$OUT/accuracy_large_build.log" python -m gpfast.build || { tail -40 "$OUT/accuracy_large_build.log"; exit 1; }
+      for set in protein keggdirected keggundirected; do
+        brun 160 "$OUT/accuracy_large_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda \
+          --splits 0 --iters 50 --lr 0.1 --quiet --datasets $set --rows gpfast exact --stem uci_${set}_c_exact \
+          --out "$res"; echo "uci $set rc=$?"
+      done
+      grep -E "^\| (protein|kegg)" "$OUT/accuracy_large_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,20
+      brun 120 "$OUT/accuracy_large_cg1m.log" python -m experiments.cg_prediction --scale 1000000 --sample 4 \
+        --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_large_cg1m.log"
+      tar czf "$OUT/accuracy_large_results.tar.gz" -C "$OUT" accuracy_large_results && rm -rf "$res"
+      echo "accuracy_large: $(( SECONDS - B_T0 )) s" ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
