@@ -35,6 +35,7 @@ from sklearn.utils.validation import check_is_fitted
 from sklearn.exceptions import ConvergenceWarning
 
 from gpfast.estimator import checkpoint as _checkpoint
+from gpfast.estimator import likelihood as _likelihood
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
 from gpfast.estimator import solver as _solver
@@ -211,6 +212,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
         fitted hyperparameters. Exact (float64 Cholesky) whenever the ``"auto"`` rule allows a Cholesky (memory
         and ``AUTO_CHOLESKY_MAX_N``), whichever solver trained; otherwise GPyTorch's stochastic CG/Lanczos
         estimate. ``log_marginal_likelihood_method_`` says which (``"cholesky"`` or ``"cg_estimate"``).
+    log_marginal_likelihood_value_ : float
+        scikit-learn's name for ``log_marginal_likelihood_``.
+    theta_ : numpy.ndarray of shape (k + 2,)
+        Fitted ``log([lengthscale(s), outputscale, noise])`` in standardised units (k = n_features with ARD, else
+        1), the argument of :meth:`log_marginal_likelihood` (:mod:`gpfast.estimator.likelihood`).
     lengthscale_ : numpy.ndarray of shape (n_features,)
         Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).
     outputscale_, noise_ : float
@@ -637,6 +643,59 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if y.ndim == 2 and y.shape[1] == 1:
             y = y.reshape(-1)
         return float(r2_score(y, y_pred, sample_weight=sample_weight))
+
+    # ------------------------------------------------------------------------------------------------------
+    # log marginal likelihood, as scikit-learn's
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def theta_(self) -> np.ndarray:
+        """Fitted ``log([lengthscale(s), outputscale, noise])`` in standardised units, float64 of shape (k + 2,)
+        (k = n_features with ARD, else 1); see :mod:`gpfast.estimator.likelihood`."""
+        check_is_fitted(self)
+        return _likelihood.fitted_theta(prediction.hyperparameters_float64(self.model_))
+
+    @property
+    def log_marginal_likelihood_value_(self) -> float:
+        """scikit-learn's name for ``log_marginal_likelihood_``: the log marginal likelihood at ``theta_``."""
+        check_is_fitted(self)
+        return self.log_marginal_likelihood_
+
+    def log_marginal_likelihood(self, theta=None, eval_gradient: bool = False, clone_kernel: bool = True):
+        """Exact log marginal likelihood of the standardised training targets at ``theta``, as scikit-learn's.
+
+        Parameters
+        ----------
+        theta : array-like of shape (k + 2,) or None, default=None
+            ``log([lengthscale(s), outputscale, noise])`` in standardised units, the layout of ``theta_`` (see
+            :mod:`gpfast.estimator.likelihood`); the constant mean stays at its fitted value. ``None``: the
+            fitted value, ``log_marginal_likelihood_value_``.
+        eval_gradient : bool, default=False
+            Also return the gradient with respect to theta (exact: float64 Cholesky, autograd through the fused
+            covariance op). Needs a theta.
+        clone_kernel : bool, default=True
+            Accepted for scikit-learn's signature. The fitted model is never modified, whatever its value
+            (scikit-learn's ``False`` writes theta into ``kernel_``, a side effect kept out of gpfast).
+
+        Returns
+        -------
+        log_likelihood : float
+            Summed over the outputs when y had several; ``-inf`` where the covariance is not positive definite.
+        log_likelihood_gradient : numpy.ndarray of shape (k + 2,)
+            Only with ``eval_gradient=True``.
+        """
+        check_is_fitted(self)
+        if theta is None:
+            if eval_gradient:
+                raise ValueError(
+                    "ExactGP.log_marginal_likelihood: eval_gradient=True needs a theta, got theta=None (pass "
+                    "theta=gp.theta_ for the gradient at the fitted hyperparameters)."
+                )
+            return self.log_marginal_likelihood_value_
+        hyp = prediction.hyperparameters_float64(self.model_)
+        n_lengthscales = hyp["lengthscale"].numel()
+        return _likelihood.log_marginal_likelihood(
+            self.X_train_, self.y_train_, hyp["mean"], n_lengthscales, theta, bool(eval_gradient)
+        )
 
     # ------------------------------------------------------------------------------------------------------
     # persistence

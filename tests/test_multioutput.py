@@ -1,0 +1,127 @@
+"""Tests of gpfast.ExactGP's scikit-learn extras: log_marginal_likelihood and theta_, sample_y, and targets with
+several outputs (CPU; the CUDA test is marked and skipped without a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+from conftest import DEVICES
+from gpfast.estimator import ExactGP
+
+# short fits (a few optimiser steps) are enough for what these tests check
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+def _rng():
+    """A fresh random generator each run; the seed goes in assertion messages so a failure can be replayed."""
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed
+
+
+def _data(rng, n=40, d=3, n_test=7):
+    """Inputs on uneven scales and offsets, a smooth target plus noise."""
+    scales = rng.uniform(0.5, 5.0, d)
+    offsets = rng.normal(0, 10, d)
+    w = rng.normal(size=d)
+    X = rng.uniform(-1, 1, (n, d)) * scales + offsets
+    Xt = rng.uniform(-1.2, 1.2, (n_test, d)) * scales + offsets
+    y = np.sin(((X - offsets) / scales) @ w) * 3.0 + 20.0 + 0.2 * rng.normal(size=n)
+    return X, y, Xt
+
+
+def _gp(**kw):
+    kw.setdefault("device", "cpu")
+    kw.setdefault("solver", "cholesky")
+    return ExactGP(**kw)
+
+
+def _central_differences(f, theta, h=1e-5):
+    return np.array([(f(theta + h * e) - f(theta - h * e)) / (2 * h) for e in np.eye(theta.size)])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# log_marginal_likelihood and theta_
+# ----------------------------------------------------------------------------------------------------------
+def test_lml_matches_sklearn_value_and_gradient():
+    """At the initial hyperparameters (constant mean 0 in standardised units, scikit-learn's normalize_y model),
+    value and gradient at random theta equal scikit-learn's, whose theta is [log constant, log lengthscales in X's
+    units, log noise]."""
+    rng, seed = _rng()
+    X, y, _ = _data(rng)
+    gp = _gp(max_iter=0).fit(X, y)
+    kernel = ConstantKernel(1.0) * RBF(np.ones(3)) + WhiteKernel(1.0)
+    sk = GaussianProcessRegressor(kernel, normalize_y=True, optimizer=None).fit(X, y)
+    for _ in range(3):
+        theta = gp.theta_ + rng.normal(0, 0.5, 5)
+        value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+        theta_sk = np.concatenate([[theta[3]], theta[:3] + np.log(X.std(0)), [theta[4]]])
+        value_sk, grad_sk = sk.log_marginal_likelihood(theta_sk, eval_gradient=True)
+        assert value == pytest.approx(value_sk, rel=1e-9), f"seed {seed}"
+        np.testing.assert_allclose(grad[[3, 0, 1, 2, 4]], grad_sk, rtol=1e-7, atol=1e-8, err_msg=f"seed {seed}")
+        assert gp.log_marginal_likelihood(theta) == value
+
+
+@pytest.mark.parametrize("ard", [True, False])
+def test_lml_gradient_by_finite_differences(ard):
+    rng, seed = _rng()
+    X, y, _ = _data(rng, n=30)
+    gp = _gp(max_iter=5, ard=ard).fit(X, y)
+    assert gp.theta_.shape == ((3 if ard else 1) + 2,)
+    theta = gp.theta_ + rng.normal(0, 0.3, gp.theta_.size)
+    value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+    fd = _central_differences(gp.log_marginal_likelihood, theta)
+    # central differences of a float64 value of size ~|value|: truncation ~h^2, rounding ~1e-16 |value| / h
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8 * max(abs(value), 1.0), err_msg=f"seed {seed}")
+
+
+def test_theta_is_the_fitted_hyperparameters():
+    rng, seed = _rng()
+    X, y, _ = _data(rng)
+    gp = _gp(max_iter=1000).fit(X * 7.0, y * 3.0 - 5.0)
+    assert gp.converged_, f"seed {seed}"
+    theta = gp.theta_
+    np.testing.assert_allclose(np.exp(theta[:3]) * gp.x_std_, gp.lengthscale_, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(theta[3]) * gp.y_std_**2, gp.outputscale_, rtol=1e-12)
+    np.testing.assert_allclose(np.exp(theta[4]) * gp.y_std_**2, gp.noise_, rtol=1e-12)
+    assert gp.log_marginal_likelihood() == gp.log_marginal_likelihood_value_ == gp.log_marginal_likelihood_
+    assert gp.log_marginal_likelihood(theta) == pytest.approx(gp.log_marginal_likelihood_value_, rel=1e-12, abs=1e-9)
+    # the fit maximised it: small steps away from the fitted theta do not raise it (beyond the optimiser's ftol)
+    for e in np.eye(5):
+        for h in (-1e-2, 1e-2):
+            assert gp.log_marginal_likelihood(theta + h * e) <= gp.log_marginal_likelihood_value_ + 1e-6, f"seed {seed}"
+
+
+def test_lml_arguments_are_checked():
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    gp = _gp(max_iter=0).fit(X, y)
+    with pytest.raises(ValueError, match="eval_gradient=True needs a theta, got theta=None"):
+        gp.log_marginal_likelihood(eval_gradient=True)
+    with pytest.raises(ValueError, match=r"theta has shape \(4,\); expected \(5,\)"):
+        gp.log_marginal_likelihood(np.zeros(4))
+    with pytest.raises(ValueError, match="theta must be finite"):
+        gp.log_marginal_likelihood(np.array([0.0, 0.0, 0.0, np.nan, 0.0]))
+    with pytest.raises(AttributeError):  # NotFittedError is an AttributeError: hasattr(ExactGP(), "theta_") is False
+        _ = ExactGP().theta_
+    assert not hasattr(ExactGP(), "log_marginal_likelihood_value_")
+    value = gp.log_marginal_likelihood(gp.theta_)
+    assert gp.log_marginal_likelihood(gp.theta_, clone_kernel=False) == value  # the fit is never modified
+    assert gp.log_marginal_likelihood(gp.theta_) == value
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lml_gradient_on_device_matches_float64_cpu(device):
+    """On the GPU the gradient flows through the fused backward of rbf_covariance; it matches the CPU's."""
+    rng, seed = _rng()
+    X, y, _ = _data(rng, n=200, d=4)
+    gp = _gp(max_iter=3, device=device).fit(X, y)
+    theta = gp.theta_ + rng.normal(0, 0.3, 6)
+    value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+    ref = _gp(max_iter=3).fit(X, y)
+    np.testing.assert_allclose(ref.theta_, gp.theta_, rtol=1e-9, atol=1e-9, err_msg=f"seed {seed}")
+    value_cpu, grad_cpu = ref.log_marginal_likelihood(theta, eval_gradient=True)
+    assert value == pytest.approx(value_cpu, rel=1e-10), f"seed {seed}"
+    np.testing.assert_allclose(grad, grad_cpu, rtol=1e-8, atol=1e-8 * abs(value_cpu), err_msg=f"seed {seed}")
