@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
@@ -125,3 +126,43 @@ def test_lml_gradient_on_device_matches_float64_cpu(device):
     value_cpu, grad_cpu = ref.log_marginal_likelihood(theta, eval_gradient=True)
     assert value == pytest.approx(value_cpu, rel=1e-10), f"seed {seed}"
     np.testing.assert_allclose(grad, grad_cpu, rtol=1e-8, atol=1e-8 * abs(value_cpu), err_msg=f"seed {seed}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sample_y
+# ----------------------------------------------------------------------------------------------------------
+def _assert_moments(samples, mean, cov, msg):
+    """Sample mean and covariance of draws (m, N) against the distribution's, each entry within 5 standard
+    errors: sd / sqrt(N) for a mean, sqrt((C_ii C_jj + C_ij^2) / N) for a covariance entry (Gaussian draws)."""
+    n = samples.shape[-1]
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_array_less(np.abs(samples.mean(-1) - mean), 5 * sd / np.sqrt(n), err_msg=msg)
+    se = np.sqrt((np.outer(sd**2, sd**2) + cov**2) / n)
+    np.testing.assert_array_less(np.abs(np.cov(samples) - cov), 5 * se, err_msg=msg)
+
+
+@pytest.mark.parametrize("include_noise", [True, False])
+def test_sample_y_moments_match_predict(include_noise):
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=30, n_test=5)
+    Xt[1] = Xt[0] + 1e-3  # nearby points: a nearly singular latent covariance
+    gp = _gp(max_iter=10).fit(X, y)
+    mean, cov = gp.predict(Xt, return_cov=True, include_noise=include_noise)
+    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)), include_noise=include_noise)
+    assert samples.shape == (5, 20000) and samples.dtype == np.float64
+    _assert_moments(samples, mean, cov, f"seed {seed}")
+
+
+def test_sample_y_shapes_seeds_and_types():
+    rng, _ = _rng()
+    X, y, Xt = _data(rng, n=20, n_test=4)
+    gp = _gp(max_iter=3).fit(X, y)
+    assert gp.sample_y(Xt).shape == (4, 1)
+    np.testing.assert_array_equal(gp.sample_y(Xt, 3, random_state=7), gp.sample_y(Xt, 3, random_state=7))
+    assert not np.array_equal(gp.sample_y(Xt, 3, random_state=7), gp.sample_y(Xt, 3, random_state=8))
+    draws = gp.sample_y(torch.from_numpy(Xt).float(), 3, random_state=7)
+    assert torch.is_tensor(draws) and draws.dtype == torch.float32 and draws.shape == (4, 3)
+    np.testing.assert_allclose(draws.numpy(), gp.sample_y(Xt, 3, random_state=7), rtol=1e-5, atol=1e-4)
+    for bad in (0, 2.5, True, "3"):
+        with pytest.raises(ValueError, match=f"invalid n_samples={bad!r}; expected an int >= 1"):
+            gp.sample_y(Xt, bad)

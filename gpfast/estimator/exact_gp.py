@@ -30,12 +30,14 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
+from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from sklearn.exceptions import ConvergenceWarning
 
 from gpfast.estimator import checkpoint as _checkpoint
 from gpfast.estimator import likelihood as _likelihood
+from gpfast.estimator import sampling as _sampling
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
 from gpfast.estimator import solver as _solver
@@ -629,6 +631,32 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if return_std:
             return info.out(mean), info.out(second.clamp(min=0).sqrt() * self.y_std_)
         return info.out(mean), info.out(second * self.y_std_**2)
+
+    def sample_y(self, X, n_samples: int = 1, random_state=None, include_noise: bool = True):
+        """Draws from the predictive distribution at X, the one ``predict(X, return_cov=True)`` describes.
+
+        Parameters
+        ----------
+        X : (n_test, n_features) numpy array, array-like or torch tensor
+        n_samples : int, default=1
+            Draws per test point.
+        random_state : int, RandomState instance or None, default=None
+            Seeds numpy's generator for the standard normals (scikit-learn's ``check_random_state``; its
+            ``GaussianProcessRegressor`` defaults to 0, gpfast to fresh draws): equal seeds give equal draws, on
+            any device.
+        include_noise : bool, default=True
+            Draws of noisy observations ``y*`` (``True``) or of the latent function ``f(x*)`` (``False``), as in
+            :meth:`predict`.
+
+        Returns
+        -------
+        y_samples : array of shape (n_test, n_samples), or (n_test, n_outputs, n_samples) when y had several
+            outputs, in the units of y: numpy float64 for array-like X, a tensor on X's device for a tensor X.
+        """
+        n_samples = _sampling.check_n_samples(n_samples)
+        rng = check_random_state(random_state)
+        mean, cov = self.predict(X, return_cov=True, include_noise=include_noise)
+        return _sampling.sample_gaussian(mean, cov, n_samples, rng)
 
     def score(self, X, y, sample_weight=None) -> float:
         """Coefficient of determination R^2 of ``predict(X)`` against y (numpy or torch inputs)."""
