@@ -166,3 +166,149 @@ def test_sample_y_shapes_seeds_and_types():
     for bad in (0, 2.5, True, "3"):
         with pytest.raises(ValueError, match=f"invalid n_samples={bad!r}; expected an int >= 1"):
             gp.sample_y(Xt, bad)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# several outputs: y of shape (n, k)
+# ----------------------------------------------------------------------------------------------------------
+def _outputs(rng, X, k):
+    """k targets on different scales and offsets, each a smooth function of X plus noise."""
+    Z = (X - X.mean(0)) / X.std(0)
+    cols = [np.sin(Z @ rng.normal(size=X.shape[1])) + 0.1 * rng.normal(size=len(X)) for _ in range(k)]
+    return np.stack(cols, 1) * rng.uniform(0.1, 10.0, k) + rng.normal(0, 10, k)
+
+
+def test_fit_of_repeated_and_rescaled_columns_is_the_fit_of_one():
+    """[y, y, 3 y + 1]: each output standardised on its own makes the three identical in standardised units, so the
+    fit is that of y (same hyperparameters, same steps), the log likelihood three times y's, and each column's
+    predictions those of y in its units."""
+    rng, seed = _rng()
+    X, y, Xt = _data(rng)
+    msg = f"seed {seed}"
+    a = _gp().fit(X, y)
+    b = _gp().fit(X, np.stack([y, y, 3.0 * y + 1.0], 1))
+    assert b.n_iter_ == a.n_iter_, msg
+    np.testing.assert_allclose(b.theta_, a.theta_, rtol=1e-9, atol=1e-9, err_msg=msg)
+    assert b.log_marginal_likelihood_ == pytest.approx(3 * a.log_marginal_likelihood_, rel=1e-9), msg
+    np.testing.assert_allclose(b.y_std_, [a.y_std_, a.y_std_, 3 * a.y_std_], rtol=1e-12)
+    np.testing.assert_allclose(b.outputscale_, a.outputscale_ * np.array([1.0, 1.0, 9.0]), rtol=1e-8)
+    np.testing.assert_allclose(b.noise_, a.noise_ * np.array([1.0, 1.0, 9.0]), rtol=1e-8)
+    np.testing.assert_allclose(b.constant_mean_, np.array([1.0, 1.0, 3.0]) * a.constant_mean_ + [0, 0, 1], rtol=1e-8)
+    ma, sa = a.predict(Xt, return_std=True)
+    mb, sb = b.predict(Xt, return_std=True)
+    assert mb.shape == sb.shape == (7, 3)
+    scale, shift = np.array([1.0, 1.0, 3.0]), np.array([0.0, 0.0, 1.0])
+    np.testing.assert_allclose(mb, ma[:, None] * scale + shift, rtol=1e-8, atol=1e-8 * a.y_std_, err_msg=msg)
+    np.testing.assert_allclose(sb, sa[:, None] * scale, rtol=1e-8, err_msg=msg)
+    _, ca = a.predict(Xt, return_cov=True)
+    mc, cb = b.predict(Xt, return_cov=True)
+    assert cb.shape == (7, 7, 3)
+    np.testing.assert_allclose(mc, mb, rtol=1e-12)
+    np.testing.assert_allclose(cb, ca[..., None] * scale**2, rtol=1e-8, atol=1e-10 * a.y_std_**2, err_msg=msg)
+    assert b.score(Xt, mb) == 1.0
+
+
+@pytest.mark.parametrize("ard", [True, False])
+def test_fixed_hyperparameters_match_sklearn_multioutput(ard):
+    """At fixed hyperparameters, means, stds, covariances and the summed log likelihood equal those of
+    scikit-learn's GaussianProcessRegressor with normalize_y=True on the same (n, k) targets."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng)
+    Y = _outputs(rng, X, 3)
+    ls = X.std(0) * rng.uniform(0.5, 2.0, 3) if ard else float(rng.uniform(0.5, 2.0))
+    os_, noise = float(rng.uniform(0.5, 2.0)), float(rng.uniform(0.01, 0.2))  # fractions of each output's variance
+    gp = _gp(max_iter=0, ard=ard, dtype="float64", lengthscale_init=ls, outputscale_init=os_, noise_init=noise)
+    gp.fit(X, Y)
+    ls_x = ls if ard else ls * X.std(0)  # ard=False: a standardised lengthscale, X's std in each feature
+    kernel = ConstantKernel(os_, "fixed") * RBF(ls_x, "fixed") + WhiteKernel(noise, "fixed")
+    sk = GaussianProcessRegressor(kernel, normalize_y=True, optimizer=None).fit(X, Y)
+    msg = f"seed {seed}"
+    if ard:  # scikit-learn's isotropic RBF cannot express one standardised lengthscale on unequal columns
+        m_sk, s_sk = sk.predict(Xt, return_std=True)
+        m, s = gp.predict(Xt, return_std=True)
+        np.testing.assert_allclose(m, m_sk, rtol=1e-8, atol=1e-8 * Y.std(0).max(), err_msg=msg)
+        np.testing.assert_allclose(s, s_sk, rtol=1e-8, err_msg=msg)
+        _, c_sk = sk.predict(Xt, return_cov=True)
+        _, c = gp.predict(Xt, return_cov=True)
+        assert c.shape == c_sk.shape == (7, 7, 3)
+        np.testing.assert_allclose(c, c_sk, rtol=1e-8, atol=1e-8 * Y.var(0).max(), err_msg=msg)
+        assert gp.log_marginal_likelihood_ == pytest.approx(sk.log_marginal_likelihood_value_, rel=1e-9), msg
+    np.testing.assert_allclose(gp.outputscale_, os_ * Y.var(0), rtol=1e-9)
+    np.testing.assert_allclose(gp.noise_, noise * Y.var(0), rtol=1e-9)
+    np.testing.assert_allclose(gp.constant_mean_, Y.mean(0), rtol=1e-12)
+
+
+def test_optimised_fit_matches_sklearn_multioutput():
+    """Both fit shared hyperparameters to the summed likelihood; gpfast also fits a constant mean (in standardised
+    units), scikit-learn's is 0 after normalize_y. Predictions agree within 2% of each output's std."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=60)
+    Y = _outputs(rng, X, 3)
+    gp = _gp().fit(X, Y)
+    kernel = ConstantKernel(1.0, (1e-4, 1e4)) * RBF(X.std(0), (1e-2, 1e5)) + WhiteKernel(0.1, (1e-4, 1e2))
+    sk = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=2, random_state=0).fit(X, Y)
+    m, s = gp.predict(Xt, return_std=True)
+    m_sk, s_sk = sk.predict(Xt, return_std=True)
+    msg = f"seed {seed}: gpfast theta {gp.theta_}, scikit-learn's {sk.kernel_}"
+    assert gp.log_marginal_likelihood_ >= sk.log_marginal_likelihood_value_ - 0.5, msg
+    np.testing.assert_array_less(np.abs(m - m_sk), np.broadcast_to(0.02 * Y.std(0), m.shape), err_msg=msg)
+    np.testing.assert_array_less(np.abs(s - s_sk), np.broadcast_to(0.02 * Y.std(0), s.shape), err_msg=msg)
+
+
+def test_multioutput_lml_gradient_and_samples():
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=30, n_test=4)
+    Y = _outputs(rng, X, 2)
+    gp = _gp(max_iter=10).fit(X, Y)
+    assert gp.log_marginal_likelihood(gp.theta_) == pytest.approx(gp.log_marginal_likelihood_, rel=1e-12)
+    theta = gp.theta_ + rng.normal(0, 0.3, 5)
+    value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+    fd = _central_differences(gp.log_marginal_likelihood, theta)
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8 * max(abs(value), 1.0), err_msg=f"seed {seed}")
+    mean, cov = gp.predict(Xt, return_cov=True)
+    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)))
+    assert samples.shape == (4, 2, 20000)
+    for j in range(2):
+        _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
+    t = gp.sample_y(torch.from_numpy(Xt), 5, random_state=3)
+    assert torch.is_tensor(t) and t.shape == (4, 2, 5)
+
+
+def test_multioutput_with_torch_targets_and_one_column():
+    rng, _ = _rng()
+    X, y, Xt = _data(rng, n=25, n_test=3)
+    Y = np.stack([y, -y], 1)
+    a = _gp(max_iter=5).fit(X, Y)
+    b = _gp(max_iter=5).fit(torch.from_numpy(X), torch.from_numpy(Y))
+    np.testing.assert_array_equal(b.predict(Xt), a.predict(Xt))
+    mt, st = b.predict(torch.from_numpy(Xt), return_std=True)
+    assert torch.is_tensor(mt) and mt.shape == st.shape == (3, 2)
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(solver="cg"), r"y has 2 outputs .* exact Cholesky solver only, but solver='cg' gives 'cg'"),
+        (dict(solver="auto", trainer="gpfast"), r"y has 2 outputs .* trainer='gpfast'"),
+    ],
+)
+def test_multioutput_outside_the_exact_path_is_a_clear_error(params, match):
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    gp = _gp(**params)
+    assert not gp.__sklearn_tags__().target_tags.multi_output
+    with pytest.raises(ValueError, match=match):
+        gp.fit(X, np.stack([y, y], 1))
+    assert not hasattr(gp, "model_")
+
+
+def test_auto_trains_several_outputs_by_cholesky_above_the_training_cap(monkeypatch):
+    """Above the "auto" rule's training cap one output trains by CG; several train by Cholesky, as the CG paths
+    take one output."""
+    import gpfast.estimator.solver as solver_module
+
+    monkeypatch.setitem(solver_module.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 10)
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    gp = ExactGP(device="cpu", max_iter=3).fit(X, np.stack([y, y], 1))
+    assert (gp.solver_, gp.train_solver_, gp.trainer_) == ("cholesky", "cholesky", "exact")

@@ -37,6 +37,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from gpfast.estimator import checkpoint as _checkpoint
 from gpfast.estimator import likelihood as _likelihood
+from gpfast.estimator import outputs as _outputs
 from gpfast.estimator import sampling as _sampling
 from gpfast.estimator import params as _params
 from gpfast.estimator import persistence, prediction
@@ -96,7 +97,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
-        Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None``: GPyTorch's
+        Initial noise variance and kernel output scale, in the units of ``y`` squared (with several outputs, as
+        fractions of each output's variance: standardised units). ``None``: GPyTorch's
         initialisation (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
         (:mod:`gpfast.estimator.hyperparameters`: outputscale ``[1e-4, 1e4]`` and noise ``[1e-4, 1e2]`` times the
         variance of y, the noise floor being also GPyTorch's ``GaussianLikelihood`` constraint); initial values
@@ -169,11 +171,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
     Attributes
     ----------
     X_train_, y_train_ : torch.Tensor
-        Standardised training inputs (n, d) and targets (n,), float64, on ``device_``.
+        Standardised training inputs (n, d) and targets (n,) or (n, n_outputs), float64, on ``device_``.
     x_mean_, x_std_ : numpy.ndarray of shape (n_features,)
         Input standardisation (std 1 for constant columns; 0 and 1 with ``standardize=False``).
-    y_mean_, y_std_ : float
-        Target standardisation.
+    y_mean_, y_std_ : float, or numpy.ndarray of shape (n_outputs,) when y had several outputs
+        Target standardisation, of each output on its own.
     model_ : gpfast.models.ExactGPModel
         The trained GPyTorch model (in ``dtype``, on ``device_``, in eval mode).
     likelihood_ : gpytorch.likelihoods.GaussianLikelihood
@@ -222,9 +224,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
     lengthscale_ : numpy.ndarray of shape (n_features,)
         Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).
     outputscale_, noise_ : float
-        Kernel variance and noise variance in the units of y squared.
+        Kernel variance and noise variance in the units of y squared (arrays of shape (n_outputs,) when y had
+        several outputs: the shared standardised values times each output's variance).
     constant_mean_ : float
-        Prior mean in the units of y.
+        Prior mean in the units of y (an array of shape (n_outputs,) when y had several outputs).
     n_features_in_ : int
     feature_names_in_ : numpy.ndarray
         Only when X was a DataFrame with string column names.
@@ -292,7 +295,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Standardise the data, train the hyperparameters, and (Cholesky solver) factor the covariance.
 
-        ``X``: (n, d) numpy array, array-like or torch tensor; ``y``: (n,) or (n, 1). Every argument is
+        ``X``: (n, d) numpy array, array-like or torch tensor; ``y``: (n,) or (n, 1), or (n, k) for k outputs
+        sharing the hyperparameters (:mod:`~gpfast.estimator.outputs`, exact solver only). Every argument is
         validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit intact.
         """
         input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
@@ -319,13 +323,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
             )
         x_mean, x_std, y_mean, y_std = self._statistics(Xt, yt, n)
-        inits = _params.initial_values(self, d, x_std.cpu(), y_std)
+        inits = _params.initial_values(self, d, x_std.cpu(), _outputs.init_scale(y_std))
         device, dtype = settings.device, settings.dtype
         free = _solver.free_memory_bytes(device)
         choice = _solver.choose_solver(n, device, free, self.solver, settings.distributed)
+        choice = _outputs.exact_choice(choice, yt, self.solver)
         train_solver, _ = _trainer.train_solver(trainer, choice.train_solver)
         optimizer = _params.resolve_optimizer(settings.optimizer, train_solver)
         train_solver, trainer_used = _trainer.train_solver(trainer, choice.train_solver, optimizer)
+        _outputs.check_trainer(trainer_used, yt)
         # The exact objective is float64 whatever dtype says: L-BFGS's line search needs the loss to that precision.
         train_dtype = torch.float64 if train_solver == "cholesky" else dtype
         subset = self._subset_size(n)
@@ -346,10 +352,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
             if ckpt.resumed:
                 logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
         Xs = ((Xt - x_mean) / x_std).to(device)
-        ys = ((yt - y_mean) / y_std).to(device)
+        y_center, y_scale = (torch.as_tensor(v, dtype=torch.float64, device=yt.device) for v in (y_mean, y_std))
+        ys = ((yt - y_center) / y_scale).to(device)
         with self._seeded(settings.seed, device, fork=ckpt is not None):
             likelihood = gpytorch.likelihoods.GaussianLikelihood()
-            Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
+            Xd, yd = Xs.to(train_dtype), _outputs.model_targets(ys).to(train_dtype)
             model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
             model = model.to(device=device, dtype=train_dtype)
             space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
@@ -382,7 +389,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 space.set(model, theta)
                 pre = None
                 if sub_idx is not None:
-                    model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+                    model.set_train_data(inputs=Xd[sub_idx], targets=yd[..., sub_idx], strict=False)
                     pre, _ = self._train_with(
                         sub_trainer,
                         engine_settings,
@@ -413,7 +420,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             space.set(model, result.theta)
             if train_dtype != dtype:
                 model = model.to(dtype)
-                model.set_train_data(inputs=Xs.to(dtype), targets=ys.to(dtype), strict=False)
+                model.set_train_data(inputs=Xs.to(dtype), targets=_outputs.model_targets(ys).to(dtype), strict=False)
             model.eval()
             likelihood.eval()
             posterior = None
@@ -513,9 +520,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
         """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""
         d = Xt.shape[1]
+        y_mean, y_std = _outputs.target_statistics(yt, bool(self.standardize))
         if not self.standardize:
             zeros = torch.zeros(d, dtype=torch.float64, device=Xt.device)
-            return zeros, torch.ones_like(zeros), 0.0, 1.0
+            return zeros, torch.ones_like(zeros), y_mean, y_std
         xs = column_stats(Xt)
         const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
         if const_cols:
@@ -525,15 +533,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 UserWarning,
                 stacklevel=4,
             )
-        ys = column_stats(yt)
-        if bool(ys.constant[0]):
-            warnings.warn(
-                f"y is constant (all {n} values equal {float(yt[0])!r}): the fit can only learn that constant; "
-                f"y is centred but not scaled.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
+        return xs.mean, xs.std, y_mean, y_std
 
     def _subset_size(self, n: int) -> int | None:
         subset = self.pretrain_subset
@@ -591,10 +591,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ----------
         X : (n_test, n_features) numpy array, array-like or torch tensor
         return_std : bool
-            Also return the predictive standard deviation (n_test,).
+            Also return the predictive standard deviation (n_test,), or (n_test, n_outputs) when y had several
+            outputs (the mean is then (n_test, n_outputs) too).
         return_cov : bool
-            Also return the predictive covariance (n_test, n_test). At most one of ``return_std`` and
-            ``return_cov``.
+            Also return the predictive covariance (n_test, n_test), or (n_test, n_test, n_outputs) as
+            scikit-learn returns it. At most one of ``return_std`` and ``return_cov``.
         include_noise : bool, default=True
             ``True``: std/cov of a new noisy observation ``y* = f(x*) + eps`` (latent variance + ``noise_``),
             the quantity to compare with held-out targets (and to use in a predictive NLL). ``False``: of the
@@ -624,13 +625,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         else:
             dtype = self.model_.covar_module.raw_outputscale.dtype
             res = prediction.predict_cg(self.model_, Xs, dtype, self._cg_settings(), **flags)
-        if not (return_std or return_cov):
-            return info.out(res * self.y_std_ + self.y_mean_)
-        mean, second = res
-        mean = mean * self.y_std_ + self.y_mean_
-        if return_std:
-            return info.out(mean), info.out(second.clamp(min=0).sqrt() * self.y_std_)
-        return info.out(mean), info.out(second * self.y_std_**2)
+        res = _outputs.to_original_units(res, self.y_mean_, self.y_std_, bool(return_std), bool(return_cov))
+        return tuple(info.out(t) for t in res) if isinstance(res, tuple) else info.out(res)
 
     def sample_y(self, X, n_samples: int = 1, random_state=None, include_noise: bool = True):
         """Draws from the predictive distribution at X, the one ``predict(X, return_cov=True)`` describes.
@@ -755,4 +751,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
         tags.input_tags.sparse = False
+        # y of shape (n, k) is fitted on the exact path only (gpfast.estimator.outputs)
+        tags.target_tags.multi_output = self.solver != "cg" and self.trainer != "gpfast" and not self.distributed
         return tags

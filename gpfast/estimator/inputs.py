@@ -72,11 +72,12 @@ def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
 
 
 def validate_y(y, n: int) -> torch.Tensor:
-    """y as a float64 (n,) tensor, finite-checked; a column vector (n, 1) is accepted with scikit-learn's warning."""
+    """y as a float64 tensor of shape (n,), or (n, k) for k >= 2 outputs, finite-checked; a column vector (n, 1) is
+    one output, (n,), accepted with scikit-learn's warning."""
     if y is None:
         raise ValueError(
             "ExactGP requires y to be passed, but the target y is None; expected y of shape "
-            "(n_samples,) or (n_samples, 1)."
+            "(n_samples,) or (n_samples, n_outputs)."
         )
     if torch.is_tensor(y):
         if y.is_complex():
@@ -95,10 +96,10 @@ def validate_y(y, n: int) -> torch.Tensor:
             stacklevel=3,
         )
         yt = yt.reshape(-1)
-    if yt.dim() != 1:
+    if yt.dim() not in (1, 2) or (yt.dim() == 2 and yt.shape[1] == 0):
         raise ValueError(
-            f"y must have shape (n_samples,) or (n_samples, 1), got shape {tuple(yt.shape)}; ExactGP "
-            f"fits a single output."
+            f"y must have shape (n_samples,) or (n_samples, n_outputs) with n_outputs >= 1, got shape "
+            f"{tuple(yt.shape)}."
         )
     check_finite(yt, "y")
     if yt.shape[0] != n:
