@@ -312,3 +312,17 @@ def test_auto_trains_several_outputs_by_cholesky_above_the_training_cap(monkeypa
     X, y, _ = _data(rng, n=20)
     gp = ExactGP(device="cpu", max_iter=3).fit(X, np.stack([y, y], 1))
     assert (gp.solver_, gp.train_solver_, gp.trainer_) == ("cholesky", "cholesky", "exact")
+
+
+def test_save_load_with_several_outputs(tmp_path):
+    rng, _ = _rng()
+    X, _, Xt = _data(rng, n=25, n_test=5)
+    Y = _outputs(rng, X, 3)
+    gp = _gp(max_iter=5).fit(X, Y)
+    gp.save(tmp_path / "gp.pt")
+    back = ExactGP.load(tmp_path / "gp.pt")
+    for a, b in zip(gp.predict(Xt, return_cov=True), back.predict(Xt, return_cov=True)):
+        np.testing.assert_array_equal(a, b)
+    for name in ("y_mean_", "y_std_", "outputscale_", "noise_", "constant_mean_", "theta_"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(gp, name), err_msg=name)
+    assert back.log_marginal_likelihood(gp.theta_) == gp.log_marginal_likelihood(gp.theta_)
