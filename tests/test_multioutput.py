@@ -239,20 +239,30 @@ def test_fixed_hyperparameters_match_sklearn_multioutput(ard):
 
 
 def test_optimised_fit_matches_sklearn_multioutput():
-    """Both fit shared hyperparameters to the summed likelihood; gpfast also fits a constant mean (in standardised
-    units), scikit-learn's is 0 after normalize_y. Predictions agree within 2% of each output's std."""
+    """An optimised fit on (n, k) targets against scikit-learn's. gpfast's model is scikit-learn's (normalize_y,
+    a shared kernel, likelihoods summed) plus a constant mean in standardised units, which moves its optimum (by up
+    to ~6% of std(y) in the predictions on such data), so the comparison is in two parts: (1) gpfast's optimum is at
+    least scikit-learn's (a mean of 0 is one of its models; both optimisers stop at a relative ftol of 2.2e-9);
+    (2) scikit-learn given gpfast's fitted hyperparameters and mean predicts what gpfast predicts."""
     rng, seed = _rng()
     X, _, Xt = _data(rng, n=60)
     Y = _outputs(rng, X, 3)
     gp = _gp().fit(X, Y)
     kernel = ConstantKernel(1.0, (1e-4, 1e4)) * RBF(X.std(0), (1e-2, 1e5)) + WhiteKernel(0.1, (1e-4, 1e2))
     sk = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=2, random_state=0).fit(X, Y)
-    m, s = gp.predict(Xt, return_std=True)
-    m_sk, s_sk = sk.predict(Xt, return_std=True)
     msg = f"seed {seed}: gpfast theta {gp.theta_}, scikit-learn's {sk.kernel_}"
-    assert gp.log_marginal_likelihood_ >= sk.log_marginal_likelihood_value_ - 0.5, msg
-    np.testing.assert_array_less(np.abs(m - m_sk), np.broadcast_to(0.02 * Y.std(0), m.shape), err_msg=msg)
-    np.testing.assert_array_less(np.abs(s - s_sk), np.broadcast_to(0.02 * Y.std(0), s.shape), err_msg=msg)
+    assert gp.converged_, msg
+    assert gp.log_marginal_likelihood_ >= sk.log_marginal_likelihood_value_ - 1e-6 * abs(gp.log_marginal_likelihood_)
+    theta = gp.theta_
+    fixed = ConstantKernel(np.exp(theta[3]), "fixed") * RBF(np.exp(theta[:3]) * gp.x_std_, "fixed")
+    fixed = fixed + WhiteKernel(np.exp(theta[4]), "fixed")
+    c = (gp.constant_mean_ - gp.y_mean_) / gp.y_std_  # the fitted mean, standardised: the same for every output
+    sk_at = GaussianProcessRegressor(fixed, optimizer=None).fit(X, (Y - gp.y_mean_) / gp.y_std_ - c)
+    assert gp.log_marginal_likelihood_ == pytest.approx(sk_at.log_marginal_likelihood_value_, rel=1e-9), msg
+    m_sk, s_sk = sk_at.predict(Xt, return_std=True)
+    m, s = gp.predict(Xt, return_std=True)
+    np.testing.assert_allclose(m, (m_sk + c) * gp.y_std_ + gp.y_mean_, rtol=1e-8, atol=1e-8 * Y.std(0).max())
+    np.testing.assert_allclose(s, s_sk * gp.y_std_, rtol=1e-8, err_msg=msg)
 
 
 def test_multioutput_lml_gradient_and_samples():
