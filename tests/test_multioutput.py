@@ -336,3 +336,89 @@ def test_save_load_with_several_outputs(tmp_path):
     for name in ("y_mean_", "y_std_", "outputscale_", "noise_", "constant_mean_", "theta_"):
         np.testing.assert_array_equal(getattr(back, name), getattr(gp, name), err_msg=name)
     assert back.log_marginal_likelihood(gp.theta_) == gp.log_marginal_likelihood(gp.theta_)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# independent_outputs=True: one GP per output, trained together
+# ----------------------------------------------------------------------------------------------------------
+def test_independent_outputs_equal_single_fits():
+    """Each output takes the L-BFGS steps of its own single fit (none held back or pushed on by the others) and
+    predicts what that fit predicts: the issue's bar is 1% of std(y); the same steps give agreement to rounding."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=40)
+    Y = _outputs(rng, X, 3)
+    Y[:, 1] = 0.3 * np.cos(3 * X[:, 0] / X[:, 0].std()) + 0.05 * rng.normal(size=40)  # a faster-varying output
+    gp = _gp(independent_outputs=True).fit(X, Y)
+    m, s = gp.predict(Xt, return_std=True)
+    _, c = gp.predict(Xt, return_cov=True)
+    assert m.shape == s.shape == (7, 3) and c.shape == (7, 7, 3)
+    assert gp.theta_.shape == (3, 5) and gp.lengthscale_.shape == (3, 3)
+    lml_sum = 0.0
+    for j in range(3):
+        one = _gp().fit(X, Y[:, j])
+        msg = f"seed {seed}, output {j}"
+        assert gp.n_iter_[j] == one.n_iter_ and gp.converged_[j] == one.converged_, msg
+        m1, s1 = one.predict(Xt, return_std=True)
+        np.testing.assert_allclose(m[:, j], m1, atol=1e-6 * Y[:, j].std(), err_msg=msg)
+        np.testing.assert_allclose(s[:, j], s1, rtol=1e-6, err_msg=msg)
+        np.testing.assert_allclose(np.sqrt(np.diagonal(c[..., j])), s1, rtol=1e-6, err_msg=msg)
+        np.testing.assert_allclose(gp.theta_[j], one.theta_, rtol=1e-5, atol=1e-5, err_msg=msg)
+        np.testing.assert_allclose(gp.lengthscale_[j], one.lengthscale_, rtol=1e-5, err_msg=msg)
+        for name in ("outputscale_", "noise_", "constant_mean_"):
+            assert getattr(gp, name)[j] == pytest.approx(getattr(one, name), rel=1e-5, abs=1e-8), msg
+        lml_sum += one.log_marginal_likelihood_
+    assert gp.log_marginal_likelihood_ == pytest.approx(lml_sum, rel=1e-8), f"seed {seed}"
+    assert gp.log_marginal_likelihood(gp.theta_) == pytest.approx(gp.log_marginal_likelihood_, rel=1e-10)
+
+
+def test_independent_outputs_lml_gradient_samples_and_pickle():
+    import pickle
+
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=25, n_test=4)
+    Y = _outputs(rng, X, 2)
+    gp = _gp(independent_outputs=True, max_iter=5, ard=False).fit(X, Y)
+    assert gp.theta_.shape == (2, 3) and gp.lengthscale_.shape == (2, 3)
+    theta = gp.theta_ + rng.normal(0, 0.3, gp.theta_.shape)
+    value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
+    assert grad.shape == (2, 3)
+    flat = lambda t: gp.log_marginal_likelihood(t.reshape(2, 3))  # noqa: E731
+    fd = _central_differences(flat, theta.ravel()).reshape(2, 3)
+    np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8 * max(abs(value), 1.0), err_msg=f"seed {seed}")
+    mean, cov = gp.predict(Xt, return_cov=True)
+    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)))
+    assert samples.shape == (4, 2, 20000)
+    for j in range(2):
+        _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
+    back = pickle.loads(pickle.dumps(gp))
+    np.testing.assert_array_equal(back.predict(Xt), gp.predict(Xt))
+    with pytest.raises(NotImplementedError, match="independent_outputs=True has no save format"):
+        gp.save("unused.pt")
+    shared = gp.set_params(independent_outputs=False).fit(X, Y)  # a refit leaves nothing of the independent fit
+    assert shared.theta_.shape == (3,) and shared.model_ is not None
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(solver="cg"), r"independent_outputs=True .* does not take solver='cg'"),
+        (dict(n_restarts=2), r"does not take n_restarts=2"),
+        (dict(optimizer="adam"), r"does not take optimizer='adam'"),
+        (dict(independent_outputs="yes"), r"invalid independent_outputs='yes'; expected True or False"),
+    ],
+)
+def test_independent_outputs_arguments_are_checked(params, match):
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    gp = _gp(**{"independent_outputs": True, **params})
+    with pytest.raises(ValueError, match=match):
+        gp.fit(X, np.stack([y, -y], 1))
+    assert not hasattr(gp, "model_")
+
+
+def test_independent_outputs_with_one_output_is_an_ordinary_fit():
+    rng, _ = _rng()
+    X, y, Xt = _data(rng, n=20)
+    a = _gp(max_iter=5).fit(X, y)
+    b = _gp(max_iter=5, independent_outputs=True).fit(X, y)
+    np.testing.assert_array_equal(b.predict(Xt), a.predict(Xt))

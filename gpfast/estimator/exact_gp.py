@@ -36,6 +36,7 @@ from sklearn.utils.validation import check_is_fitted
 from sklearn.exceptions import ConvergenceWarning
 
 from gpfast.estimator import checkpoint as _checkpoint
+from gpfast.estimator import independent as _independent
 from gpfast.estimator import likelihood as _likelihood
 from gpfast.estimator import outputs as _outputs
 from gpfast.estimator import sampling as _sampling
@@ -168,6 +169,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
     checkpoint_every : int, default=10
         Optimiser steps between checkpoints (each one writes the engine's probes and warm starts: about
         ``8 n (2 s + 1)`` bytes in float32, 85 MB at n = 1M).
+    independent_outputs : bool, default=False
+        With y of shape (n, k): ``False`` fits one set of hyperparameters shared by the outputs (scikit-learn's
+        semantics, :mod:`~gpfast.estimator.outputs`); ``True`` fits one GP per output, each with its own
+        hyperparameters, all trained together by batched float64 Cholesky factorisations, each output's L-BFGS
+        stopping on its own test (:mod:`~gpfast.estimator.independent`; small n: k float64 n x n matrices must
+        fit in memory). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_`` (k, n_features),
+        ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and ``history_`` lists
+        with an entry per output, ``model_`` None, and :meth:`save` is not available (pickle works).
+
     Attributes
     ----------
     X_train_, y_train_ : torch.Tensor
@@ -261,6 +271,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         trainer_options: dict | None = None,
         checkpoint=None,
         checkpoint_every: int = 10,
+        independent_outputs: bool = False,
     ):
         self.solver = solver
         self.optimizer = optimizer
@@ -288,6 +299,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.trainer_options = trainer_options
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.independent_outputs = independent_outputs
 
     # ------------------------------------------------------------------------------------------------------
     # fit
@@ -301,15 +313,31 @@ class ExactGP(RegressorMixin, BaseEstimator):
         """
         input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
         try:
-            fitted = self._fit(X, y)
+            if self.independent_outputs not in (True, False):
+                raise ValueError(
+                    f"ExactGP: invalid independent_outputs={self.independent_outputs!r}; expected True or False."
+                )
+            fitted = self._fit_independent(X, y) if self.independent_outputs else self._fit(X, y)
         except BaseException:
             for k in ("n_features_in_", "feature_names_in_"):  # validate_data records these up front
                 self.__dict__.pop(k, None)
             self.__dict__.update(input_attrs)
             raise
+        self.__dict__.pop("_independent_theta", None)
         self.__dict__.update(fitted)
-        self._set_hyperparameter_attributes(prediction.hyperparameters_float64(self.model_))
+        if self.model_ is not None:
+            self._set_hyperparameter_attributes(prediction.hyperparameters_float64(self.model_))
         return self
+
+    def _fit_independent(self, X, y) -> dict[str, object]:
+        """``fit`` with ``independent_outputs=True``: one GP per output of a 2-D y, trained together
+        (:mod:`~gpfast.estimator.independent`); a 1-D y is an ordinary fit."""
+        settings = _params.resolve(self)
+        Xt, _ = validate_X(self, X, reset=True)
+        yt = validate_y(y, Xt.shape[0])
+        if yt.dim() == 1:
+            return self._fit(X, y)
+        return _independent.fit_estimator(self, Xt, yt, settings.device)
 
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
@@ -619,7 +647,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         x_std = torch.as_tensor(self.x_std_, dtype=torch.float64, device=Xt.device)
         Xs = ((Xt - x_mean) / x_std).to(self.device_)
         flags = dict(return_std=bool(return_std), return_cov=bool(return_cov), include_noise=bool(include_noise))
-        if self.solver_ == "cholesky":
+        if getattr(self, "_independent_theta", None) is not None:
+            res = _independent.posterior_of(self).predict(Xs, **flags)
+        elif self.solver_ == "cholesky":
             hyp = prediction.hyperparameters_float64(self.model_)
             res = prediction.predict_exact(self._get_posterior(), self.X_train_, Xs, hyp, **flags)
         else:
@@ -676,6 +706,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         """Fitted ``log([lengthscale(s), outputscale, noise])`` in standardised units, float64 of shape (k + 2,)
         (k = n_features with ARD, else 1); see :mod:`gpfast.estimator.likelihood`."""
         check_is_fitted(self)
+        if getattr(self, "_independent_theta", None) is not None:
+            return self._independent_theta[:, :-1].copy()  # a row per output, without the mean
         return _likelihood.fitted_theta(prediction.hyperparameters_float64(self.model_))
 
     @property
@@ -715,6 +747,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
                     "theta=gp.theta_ for the gradient at the fitted hyperparameters)."
                 )
             return self.log_marginal_likelihood_value_
+        if getattr(self, "_independent_theta", None) is not None:
+            theta_fitted = self._independent_theta
+            args = (self.X_train_, self.y_train_, theta_fitted, theta_fitted.shape[1] - 3, theta, bool(eval_gradient))
+            return _independent.log_marginal_likelihood(*args)
         hyp = prediction.hyperparameters_float64(self.model_)
         n_lengthscales = hyp["lengthscale"].numel()
         return _likelihood.log_marginal_likelihood(
@@ -736,6 +772,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
     def save(self, path) -> None:
         """Save the fitted estimator to ``path`` (see :mod:`gpfast.estimator.persistence` for the format)."""
+        if getattr(self, "_independent_theta", None) is not None:
+            raise NotImplementedError(
+                "ExactGP.save: a fit with independent_outputs=True has no save format yet; pickle the estimator."
+            )
         persistence.save(self, path)
 
     @classmethod

@@ -113,9 +113,9 @@ def check_trainer(trainer_used: str, y: torch.Tensor) -> None:
 
 
 def to_original_units(res, y_mean, y_std, return_std: bool, return_cov: bool):
-    """A standardised prediction (mean (m,) or (m, k), with variance (m,) or covariance (m, m) shared by the
-    outputs) in the units of y: ``mean``, ``(mean, std)`` or ``(mean, cov)`` with std (m,) or (m, k) and cov
-    (m, m) or (m, m, k), float64 tensors."""
+    """A standardised prediction (mean (m,) or (m, k); variance (m,) or covariance (m, m) shared by the outputs, or
+    one per output, (m, k) or (m, m, k)) in the units of y: ``mean``, ``(mean, std)`` or ``(mean, cov)`` with std
+    (m,) or (m, k) and cov (m, m) or (m, m, k), float64 tensors."""
     mean = res if not (return_std or return_cov) else res[0]
     scale = torch.as_tensor(y_std, dtype=torch.float64, device=mean.device)
     mean = mean * scale + torch.as_tensor(y_mean, dtype=torch.float64, device=mean.device)
@@ -124,5 +124,5 @@ def to_original_units(res, y_mean, y_std, return_std: bool, return_cov: bool):
     second = res[1]
     if return_std:
         std = second.clamp(min=0).sqrt()
-        return mean, (std * scale if scale.dim() == 0 else std[:, None] * scale)
-    return mean, (second * scale**2 if scale.dim() == 0 else second[..., None] * scale**2)
+        return mean, (std * scale if scale.dim() == 0 or std.dim() == 2 else std[:, None] * scale)
+    return mean, (second * scale**2 if scale.dim() == 0 or second.dim() == 3 else second[..., None] * scale**2)
