@@ -268,8 +268,8 @@ def _with_value(A, idx, value):
         (lambda X, y: (X[:1], y[:1]), r"n_samples = 1 .* at least 2 samples"),
         (lambda X, y: (X, None), r"requires y to be passed, but the target y is None"),
         (
-            lambda X, y: (X, np.stack([y, y], 1)),
-            r"y must have shape \(n_samples,\) or \(n_samples, 1\), got shape \(30, 2\)",
+            lambda X, y: (X, torch.from_numpy(y).reshape(30, 1, 1)),
+            r"y must have shape \(n_samples,\) or \(n_samples, n_outputs\) .*, got shape \(30, 1, 1\)",
         ),
     ],
 )

@@ -34,6 +34,7 @@ fit succeeds (a failed fit keeps it, to resume from). Not supported with ``distr
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +47,10 @@ from gpfast.estimator import file_format, persistence
 from gpfast.estimator.fitting import FitResult
 from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
 
-__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint"]
+__all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint", "open_for_fit"]
+
+#: Resuming is reported under the estimator's logger, where its other fit messages go.
+_logger = logging.getLogger("gpfast.estimator.exact_gp")
 
 #: The ``format`` entry of a checkpoint's payload (a fitted model's is ``file_format.FORMAT``).
 CHECKPOINT_FORMAT = "gpfast.ExactGP.checkpoint"
@@ -250,3 +254,14 @@ class RunLog:
             "grad": torch.tensor(np.array(self.grads), dtype=torch.float64).reshape(len(self.grads), p),
             "engine": self.objective_state() if self.objective_state is not None else None,
         }
+
+
+def open_for_fit(est, seed: int | None, X: torch.Tensor, y: torch.Tensor, device: torch.device) -> Checkpoint | None:
+    """The :class:`Checkpoint` of ``est.fit`` on X and y (resumed when one was left), or None without
+    ``est.checkpoint``."""
+    if est.checkpoint is None:
+        return None
+    ckpt = Checkpoint.open(est.checkpoint, est.checkpoint_every, fingerprint(est, seed, X, y), device)
+    if ckpt.resumed:
+        _logger.info("gpfast.ExactGP: resuming from the checkpoint %s", est.checkpoint)
+    return ckpt

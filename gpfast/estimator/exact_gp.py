@@ -22,33 +22,34 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
 
-import gpytorch
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.metrics import r2_score
+from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from sklearn.exceptions import ConvergenceWarning
-
 from gpfast.estimator import checkpoint as _checkpoint
+from gpfast.estimator import independent as _independent
+from gpfast.estimator import likelihood as _likelihood
+from gpfast.estimator import outputs as _outputs
 from gpfast.estimator import params as _params
+from gpfast.estimator import sampling as _sampling
 from gpfast.estimator import persistence, prediction
-from gpfast.estimator.hyperparameters import (
-    LENGTHSCALE_BOUNDS,
-    NOISE_BOUNDS,
-    OUTPUTSCALE_BOUNDS,
-    HyperparameterSpace,
-)
-from gpfast.estimator.inputs import standardization, validate_X, validate_y
+from gpfast.estimator.inputs import standardization, validate_training, validate_X
 from gpfast.estimator.restarts import starting_points
 from gpfast.estimator import solver as _solver
-from gpfast.estimator.solver import FitPlan, plan_fit
-from gpfast.estimator.fitting import engine_attributes, mll_estimate, run_plan, seeded
-from gpfast.models import ExactGPModel, ExactPosterior
-from gpfast.standardize import column_stats
+from gpfast.estimator.solver import FitPlan, plan_fit, pretrain_points
+from gpfast.estimator.fitting import (
+    clipped_start,
+    engine_attributes,
+    fitted_log_marginal_likelihood,
+    initial_model,
+    run_plan,
+    seeded,
+    warn_about_fit,
+)
 from gpfast.train import CGSettings
 
 __all__ = ["ExactGP"]
@@ -94,7 +95,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
-        Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None``: GPyTorch's
+        Initial noise variance and kernel output scale, in the units of ``y`` squared (with several outputs, as
+        fractions of each output's variance: standardised units). ``None``: GPyTorch's
         initialisation (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
         (:mod:`gpfast.estimator.hyperparameters`: outputscale ``[1e-4, 1e4]`` and noise ``[1e-4, 1e2]`` times the
         variance of y, the noise floor being also GPyTorch's ``GaussianLikelihood`` constraint); initial values
@@ -145,14 +147,23 @@ class ExactGP(RegressorMixin, BaseEstimator):
     checkpoint_every : int, default=10
         Optimiser steps between checkpoints (each one writes the engine's probes and warm starts: about
         ``8 n (2 s + 1)`` bytes in float32, 85 MB at n = 1M).
+    independent_outputs : bool, default=False
+        With y of shape (n, k): ``False`` fits one set of hyperparameters shared by the outputs (scikit-learn's
+        semantics, :mod:`~gpfast.estimator.outputs`); ``True`` fits one GP per output, each with its own
+        hyperparameters, all trained together by batched float64 Cholesky factorisations, each output's L-BFGS
+        stopping on its own test (:mod:`~gpfast.estimator.independent`; small n: k float64 n x n matrices must
+        fit in memory). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_`` (k, n_features),
+        ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and ``history_`` lists
+        with an entry per output, ``model_`` None, and :meth:`save` is not available (pickle works).
+
     Attributes
     ----------
     X_train_, y_train_ : torch.Tensor
-        Standardised training inputs (n, d) and targets (n,), float64, on ``device_``.
+        Standardised training inputs (n, d) and targets (n,) or (n, n_outputs), float64, on ``device_``.
     x_mean_, x_std_ : numpy.ndarray of shape (n_features,)
         Input standardisation (std 1 for constant columns; 0 and 1 with ``standardize=False``).
-    y_mean_, y_std_ : float
-        Target standardisation.
+    y_mean_, y_std_ : float, or numpy.ndarray of shape (n_outputs,) when y had several outputs
+        Target standardisation, of each output on its own.
     model_ : gpfast.models.ExactGPModel
         The trained GPyTorch model (in ``dtype``, on ``device_``, in eval mode).
     likelihood_ : gpytorch.likelihoods.GaussianLikelihood
@@ -196,12 +207,17 @@ class ExactGP(RegressorMixin, BaseEstimator):
         fitted hyperparameters. Exact (float64 Cholesky) whenever the ``"auto"`` rule allows a Cholesky (memory
         and ``AUTO_CHOLESKY_MAX_N``), whichever solver trained; otherwise GPyTorch's stochastic CG/Lanczos
         estimate. ``log_marginal_likelihood_method_`` says which (``"cholesky"`` or ``"cg_estimate"``).
+        ``log_marginal_likelihood_value_`` is scikit-learn's name for it.
+    theta_ : numpy.ndarray of shape (k + 2,)
+        Fitted ``log([lengthscale(s), outputscale, noise])`` in standardised units (k = n_features with ARD, else
+        1), the argument of :meth:`log_marginal_likelihood` (:mod:`gpfast.estimator.likelihood`).
     lengthscale_ : numpy.ndarray of shape (n_features,)
         Fitted lengthscales in the units of X (standardised lengthscale * ``x_std_``).
     outputscale_, noise_ : float
-        Kernel variance and noise variance in the units of y squared.
+        Kernel variance and noise variance in the units of y squared (arrays of shape (n_outputs,) when y had
+        several outputs: the shared standardised values times each output's variance).
     constant_mean_ : float
-        Prior mean in the units of y.
+        Prior mean in the units of y (an array of shape (n_outputs,) when y had several outputs).
     n_features_in_ : int
     feature_names_in_ : numpy.ndarray
         Only when X was a DataFrame with string column names.
@@ -229,6 +245,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         distributed: bool = False,
         checkpoint=None,
         checkpoint_every: int = 10,
+        independent_outputs: bool = False,
     ):
         self.solver = solver
         self.optimizer = optimizer
@@ -250,6 +267,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.distributed = distributed
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
+        self.independent_outputs = independent_outputs
 
     def set_params(self, **params):
         """Set parameters, as scikit-learn's ``set_params``; arguments of earlier versions raise ValueError saying
@@ -271,7 +289,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
-        y : array-like or torch.Tensor of shape (n_samples,) or (n_samples, 1)
+        y : array-like or torch.Tensor of shape (n_samples,), (n_samples, 1) or (n_samples, n_outputs)
+            Several outputs share the hyperparameters (:mod:`~gpfast.estimator.outputs`, exact solver only), or
+            each has its own with ``independent_outputs=True``.
 
         Returns
         -------
@@ -279,29 +299,38 @@ class ExactGP(RegressorMixin, BaseEstimator):
         """
         input_attrs = {k: self.__dict__[k] for k in ("n_features_in_", "feature_names_in_") if k in self.__dict__}
         try:
-            fitted = self._fit(X, y)
+            if self.independent_outputs not in (True, False):
+                raise ValueError(
+                    f"ExactGP: invalid independent_outputs={self.independent_outputs!r}; expected True or False."
+                )
+            fitted = _independent.fit_estimator(self, X, y) if self.independent_outputs else self._fit(X, y)
         except BaseException:
             for k in ("n_features_in_", "feature_names_in_"):  # validate_data records these up front
                 self.__dict__.pop(k, None)
             self.__dict__.update(input_attrs)
             raise
+        self.__dict__.pop("_independent_theta", None)
         self.__dict__.update(fitted)
-        self._set_hyperparameter_attributes(prediction.hyperparameters_float64(self.model_))
+        if self.model_ is not None:
+            self._set_hyperparameter_attributes(prediction.hyperparameters_float64(self.model_))
         return self
 
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
-        Xt, yt = self._validated(X, y)
+        Xt, yt = validate_training(self, X, y)
         x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(self.standardize))
-        inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), y_std)
+        inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), _outputs.init_scale(y_std))
         device, free = settings.device, _solver.free_memory_bytes(settings.device)  # looked up here: tests patch it
-        plan = self._plan(settings, Xt.shape, free)
-        ckpt = self._open_checkpoint(settings.seed, Xt, yt, device)
+        plan = self._plan(settings, Xt.shape, free, _outputs.n_outputs(yt))
+        ckpt = _checkpoint.open_for_fit(self, settings.seed, Xt, yt, device)
         Xs = ((Xt - x_mean) / x_std).to(device)
-        ys = ((yt - y_mean) / y_std).to(device)
+        y_center, y_scale = (torch.as_tensor(v, dtype=torch.float64, device=yt.device) for v in (y_mean, y_std))
+        ys = ((yt - y_center) / y_scale).to(device)
         with seeded(settings.seed, device, fork=ckpt is not None):
-            model, space, theta0 = self._initial_model(Xs, ys, plan, settings, inits)
+            model, space, theta0 = initial_model(Xs, ys, plan, inits, bool(self.ard), settings.distributed)
+            if self.max_iter > 0 or plan.pretrain is not None:
+                theta0 = clipped_start(space, theta0)
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
             options = dict(max_iter=self.max_iter, pretrain_steps=settings.pretrain_steps, seed=settings.seed)
             options.update(free=free, checkpoint=ckpt, lr=self.lr, tol=self.tol, verbose=bool(self.verbose))
@@ -311,12 +340,13 @@ class ExactGP(RegressorMixin, BaseEstimator):
             space.set(model, result.theta)
             if plan.train_dtype != plan.dtype:
                 model = model.to(plan.dtype)
-                model.set_train_data(inputs=Xs.to(plan.dtype), targets=ys.to(plan.dtype), strict=False)
+                targets = _outputs.model_targets(ys).to(plan.dtype)
+                model.set_train_data(inputs=Xs.to(plan.dtype), targets=targets, strict=False)
             model.eval()
             model.likelihood.eval()
-            lml, lml_method, posterior = self._log_marginal_likelihood(model, Xs, ys, plan)
+            lml, lml_method, posterior = fitted_log_marginal_likelihood(model, Xs, ys, plan)
         if self.max_iter > 0:
-            self._warn_about_fit(plan.optimizer, result, space, y_constant=bool((ys == 0).all()))
+            warn_about_fit(plan.optimizer, result, space, bool((ys == 0).all()), self.max_iter, self.tol)
         if ckpt is not None:
             ckpt.remove()
         return dict(
@@ -343,143 +373,29 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
             # built here, not on the first predict, so that predict leaves the estimator unchanged
-            _cg_posterior=prediction.cg_posterior_of(model, Xs, ys, plan.solver, settings.cg),
+            _cg_posterior=prediction.cg_posterior_of_fit(model, Xs, ys, plan.solver, settings.cg),
             **engine_attributes(record),
         )
 
-    def _validated(self, X, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """X (n, d) and y (n,) as float64 tensors, checked (at least two samples)."""
-        Xt, _ = validate_X(self, X, reset=True)
-        n = Xt.shape[0]
-        yt = validate_y(y, n)
-        if n < 2:
-            raise ValueError(
-                f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP."
-            )
-        return Xt, yt
-
-    def _plan(self, settings: _params.Settings, shape: tuple[int, int], free: int) -> FitPlan:
-        """:func:`~gpfast.estimator.solver.plan_fit` for data of ``shape`` (n, d), logged (and printed when
-        verbose)."""
+    def _plan(self, settings: _params.Settings, shape: tuple[int, int], free: int, n_outputs: int = 1) -> FitPlan:
+        """:func:`~gpfast.estimator.solver.plan_fit` for data of ``shape`` (n, d) and ``n_outputs`` columns of y,
+        logged (and printed when verbose)."""
         (n, d), device = shape, settings.device
-        subset = self._subset_size(settings.pretrain_n, n)
-        plan = plan_fit(
-            n,
-            subset,
-            device,
-            free,
-            settings.dtype,
-            self.solver,
-            settings.optimizer,
-            settings.cg,
-            settings.distributed,
-        )
-        msg = (
-            f"gpfast.ExactGP: n={n}, d={d}, solver={plan.solver} ({plan.reason}), training with {plan.optimizer} "
-            f"on {plan.full.train_solver} ({plan.full.trainer}) in {str(plan.train_dtype).replace('torch.', '')}, "
-            f"device={device}, model dtype={str(plan.dtype).replace('torch.', '')}"
-        )
+        subset = pretrain_points(self.pretrain, settings.pretrain_n, n)
+        options = dict(optimizer=settings.optimizer, cg=settings.cg, distributed=settings.distributed)
+        plan = plan_fit(n, subset, device, free, settings.dtype, self.solver, n_outputs=n_outputs, **options)
+        msg = f"gpfast.ExactGP: n={n}, d={d}, {plan.describe()}, device={device}"
         logger.info(msg)
         if self.verbose:
             print(msg, file=sys.stderr)
         return plan
 
-    def _open_checkpoint(self, seed: int | None, Xt: torch.Tensor, yt: torch.Tensor, device: torch.device):
-        """The fit's :class:`~gpfast.estimator.checkpoint.Checkpoint` (resumed when one was left), or None."""
-        if self.checkpoint is None:
-            return None
-        fp = _checkpoint.fingerprint(self, seed, Xt, yt)
-        ckpt = _checkpoint.Checkpoint.open(self.checkpoint, self.checkpoint_every, fp, device)
-        if ckpt.resumed:
-            logger.info("gpfast.ExactGP: resuming from the checkpoint %s", self.checkpoint)
-        return ckpt
-
-    def _initial_model(self, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan, settings: _params.Settings, inits):
-        """The model in the training dtype, its hyperparameter space and the (clipped) starting point."""
-        likelihood = gpytorch.likelihoods.GaussianLikelihood()
-        Xd, yd = Xs.to(plan.train_dtype), ys.to(plan.train_dtype)
-        model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
-        model = model.to(device=Xs.device, dtype=plan.train_dtype)
-        space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
-        theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
-        if self.max_iter > 0 or plan.pretrain is not None:
-            theta0 = self._clipped(space, theta0)
-        return model, space, theta0
-
-    @staticmethod
-    def _log_marginal_likelihood(model, Xs: torch.Tensor, ys: torch.Tensor, plan: FitPlan):
-        """``(value, method, posterior)``: exact by a float64 Cholesky whenever the plan allows one (the posterior
-        is kept for predictions when the solver is ``"cholesky"``), else GPyTorch's CG estimate."""
-        if not plan.exact_feasible:
-            return Xs.shape[0] * mll_estimate(model), "cg_estimate", None
-        posterior = prediction.exact_posterior(Xs, ys, prediction.hyperparameters_float64(model))
-        lml = float(posterior.log_marginal_likelihood())
-        return lml, "cholesky", posterior if plan.solver == "cholesky" else None
-
-    def _clipped(self, space: HyperparameterSpace, theta0):
-        """theta0 moved into the bounds, with a warning naming what was moved."""
-        outside = space.outside(theta0)
-        if outside:
-            warnings.warn(
-                f"ExactGP: the initial {', '.join(outside)} lie outside the bounds of the fit (see "
-                f"gpfast.estimator.hyperparameters: lengthscales {LENGTHSCALE_BOUNDS} x each feature's std, "
-                f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
-                f"bound instead.",
-                UserWarning,
-                stacklevel=5,
-            )
-        return space.clip(theta0)
-
-    def _warn_about_fit(self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool) -> None:
-        if not result.converged and self.tol != 0:  # tol=0 asks for all max_iter steps
-            warnings.warn(
-                f"ExactGP: the optimiser ({optimizer}) stopped after {result.n_iter} iterations without converging "
-                f"({result.message}); the hyperparameters may be short of the marginal-likelihood optimum. Raise "
-                f"max_iter (now {self.max_iter}; it is a cap, not a plan), or set tol.",
-                ConvergenceWarning,
-                stacklevel=4,
-            )
-        problems = [] if y_constant else space.diagnose(result.theta)
-        if problems:
-            warnings.warn(
-                "ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other initial values.",
-                UserWarning,
-                stacklevel=4,
-            )
-
-    def _subset_size(self, subset: int | None, n: int) -> int | None:
-        if subset is not None and subset >= n:
-            warnings.warn(
-                f"pretrain={self.pretrain!r}: its {subset} points >= n_samples={n}: skipping the subset pretraining.",
-                UserWarning,
-                stacklevel=5,
-            )
-            return None
-        return subset
-
     def _set_hyperparameter_attributes(self, hyp: dict[str, torch.Tensor]) -> None:
-        x_std = torch.as_tensor(self.x_std_, dtype=torch.float64)
-        ls = hyp["lengthscale"].detach().cpu().reshape(-1)
-        self.lengthscale_ = (ls * x_std).numpy()  # (1,) broadcasts when ard=False
-        self.outputscale_ = float(hyp["outputscale"]) * self.y_std_**2
-        self.noise_ = float(hyp["noise"]) * self.y_std_**2
-        self.constant_mean_ = float(hyp["mean"]) * self.y_std_ + self.y_mean_
+        self.__dict__.update(_outputs.hyperparameter_attributes(hyp, self.x_std_, self.y_mean_, self.y_std_))
 
     # ------------------------------------------------------------------------------------------------------
     # predict / score
     # ------------------------------------------------------------------------------------------------------
-    def _get_posterior(self) -> ExactPosterior:
-        if getattr(self, "_posterior", None) is None:
-            hyp = prediction.hyperparameters_float64(self.model_)
-            self._posterior = prediction.exact_posterior(self.X_train_, self.y_train_, hyp)
-        return self._posterior
-
-    def _get_cg_posterior(self):
-        if getattr(self, "_cg_posterior", None) is None:  # after loading or unpickling
-            cg = CGSettings.from_value(self.cg)
-            self._cg_posterior = prediction.cg_posterior_of(self.model_, self.X_train_, self.y_train_, "cg", cg)
-        return self._cg_posterior
-
     def predict(self, X, return_std: bool = False, return_cov: bool = False, include_noise: bool = True):
         """Posterior predictive mean (and std or covariance) at X, in the units of y.
 
@@ -487,10 +403,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ----------
         X : (n_test, n_features) numpy array, array-like or torch tensor
         return_std : bool
-            Also return the predictive standard deviation (n_test,).
+            Also return the predictive standard deviation (n_test,), or (n_test, n_outputs) when y had several
+            outputs (the mean is then (n_test, n_outputs) too).
         return_cov : bool
-            Also return the predictive covariance (n_test, n_test). At most one of ``return_std`` and
-            ``return_cov``.
+            Also return the predictive covariance (n_test, n_test), or (n_test, n_test, n_outputs) as scikit-learn
+            returns it. At most one of ``return_std`` and ``return_cov``.
         include_noise : bool, default=True
             ``True``: std/cov of a new noisy observation ``y* = f(x*) + eps`` (latent variance + ``noise_``),
             the quantity to compare with held-out targets (and to use in a predictive NLL). ``False``: of the
@@ -499,11 +416,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
 
         Returns
         -------
-        mean : numpy.ndarray or torch.Tensor of shape (n_test,)
+        mean : numpy.ndarray or torch.Tensor of shape (n_test,) or (n_test, n_outputs)
             numpy float64 for numpy/array-like X; for a tensor X, a tensor on X's device in X's floating dtype.
-        std : same type, of shape (n_test,)
+        std : same type, of the mean's shape
             Only with ``return_std``.
-        cov : same type, of shape (n_test, n_test)
+        cov : same type, of shape (n_test, n_test) or (n_test, n_test, n_outputs)
             Only with ``return_cov``.
 
         Notes
@@ -522,18 +439,41 @@ class ExactGP(RegressorMixin, BaseEstimator):
         x_std = torch.as_tensor(self.x_std_, dtype=torch.float64, device=Xt.device)
         Xs = ((Xt - x_mean) / x_std).to(self.device_)
         flags = dict(return_std=bool(return_std), return_cov=bool(return_cov), include_noise=bool(include_noise))
-        if self.solver_ == "cholesky":
+        if getattr(self, "_independent_theta", None) is not None:
+            res = _independent.posterior_of(self).predict(Xs, **flags)
+        elif self.solver_ == "cholesky":
             hyp = prediction.hyperparameters_float64(self.model_)
-            res = prediction.predict_exact(self._get_posterior(), self.X_train_, Xs, hyp, **flags)
+            res = prediction.predict_exact(prediction.fitted_exact_posterior(self), self.X_train_, Xs, hyp, **flags)
         else:
-            res = prediction.predict_cg(self._get_cg_posterior(), Xs, **flags)
-        if not (return_std or return_cov):
-            return info.out(res * self.y_std_ + self.y_mean_)
-        mean, second = res
-        mean = mean * self.y_std_ + self.y_mean_
-        if return_std:
-            return info.out(mean), info.out(second.clamp(min=0).sqrt() * self.y_std_)
-        return info.out(mean), info.out(second * self.y_std_**2)
+            res = prediction.predict_cg(prediction.fitted_cg_posterior(self), Xs, **flags)
+        res = _outputs.to_original_units(res, self.y_mean_, self.y_std_, bool(return_std), bool(return_cov))
+        return tuple(info.out(t) for t in res) if isinstance(res, tuple) else info.out(res)
+
+    def sample_y(self, X, n_samples: int = 1, random_state=None, include_noise: bool = True):
+        """Draws from the predictive distribution at X, the one ``predict(X, return_cov=True)`` describes.
+
+        Parameters
+        ----------
+        X : (n_test, n_features) numpy array, array-like or torch tensor
+        n_samples : int, default=1
+            Draws per test point.
+        random_state : int, RandomState instance or None, default=None
+            Seeds numpy's generator for the standard normals (scikit-learn's ``check_random_state``; its
+            ``GaussianProcessRegressor`` defaults to 0, gpfast to fresh draws): equal seeds give equal draws, on
+            any device.
+        include_noise : bool, default=True
+            Draws of noisy observations ``y*`` (``True``) or of the latent function ``f(x*)`` (``False``), as in
+            :meth:`predict`.
+
+        Returns
+        -------
+        y_samples : array of shape (n_test, n_samples), or (n_test, n_outputs, n_samples) when y had several
+            outputs, in the units of y: numpy float64 for array-like X, a tensor on X's device for a tensor X.
+        """
+        n_samples = _sampling.check_n_samples(n_samples)
+        rng = check_random_state(random_state)
+        mean, cov = self.predict(X, return_cov=True, include_noise=include_noise)
+        return _sampling.sample_gaussian(mean, cov, n_samples, rng)
 
     def score(self, X, y, sample_weight=None) -> float:
         """Coefficient of determination R^2 of ``predict(X)`` against y.
@@ -561,6 +501,49 @@ class ExactGP(RegressorMixin, BaseEstimator):
         return float(r2_score(y, y_pred, sample_weight=sample_weight))
 
     # ------------------------------------------------------------------------------------------------------
+    # log marginal likelihood, as scikit-learn's
+    # ------------------------------------------------------------------------------------------------------
+    @property
+    def theta_(self) -> np.ndarray:
+        """Fitted ``log([lengthscale(s), outputscale, noise])`` in standardised units, float64 of shape (k + 2,)
+        (k = n_features with ARD, else 1), or a row per output with ``independent_outputs=True``; see
+        :mod:`gpfast.estimator.likelihood`."""
+        check_is_fitted(self)
+        return _likelihood.estimator_theta(self)
+
+    @property
+    def log_marginal_likelihood_value_(self) -> float:
+        """scikit-learn's name for ``log_marginal_likelihood_``: the log marginal likelihood at ``theta_``."""
+        check_is_fitted(self)
+        return self.log_marginal_likelihood_
+
+    def log_marginal_likelihood(self, theta=None, eval_gradient: bool = False, clone_kernel: bool = True):
+        """Exact log marginal likelihood of the standardised training targets at ``theta``, as scikit-learn's.
+
+        Parameters
+        ----------
+        theta : array-like of shape (k + 2,) or None, default=None
+            ``log([lengthscale(s), outputscale, noise])`` in standardised units, the layout of ``theta_`` (see
+            :mod:`gpfast.estimator.likelihood`); the constant mean stays at its fitted value. ``None``: the
+            fitted value, ``log_marginal_likelihood_value_``.
+        eval_gradient : bool, default=False
+            Also return the gradient with respect to theta (exact: float64 Cholesky, autograd through the fused
+            covariance op). Needs a theta.
+        clone_kernel : bool, default=True
+            Accepted for scikit-learn's signature. The fitted model is never modified, whatever its value
+            (scikit-learn's ``False`` writes theta into ``kernel_``, a side effect kept out of gpfast).
+
+        Returns
+        -------
+        log_likelihood : float
+            Summed over the outputs when y had several; ``-inf`` where the covariance is not positive definite.
+        log_likelihood_gradient : numpy.ndarray of shape (k + 2,)
+            Only with ``eval_gradient=True``.
+        """
+        check_is_fitted(self)
+        return _likelihood.of_estimator(self, theta, bool(eval_gradient))
+
+    # ------------------------------------------------------------------------------------------------------
     # persistence
     # ------------------------------------------------------------------------------------------------------
     def __getstate__(self):
@@ -581,6 +564,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         path : str, path or binary file object
+            A fit with ``independent_outputs=True`` raises NotImplementedError (pickle it instead).
         """
         persistence.save(self, path)
 
@@ -605,4 +589,5 @@ class ExactGP(RegressorMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
         tags.input_tags.sparse = False
+        tags.target_tags.multi_output = _outputs.multi_output_tag(self)
         return tags

@@ -27,11 +27,14 @@ __all__ = ["cholesky_objective", "negative_log_likelihood"]
 
 
 class _GaussianNLL(torch.autograd.Function):
-    """nll(K, noise, r) of the module docstring; K (n, n) the noise-free covariance, noise a 0-dim tensor."""
+    """nll(K, noise, r) of the module docstring; K (n, n) the noise-free covariance, noise a 0-dim tensor, r (n,)
+    or (n, k): k outputs sharing the covariance, whose likelihoods add up (each adds its own log|A|)."""
 
     @staticmethod
     def forward(ctx, K: torch.Tensor, noise: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         n = r.shape[0]
+        R = r.reshape(n, -1)
+        k = R.shape[1]
         A = K.clone()
         A.diagonal().add_(noise)
         L, info = torch.linalg.cholesky_ex(A, out=(A, torch.empty((), dtype=torch.int32, device=A.device)))
@@ -40,17 +43,23 @@ class _GaussianNLL(torch.autograd.Function):
                 f"the {n}x{n} training covariance is not positive definite in float64 (leading minor {int(info)}, "
                 f"noise {float(noise):.3g})"
             )
-        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
-        nll = 0.5 * (r @ alpha) + L.diagonal().log().sum() + 0.5 * n * math.log(2 * math.pi)
+        alpha = torch.cholesky_solve(R, L)
+        nll = 0.5 * (R * alpha).sum() + k * L.diagonal().log().sum() + 0.5 * n * k * math.log(2 * math.pi)
         ctx.save_for_backward(L, alpha)
+        ctx.r_shape = r.shape
         return nll
 
     @staticmethod
     def backward(ctx, grad):
         L, alpha = ctx.saved_tensors
+        k = alpha.shape[1]
         W = torch.cholesky_inverse(L)  # A^-1 by LAPACK's potri: 2 n^3 / 3 flops
-        W.addr_(alpha, alpha, alpha=-1.0).mul_(0.5 * grad)
-        return W, W.diagonal().sum(), grad * alpha
+        if k == 1:
+            W.addr_(alpha[:, 0], alpha[:, 0], alpha=-1.0)
+        else:
+            W.addmm_(alpha, alpha.T, beta=float(k), alpha=-1.0)
+        W.mul_(0.5 * grad)
+        return W, W.diagonal().sum(), (grad * alpha).reshape(ctx.r_shape)
 
 
 def negative_log_likelihood(
@@ -62,17 +71,21 @@ def negative_log_likelihood(
     mean: torch.Tensor,
 ) -> torch.Tensor:
     """Total exact negative log marginal likelihood of ``y`` (n,) at inputs ``X`` (n, d), all float64,
-    differentiable in the four hyperparameters (lengthscale (1, d or 1), outputscale, noise and mean 0-dim)."""
+    differentiable in the four hyperparameters (lengthscale (1, d or 1), outputscale, noise and mean 0-dim). A ``y``
+    of shape (n, k) holds k outputs with these hyperparameters in common: the sum of their likelihoods."""
     K = ops.rbf_covariance(X, X, lengthscale, outputscale, check_values=False)
     return _GaussianNLL.apply(K, noise.reshape(()), y - mean.reshape(()))
 
 
 def cholesky_objective(model: ExactGPModel):
     """An :data:`~gpfast.estimator.fitting.Objective` for ``model``: the exact negative log marginal likelihood per
-    data point (float64, whatever the model's dtype), with ``.grad`` set on the model's raw parameters."""
+    data point (float64, whatever the model's dtype), with ``.grad`` set on the model's raw parameters. Targets of
+    shape (k, n), GPyTorch's layout of k outputs sharing one kernel, give the sum over the outputs divided by
+    ``k n``: the loss per data point and output, the same for ``[y, y]`` as for ``y``."""
     X = model.train_inputs[0].detach().to(torch.float64)
-    y = model.train_targets.detach().to(torch.float64)
-    n = y.shape[0]
+    targets = model.train_targets.detach().to(torch.float64)
+    y = targets if targets.dim() == 1 else targets.T
+    n = targets.numel()
     kern = model.covar_module
 
     def closure() -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,14 +15,18 @@ import gpytorch
 import numpy as np
 import torch
 from linear_operator.utils.errors import NotPSDError
+from sklearn.exceptions import ConvergenceWarning
 from tqdm.auto import tqdm
 
 from gpfast.estimator.exact_objective import cholesky_objective
-from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator import prediction
+from gpfast.estimator.hyperparameters import LENGTHSCALE_BOUNDS, NOISE_BOUNDS, OUTPUTSCALE_BOUNDS, HyperparameterSpace
 from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
+from gpfast.estimator.outputs import model_targets
 from gpfast.estimator.restarts import best_of_restarts
 from gpfast.estimator.solver import FitPlan, RunPlan
 from gpfast.models import ExactGPModel
+from gpfast.standardize import column_stats
 from gpfast.train import Engine
 
 __all__ = [
@@ -175,9 +180,9 @@ def fit_hyperparameters(
     closure = (objective or default_objective(solver))(model)
     n = model.train_targets.shape[-1]
     fun = _loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
-    if recorder is not None:
-        fun = recorder.wrap(fun)
-    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)  # None: tty
+    fun = recorder.wrap(fun) if recorder is not None else fun
+    # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
+    bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
 
     def on_step(loss: float) -> None:
         bar.update(1)
@@ -245,7 +250,7 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
     space : HyperparameterSpace
     starts : list of numpy.ndarray
         Log hyperparameters to start from (:func:`~gpfast.estimator.restarts.starting_points`).
-    X, y : torch.Tensor of shape (n, d) and (n,)
+    X, y : torch.Tensor of shape (n, d) and (n,) or (n, k)
         The standardised training data.
     **kw
         ``max_iter``, ``pretrain_steps``, ``seed`` (draws the pretraining subset), ``free`` (bytes free on the
@@ -266,14 +271,14 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
     if plan.pretrain is not None:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         sub_idx = torch.randperm(X.shape[0], generator=gen)[: plan.pretrain.n].to(X.device)
-    Xd, yd = X.to(plan.train_dtype), y.to(plan.train_dtype)
+    Xd, yd = X.to(plan.train_dtype), model_targets(y).to(plan.train_dtype)
     kw.update(optimizer=plan.optimizer, dtype=plan.dtype, space=space)
 
     def run(theta):
         space.set(model, theta)
         pre = None
         if sub_idx is not None:
-            model.set_train_data(inputs=Xd[sub_idx], targets=yd[sub_idx], strict=False)
+            model.set_train_data(inputs=Xd[sub_idx], targets=yd[..., sub_idx], strict=False)
             desc = f"gpfast pretrain ({plan.pretrain.n} pts, {plan.pretrain.train_solver})"
             pre, _ = _run(plan.pretrain, model, pretrain_steps, desc=desc, **kw)
             model.set_train_data(inputs=Xd, targets=yd, strict=False)
@@ -346,3 +351,60 @@ def seeded(seed: int | None, device: torch.device, fork: bool = False) -> contex
     if seed is not None:
         torch.manual_seed(seed)  # also seeds every CUDA device
     return stack
+
+
+def clipped_start(space: HyperparameterSpace, theta0: np.ndarray) -> np.ndarray:
+    """theta0 moved into the bounds, with a warning (for the caller of ``ExactGP.fit``) naming what was moved."""
+    outside = space.outside(theta0)
+    if outside:
+        warnings.warn(
+            f"ExactGP: the initial {', '.join(outside)} lie outside the bounds of the fit (see "
+            f"gpfast.estimator.hyperparameters: lengthscales {LENGTHSCALE_BOUNDS} x each feature's std, "
+            f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
+            f"bound instead.",
+            UserWarning,
+            stacklevel=5,
+        )
+    return space.clip(theta0)
+
+
+def warn_about_fit(optimizer: str, result: FitResult, space: HyperparameterSpace, y_constant: bool, max_iter, tol):
+    """A ConvergenceWarning when the optimiser stopped short, a UserWarning when the fitted hyperparameters sit
+    where the data say little (for the caller of ``ExactGP.fit``)."""
+    if not result.converged and tol != 0:  # tol=0 asks for all max_iter steps
+        warnings.warn(
+            f"ExactGP: the optimiser ({optimizer}) stopped after {result.n_iter} iterations without converging "
+            f"({result.message}); the hyperparameters may be short of the marginal-likelihood optimum. Raise "
+            f"max_iter (now {max_iter}; it is a cap, not a plan), or set tol.",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
+    problems = [] if y_constant else space.diagnose(result.theta)
+    if problems:
+        warnings.warn(
+            "ExactGP: " + "; ".join(problems) + ". Check the data, try n_restarts > 0, or other initial values.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def fitted_log_marginal_likelihood(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor, plan: FitPlan):
+    """``(value, method, posterior)`` at the fitted hyperparameters: exact by a float64 Cholesky whenever the plan
+    allows one (the posterior is kept for predictions when the solver is ``"cholesky"``), else GPyTorch's CG
+    estimate. ``y`` (n,) or (n, k): several outputs give the sum of their likelihoods."""
+    if not plan.exact_feasible:
+        return X.shape[0] * mll_estimate(model), "cg_estimate", None
+    posterior = prediction.exact_posterior(X, y, prediction.hyperparameters_float64(model))
+    lml = float(posterior.log_marginal_likelihood())
+    return lml, "cholesky", posterior if plan.solver == "cholesky" else None
+
+
+def initial_model(X: torch.Tensor, y: torch.Tensor, plan: FitPlan, inits: dict, ard: bool, distributed: bool):
+    """The model on the standardised data X (n, d) and y (n,) or (n, k) in ``plan.train_dtype``, its hyperparameter
+    space and the starting point from ``inits`` (:func:`gpfast.estimator.params.initial_values`), not yet clipped."""
+    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    Xd, yd = X.to(plan.train_dtype), model_targets(y).to(plan.train_dtype)
+    model = ExactGPModel(Xd, yd, likelihood, ard=ard, distributed=distributed)
+    model = model.to(device=X.device, dtype=plan.train_dtype)
+    space = HyperparameterSpace.for_data(model, column_stats(X).std.cpu(), float(y.var(unbiased=False)))
+    return model, space, space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])

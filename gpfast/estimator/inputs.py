@@ -11,6 +11,7 @@ import torch
 from sklearn.exceptions import DataConversionWarning
 from sklearn.utils.validation import check_array, validate_data
 
+from gpfast.estimator.outputs import target_statistics
 from gpfast.standardize import column_stats
 
 __all__ = ["InputInfo", "check_finite", "standardization", "validate_X", "validate_y"]
@@ -83,11 +84,12 @@ def validate_X(estimator, X, reset: bool) -> tuple[torch.Tensor, InputInfo]:
 
 
 def validate_y(y, n: int) -> torch.Tensor:
-    """y as a float64 (n,) tensor, finite-checked; a column vector (n, 1) is accepted with scikit-learn's warning."""
+    """y as a float64 tensor of shape (n,), or (n, k) for k >= 2 outputs, finite-checked; a column vector (n, 1) is
+    one output, (n,), accepted with scikit-learn's warning."""
     if y is None:
         raise ValueError(
             "ExactGP requires y to be passed, but the target y is None; expected y of shape "
-            "(n_samples,) or (n_samples, 1)."
+            "(n_samples,) or (n_samples, n_outputs)."
         )
     if torch.is_tensor(y):
         if y.is_complex():
@@ -109,10 +111,10 @@ def validate_y(y, n: int) -> torch.Tensor:
             stacklevel=3,
         )
         yt = yt.reshape(-1)
-    if yt.dim() != 1:
+    if yt.dim() not in (1, 2) or (yt.dim() == 2 and yt.shape[1] == 0):
         raise ValueError(
-            f"y must have shape (n_samples,) or (n_samples, 1), got shape {tuple(yt.shape)}; ExactGP "
-            f"fits a single output."
+            f"y must have shape (n_samples,) or (n_samples, n_outputs) with n_outputs >= 1, got shape "
+            f"{tuple(yt.shape)}."
         )
     check_finite(yt, "y")
     if yt.shape[0] != n:
@@ -123,6 +125,17 @@ def validate_y(y, n: int) -> torch.Tensor:
     return yt
 
 
+def validate_training(estimator, X, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training data of ``estimator.fit``: X (n, d) and y (n,) or (n, k) as float64 tensors, checked (at least
+    two samples); records ``n_features_in_`` (and ``feature_names_in_``) on the estimator."""
+    Xt, _ = validate_X(estimator, X, reset=True)
+    n = Xt.shape[0]
+    yt = validate_y(y, n)
+    if n < 2:
+        raise ValueError(f"X has n_samples = {n} ({n} sample(s)), but ExactGP needs at least 2 samples to fit a GP.")
+    return Xt, yt
+
+
 def _not_numeric(a, name: str) -> ValueError | None:
     """The error for the first cell of ``a`` that is not a number (numpy's own names only the value), or None."""
     try:
@@ -131,6 +144,8 @@ def _not_numeric(a, name: str) -> ValueError | None:
         return None
     columns = getattr(a, "columns", None)
     for index, value in np.ndenumerate(cells):
+        if isinstance(value, (complex, np.complexfloating)):
+            return None  # scikit-learn's own error says "Complex data not supported", as its checks expect
         try:
             float(value)
         except (TypeError, ValueError):
@@ -166,13 +181,13 @@ def _first_index(mask: torch.Tensor) -> tuple:
 def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
     """The training statistics by the one standardisation rule (:mod:`gpfast.standardize`).
 
-    Constant columns of X, and a constant y, are centred but not scaled, with a warning (for the caller's caller:
-    ``ExactGP.fit``).
+    Constant columns of X, and constant outputs of y, are centred but not scaled, with a warning (for the caller's
+    caller: ``ExactGP.fit``).
 
     Parameters
     ----------
     X : torch.Tensor of shape (n, d)
-    y : torch.Tensor of shape (n,)
+    y : torch.Tensor of shape (n,) or (n, k)
     standardize : bool, default=True
         False: the identity (means 0, standard deviations 1).
 
@@ -180,12 +195,14 @@ def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
     -------
     x_mean, x_std : torch.Tensor of shape (d,)
         float64, on X's device.
-    y_mean, y_std : float
+    y_mean, y_std : float, or numpy.ndarray of shape (k,) for several outputs
+        Each output's own (:func:`gpfast.estimator.outputs.target_statistics`).
     """
     n, d = X.shape
+    y_mean, y_std = target_statistics(y, standardize)
     if not standardize:
         zeros = torch.zeros(d, dtype=torch.float64, device=X.device)
-        return zeros, torch.ones_like(zeros), 0.0, 1.0
+        return zeros, torch.ones_like(zeros), y_mean, y_std
     xs = column_stats(X)
     const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
     if const_cols:
@@ -195,12 +212,4 @@ def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
             UserWarning,
             stacklevel=4,
         )
-    ys = column_stats(y)
-    if bool(ys.constant[0]):
-        warnings.warn(
-            f"y is constant (all {n} values equal {float(y[0])!r}): the fit can only learn that constant; "
-            f"y is centred but not scaled.",
-            UserWarning,
-            stacklevel=4,
-        )
-    return xs.mean, xs.std, float(ys.mean[0]), float(ys.std[0])
+    return xs.mean, xs.std, y_mean, y_std

@@ -16,7 +16,6 @@ format N, inconsistent contents).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import warnings
 from typing import Any
@@ -37,6 +36,7 @@ from gpfast.estimator.file_format import (
     write_state,
 )
 from gpfast.estimator.params import resolve, upgrade_params
+from gpfast.estimator.outputs import model_targets
 from gpfast.estimator.prediction import hyperparameters_float64
 from gpfast.models import ExactGPModel
 
@@ -161,6 +161,10 @@ def save(est, path) -> None:
     folders are created.
     """
     check_is_fitted(est)
+    if getattr(est, "_independent_theta", None) is not None:
+        raise NotImplementedError(
+            "ExactGP.save: a fit with independent_outputs=True has no save format yet; pickle the estimator."
+        )
 
     def cpu(t):
         return t.detach().cpu()
@@ -176,8 +180,8 @@ def save(est, path) -> None:
         "dtype_": str(est.model_.covar_module.raw_outputscale.dtype).replace("torch.", ""),
         "x_mean_": torch.from_numpy(np.asarray(est.x_mean_, dtype=np.float64)),
         "x_std_": torch.from_numpy(np.asarray(est.x_std_, dtype=np.float64)),
-        "y_mean_": float(est.y_mean_),
-        "y_std_": float(est.y_std_),
+        "y_mean_": _target_stat(est.y_mean_),
+        "y_std_": _target_stat(est.y_std_),
         "X_train_": cpu(est.X_train_),
         "y_train_": cpu(est.y_train_),
         "model_state_dict": {k: cpu(v) for k, v in est.model_.state_dict().items()},
@@ -193,6 +197,16 @@ def save(est, path) -> None:
     # every other fitted attribute, by name: the file keeps what fit recorded, whatever that grows to
     state["fitted"], state["fitted_arrays"] = fitted_attributes(est)
     write_state(state, path)
+
+
+def _target_stat(v):
+    """y_mean_ or y_std_ for the file: a float for one output, a float64 tensor (k,) for several."""
+    return float(v) if np.ndim(v) == 0 else torch.from_numpy(np.asarray(v, dtype=np.float64))
+
+
+def _target_stat_loaded(v):
+    """y_mean_ or y_std_ from the file as ``fit`` sets it: a float, or a float64 array (k,) for several outputs."""
+    return float(v) if _is_float(v) else v.to(torch.float64).numpy()
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -233,18 +247,28 @@ def _check_state(path, state: dict, param_names) -> None:
     if X.dim() != 2 or X.shape[1] != d or X.shape[0] < 1:
         raise bad(f"X_train_ has shape {tuple(X.shape)}; expected (n, {d}) with n >= 1 (n_features_in_ = {d})")
     n = X.shape[0]
-    if tuple(y.shape) != (n,):
-        raise bad(f"y_train_ has shape {tuple(y.shape)}; expected ({n},), one target per row of X_train_")
+    k = 1 if y.dim() == 1 else y.shape[-1]
+    if y.dim() not in (1, 2) or y.shape[0] != n or (y.dim() == 2 and k < 2):
+        raise bad(
+            f"y_train_ has shape {tuple(y.shape)}; expected ({n},) or ({n}, k) for k >= 2 outputs, one row per row "
+            f"of X_train_"
+        )
     for name in ("x_mean_", "x_std_"):
         if tuple(state[name].shape) != (d,):
             raise bad(f"{name} has shape {tuple(state[name].shape)}; expected ({d},) (n_features_in_ = {d})")
     if not bool((state["x_std_"] > 0).all()):
         raise bad("x_std_ has a value <= 0; standard deviations are positive")
-    for name in ("y_mean_", "y_std_", "log_marginal_likelihood_"):
-        if not _is_float(state[name]):
-            raise bad(f"{name} must be a float, got {_kind(state[name])}")
-    if not (math.isfinite(state["y_std_"]) and state["y_std_"] > 0):
-        raise bad(f"y_std_ must be a positive finite float, got {state['y_std_']!r}")
+    if not _is_float(state["log_marginal_likelihood_"]):
+        raise bad(f"log_marginal_likelihood_ must be a float, got {_kind(state['log_marginal_likelihood_'])}")
+    for name in ("y_mean_", "y_std_"):
+        v = state[name]
+        if y.dim() == 1 and not _is_float(v):
+            raise bad(f"{name} must be a float, got {_kind(v)}")
+        if y.dim() == 2 and not (torch.is_tensor(v) and v.is_floating_point() and tuple(v.shape) == (k,)):
+            raise bad(f"{name} must be a float tensor of shape ({k},), one value per output, got {_kind(v)}")
+    y_std = torch.as_tensor(state["y_std_"], dtype=torch.float64)
+    if not bool((torch.isfinite(y_std) & (y_std > 0)).all()):
+        raise bad(f"y_std_ must be a positive finite float (one per output), got {_kind(state['y_std_'])}")
     names = state.get("feature_names_in_")
     if names is not None and (
         not isinstance(names, list) or len(names) != d or not all(isinstance(c, str) for c in names)
@@ -272,8 +296,8 @@ def _check_state(path, state: dict, param_names) -> None:
                 raise bad(f"{name} holds NaN values")
         elif not bool(torch.isfinite(value).all()):
             raise bad(f"{name} holds NaN or infinite values")
-    if not math.isfinite(state["y_mean_"]):
-        raise bad(f"y_mean_ must be finite, got {state['y_mean_']!r}")
+    if not bool(torch.isfinite(torch.as_tensor(state["y_mean_"], dtype=torch.float64)).all()):
+        raise bad(f"y_mean_ must be finite, got {_kind(state['y_mean_'])}")
 
 
 def _check_fitted(state: dict, bad) -> None:
@@ -376,7 +400,7 @@ def load(cls, path, device=None):
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     model = ExactGPModel(
         X_train.to(dtype),
-        y_train.to(dtype),
+        model_targets(y_train).to(dtype),
         likelihood,
         ard=bool(params.get("ard", True)),
         distributed=settings.distributed,
@@ -389,6 +413,15 @@ def load(cls, path, device=None):
     model.eval()
     likelihood.eval()
 
+    est.__setstate__(_fitted(state, device_, X_train, y_train, model))  # as unpickling does
+    if "fitted" not in state:  # the hyperparameters in the units of X and y, derived as fit derives them
+        est._set_hyperparameter_attributes(hyperparameters_float64(model))
+    return est
+
+
+def _fitted(state: dict, device_: torch.device, X_train: torch.Tensor, y_train: torch.Tensor, model) -> dict:
+    """The fitted attributes of a checked ``state``, with the training data and model already rebuilt on
+    ``device_``; attributes that files written before the ``fitted`` entry lack are None."""
     fitted = dict(
         n_features_in_=int(state["n_features_in_"]),
         device_=device_,
@@ -396,10 +429,10 @@ def load(cls, path, device=None):
         y_train_=y_train,
         x_mean_=state["x_mean_"].to(torch.float64).numpy(),
         x_std_=state["x_std_"].to(torch.float64).numpy(),
-        y_mean_=float(state["y_mean_"]),
-        y_std_=float(state["y_std_"]),
+        y_mean_=_target_stat_loaded(state["y_mean_"]),
+        y_std_=_target_stat_loaded(state["y_std_"]),
         model_=model,
-        likelihood_=likelihood,
+        likelihood_=model.likelihood,
         solver_=state["solver_"],
         train_solver_=state.get("train_solver_", state["solver_"]),
         history_=list(state["history_"]),
@@ -415,7 +448,4 @@ def load(cls, path, device=None):
         fitted.update({k: v.numpy().copy() for k, v in state.get("fitted_arrays", {}).items()})
     else:  # written before every fitted attribute was kept: those it lacks are unknown
         fitted.update(dict.fromkeys(_NOT_IN_OLD_FILES))
-    est.__setstate__(fitted)  # the estimator's own way back from a saved state (as unpickling)
-    if "fitted" not in state:  # the hyperparameters in the units of X and y, derived as fit derives them
-        est._set_hyperparameter_attributes(hyperparameters_float64(model))
-    return est
+    return fitted

@@ -11,8 +11,10 @@ from gpfast.train.settings import CGSettings
 
 __all__ = [
     "cg_posterior",
-    "cg_posterior_of",
+    "cg_posterior_of_fit",
     "exact_posterior",
+    "fitted_cg_posterior",
+    "fitted_exact_posterior",
     "hyperparameters_float64",
     "predict_cg",
     "predict_exact",
@@ -48,6 +50,13 @@ def _kernel64(a: torch.Tensor, b: torch.Tensor, hyp: dict[str, torch.Tensor]) ->
 def exact_posterior(X: torch.Tensor, y: torch.Tensor, hyp: dict[str, torch.Tensor]) -> ExactPosterior:
     """The float64 Cholesky posterior of the training data (one n x n float64 matrix, factored in place)."""
     return ExactPosterior(_kernel64(X, X, hyp), y, hyp["noise"], hyp["mean"], overwrite=True)
+
+
+def fitted_exact_posterior(est) -> ExactPosterior:
+    """The fitted estimator's exact posterior, factored again when loading or unpickling has dropped it."""
+    if getattr(est, "_posterior", None) is None:
+        est._posterior = exact_posterior(est.X_train_, est.y_train_, hyperparameters_float64(est.model_))
+    return est._posterior
 
 
 def predict_exact(
@@ -90,13 +99,20 @@ def cg_posterior(
     )
 
 
-def cg_posterior_of(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor, solver: str, cg: CGSettings):
-    """:func:`cg_posterior` at the model's hyperparameters, in its dtype, when ``solver`` predicts by CG; else
-    None."""
+def cg_posterior_of_fit(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor, solver: str, cg: CGSettings):
+    """The CG posterior at the fitted hyperparameters when predictions are by CG (``solver == "cg"``), else None."""
     if solver != "cg":
         return None
-    dtype = model.covar_module.raw_outputscale.dtype
-    return cg_posterior(X, y, hyperparameters_float64(model), dtype, cg)
+    return cg_posterior(X, y, hyperparameters_float64(model), model.covar_module.raw_outputscale.dtype, cg)
+
+
+def fitted_cg_posterior(est) -> CGPosterior:
+    """The fitted estimator's CG posterior, built again when loading or unpickling has dropped it."""
+    if getattr(est, "_cg_posterior", None) is None:
+        dtype = est.model_.covar_module.raw_outputscale.dtype
+        hyp = hyperparameters_float64(est.model_)
+        est._cg_posterior = cg_posterior(est.X_train_, est.y_train_, hyp, dtype, CGSettings.from_value(est.cg))
+    return est._cg_posterior
 
 
 def predict_cg(posterior: CGPosterior, X: torch.Tensor, return_std: bool, return_cov: bool, include_noise: bool):

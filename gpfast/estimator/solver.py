@@ -17,10 +17,12 @@ The solver, which makes the predictions and the reported log marginal likelihood
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
 
+from gpfast.estimator.outputs import check_trainer, exact_choice
 from gpfast.kernels import distributed as _dist
 from gpfast.train.product import choose_product
 from gpfast.train.settings import CGSettings
@@ -180,6 +182,14 @@ class FitPlan:
     pretrain: RunPlan | None
     reason: str
 
+    def describe(self) -> str:
+        """One line for the log: the solver and why, and what trains in which dtype."""
+        return (
+            f"solver={self.solver} ({self.reason}), training with {self.optimizer} on {self.full.train_solver} "
+            f"({self.full.trainer}) in {str(self.train_dtype).replace('torch.', '')}, "
+            f"model dtype={str(self.dtype).replace('torch.', '')}"
+        )
+
 
 def plan_fit(
     n: int,
@@ -191,6 +201,7 @@ def plan_fit(
     optimizer: str = "auto",
     cg: CGSettings | None = None,
     distributed: bool = False,
+    n_outputs: int = 1,
 ) -> FitPlan:
     """Decide how a fit runs: solver, optimiser, dtype, and who takes the steps on what products.
 
@@ -219,6 +230,9 @@ def plan_fit(
         None: the defaults.
     distributed : bool, default=False
         The products are split over the ranks of ``torch.distributed`` (forces CG).
+    n_outputs : int, default=1
+        Columns of y. Several are fitted on the exact path only (:mod:`~gpfast.estimator.outputs`): trained by
+        Cholesky whatever the training cap, and ValueError where the rule or the arguments ask for CG.
 
     Returns
     -------
@@ -230,7 +244,7 @@ def plan_fit(
         When ``solver="cholesky"`` does not fit in memory.
     """
     cg = cg or CGSettings()
-    choice = choose_solver(n, device, free_memory, solver, distributed)
+    choice = exact_choice(choose_solver(n, device, free_memory, solver, distributed), n_outputs, solver)
     train_solver = "cg" if cg.trainer == "gpfast" else choice.train_solver
     if optimizer == "auto":
         optimizer = "lbfgs" if train_solver == "cholesky" else "adam"
@@ -247,10 +261,25 @@ def plan_fit(
         return RunPlan(m, "cg", "gpfast", replace(cg, product=product))
 
     full = run(n, choice.train_solver)
+    check_trainer(full.trainer, n_outputs)
     pretrain = None
     if pretrain_n is not None:
-        pretrain = run(pretrain_n, choose_solver(pretrain_n, device, free_memory, solver, distributed).train_solver)
+        sub = exact_choice(choose_solver(pretrain_n, device, free_memory, solver, distributed), n_outputs, solver)
+        pretrain = run(pretrain_n, sub.train_solver)
     return FitPlan(choice.solver, choice.exact_feasible, optimizer, dtype, train_dtype, full, pretrain, choice.reason)
+
+
+def pretrain_points(pretrain, pretrain_n: int | None, n: int) -> int | None:
+    """The pretraining subset's size for ``n`` training points: None (with a warning for the caller of
+    ``ExactGP.fit``) when ``pretrain`` asks for at least n."""
+    if pretrain_n is not None and pretrain_n >= n:
+        warnings.warn(
+            f"pretrain={pretrain!r}: its {pretrain_n} points >= n_samples={n}: skipping the subset pretraining.",
+            UserWarning,
+            stacklevel=5,
+        )
+        return None
+    return pretrain_n
 
 
 def free_memory_bytes(device: torch.device) -> int:

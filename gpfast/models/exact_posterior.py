@@ -121,14 +121,17 @@ def robust_cholesky(
 
 
 def _cho_solve(L: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``(L L^T)^{-1} r`` for a vector r, by two triangular solves. ``torch.cholesky_solve`` would first copy L
+    """``(L L^T)^{-1} r`` for r (n,) or (n, k), by two triangular solves. ``torch.cholesky_solve`` would first copy L
     (another n x n float64, a third of the peak memory of an exact prediction)."""
-    z = torch.linalg.solve_triangular(L, r.unsqueeze(-1), upper=False)
-    return torch.linalg.solve_triangular(L.mT, z, upper=True).squeeze(-1)
+    z = torch.linalg.solve_triangular(L, r.reshape(r.shape[0], -1), upper=False)
+    return torch.linalg.solve_triangular(L.mT, z, upper=True).reshape(r.shape)
 
 
 def _residual(y: torch.Tensor, mean: TensorLike) -> torch.Tensor:
-    y = y.to(torch.float64).reshape(-1)
+    """y - mean in float64: (n,) for y (n,) or (n, 1), (n, k) for k > 1 outputs."""
+    y = y.to(torch.float64)
+    if y.dim() != 2 or y.shape[1] == 1:
+        y = y.reshape(-1)
     return y - _as_f64(mean, y.device)
 
 
@@ -136,7 +139,9 @@ class ExactPosterior:
     """Exact GP posterior from a dense training covariance, factored once in float64.
 
     ``ExactPosterior(K_train, y, noise, mean)`` factors ``K_train + noise I = L L^T`` (with jitter retries,
-    see :func:`robust_cholesky`) and stores ``L`` and ``alpha = (K_train + noise I)^{-1} (y - mean)``.
+    see :func:`robust_cholesky`) and stores ``L`` and ``alpha = (K_train + noise I)^{-1} (y - mean)``. A ``y`` of
+    shape (n, k) holds k outputs with this covariance in common: ``alpha`` and the means get a column per output,
+    the variances are shared and the log marginal likelihood is the sum over the outputs.
     :meth:`predict` then returns, for test points with cross-covariances ``K_* = k(X_train, X_test)``
     (n, n_test) and prior variances ``k_** = diag k(X_test, X_test)`` (n_test,)::
 
@@ -149,8 +154,8 @@ class ExactPosterior:
     ----------
     K_train : torch.Tensor of shape (n, n)
         Noise-free prior covariance of the training points.
-    y : torch.Tensor of shape (n,) or (n, 1)
-        Training targets.
+    y : torch.Tensor of shape (n,), (n, 1) or (n, k)
+        Training targets; (n, k) holds k outputs sharing the covariance.
     noise : float or 0-dim torch.Tensor
         Gaussian noise variance.
     mean : float or 0-dim torch.Tensor
@@ -164,8 +169,8 @@ class ExactPosterior:
     ----------
     L : torch.Tensor of shape (n, n)
         Lower Cholesky factor (float64) of ``K_train + (noise + jitter) I``.
-    alpha : torch.Tensor of shape (n,)
-        float64.
+    alpha : torch.Tensor of shape (n,) or (n, k)
+        float64, a column per output for k outputs.
     jitter : float
         Absolute jitter that had to be added to the diagonal (0.0 normally).
     noise, mean : float
@@ -205,9 +210,13 @@ class ExactPosterior:
         return self.L.device
 
     def log_marginal_likelihood(self) -> torch.Tensor:
-        """Total (not averaged) exact log marginal likelihood ``log N(y | mean, K + noise I)`` (float64)."""
+        """Total (not averaged) exact log marginal likelihood ``log N(y | mean, K + noise I)`` (float64), summed
+        over the outputs when y has several."""
         n = self.n
-        return -0.5 * (self._r @ self.alpha) - self.L.diagonal().log().sum() - 0.5 * n * math.log(2 * math.pi)
+        k = 1 if self._r.dim() == 1 else self._r.shape[1]
+        quad = self._r @ self.alpha if k == 1 else (self._r * self.alpha).sum()
+        log_det = self.L.diagonal().log().sum()
+        return -0.5 * quad - k * log_det - 0.5 * n * k * math.log(2 * math.pi)
 
     def chunk_size(self) -> int:
         """Number of test points per chunk so an (n, chunk) float64 block stays under ~256 MB."""
@@ -242,7 +251,8 @@ class ExactPosterior:
         Returns
         -------
         mean or (mean, var) or (mean, cov)
-            ``mean`` (n_test,) float64, with ``var`` (n_test,) or ``cov`` (n_test, n_test) when asked for.
+            ``mean`` (n_test,) float64 ((n_test, k) for k outputs), with ``var`` (n_test,) or ``cov``
+            (n_test, n_test) when asked for, the variance and covariance being those of every output.
         """
         if return_var and return_cov:
             raise ValueError("at most one of return_var and return_cov can be True")

@@ -1,0 +1,364 @@
+"""Many independent GPs on the same inputs, trained together: one exact GP per output, each with its own
+hyperparameters, for small n.
+
+* **Objective.** For outputs ``j`` the covariances ``K_j`` (k, n, n) come from one call of the fused op with a batch
+  of lengthscales and outputscales (:func:`gpfast.ops.rbf_covariance`, differentiable), and the k exact negative
+  log likelihoods from one batched float64 Cholesky (Rasmussen & Williams 2006, Alg. 2.1), with the closed-form
+  gradient of :mod:`~gpfast.estimator.exact_objective` for each (eq. 5.9).
+* **Optimiser.** Each output runs its own L-BFGS-B (:func:`~gpfast.estimator.optimize.minimize_lbfgs`, the rule of a
+  single fit) in a thread of its own; the threads only wait for evaluations, which the calling thread gathers and
+  makes in one batched call for every output waiting. An output that has converged stops asking and leaves the
+  batch: none is held back, or pushed on, by the others, and each takes the steps its own fit would take.
+* **Posterior.** :class:`IndependentPosterior` factors the k matrices once (batched) and predicts every output.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+
+import gpytorch
+import numpy as np
+import torch
+from linear_operator.utils.errors import NotPSDError
+from sklearn.exceptions import ConvergenceWarning
+
+from gpfast import ops
+from gpfast.estimator import params as _params
+from gpfast.estimator import solver as _solver
+from gpfast.estimator.fitting import clipped_start, engine_attributes
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.inputs import standardization, validate_training
+from gpfast.estimator.optimize import minimize_lbfgs
+from gpfast.models import ExactGPModel
+from gpfast.standardize import column_stats
+
+__all__ = ["IndependentPosterior", "batched_loss", "check_settings", "fit", "fit_estimator", "minimize_lockstep"]
+
+#: Float64 (n, n) matrices per output that the batched fit needs in memory (covariance, factor, inverse).
+_MATRICES_PER_OUTPUT = 3
+
+
+class _BatchedGaussianNLL(torch.autograd.Function):
+    """nll_j(K_j, noise_j, r_j) for a batch: K (k, n, n) noise-free covariances, noise (k,), r (k, n); returns (k,)."""
+
+    @staticmethod
+    def forward(ctx, K: torch.Tensor, noise: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        n = r.shape[-1]
+        A = K.clone()
+        A.diagonal(dim1=-2, dim2=-1).add_(noise[:, None])
+        L, info = torch.linalg.cholesky_ex(A)
+        bad = torch.nonzero(info).reshape(-1).tolist()
+        if bad:
+            raise NotPSDError(
+                f"the {n}x{n} training covariance of output(s) {bad} is not positive definite in float64 "
+                f"(noise {noise[bad].tolist()})"
+            )
+        alpha = torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+        log_det = L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        nll = 0.5 * (r * alpha).sum(-1) + log_det + 0.5 * n * math.log(2 * math.pi)
+        ctx.save_for_backward(L, alpha)
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad):
+        L, alpha = ctx.saved_tensors
+        W = torch.cholesky_inverse(L)
+        W.sub_(alpha.unsqueeze(-1) * alpha.unsqueeze(-2)).mul_(0.5 * grad[:, None, None])
+        return W, W.diagonal(dim1=-2, dim2=-1).sum(-1), grad[:, None] * alpha
+
+
+def _unpack(theta: torch.Tensor, n_lengthscales: int):
+    """(lengthscale (k, 1, p), outputscale (k,), noise (k,), mean (k,)) from theta rows
+    ``[log lengthscale (p), log outputscale, log noise, mean]`` (the layout of HyperparameterSpace)."""
+    p = n_lengthscales
+    v = theta[:, : p + 2].exp()
+    return v[:, :p].unsqueeze(1), v[:, p], v[:, p + 1], theta[:, p + 2]
+
+
+def batched_loss(X: torch.Tensor, Y: torch.Tensor, theta: np.ndarray, n_lengthscales: int):
+    """Negative log marginal likelihood per data point of each output and its gradient in theta.
+
+    Parameters
+    ----------
+    X : (n, d) float64 tensor
+    Y : (k, n) float64 tensor, the outputs to evaluate (on X's device)
+    theta : (k, p + 3) float64 array, rows in the layout of :class:`HyperparameterSpace`
+    n_lengthscales : int
+        p: d with ARD, else 1.
+
+    Returns
+    -------
+    (loss (k,), grad (k, p + 3)) float64 numpy arrays.
+    """
+    t = torch.as_tensor(theta, dtype=torch.float64, device=X.device).clone().requires_grad_(True)
+    with torch.enable_grad():
+        lengthscale, outputscale, noise, mean = _unpack(t, n_lengthscales)
+        K = ops.rbf_covariance(X, X, lengthscale, outputscale, check_values=False)
+        nll = _BatchedGaussianNLL.apply(K, noise, Y - mean[:, None]) / X.shape[0]
+        (grad,) = torch.autograd.grad(nll.sum(), t)
+    return nll.detach().cpu().numpy(), grad.cpu().numpy()
+
+
+def minimize_lockstep(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, max_iter: int, tol=None):
+    """One :func:`minimize_lbfgs` per row of ``theta0`` (k, p + 3), with batched evaluations.
+
+    ``evaluate(rows, thetas)`` gets the indices of the outputs waiting and their thetas (len(rows), p + 3) and
+    returns their losses and gradients (as :func:`batched_loss`). Returns the k :class:`OptimizeResult`.
+    """
+    k = theta0.shape[0]
+    cond = threading.Condition()
+    waiting: dict[int, np.ndarray] = {}
+    answers: dict[int, tuple] = {}
+    running = set(range(k))
+    results: list = [None] * k
+    failure: list[BaseException] = []
+
+    def fun_of(j):
+        def fun(theta):
+            with cond:
+                waiting[j] = np.array(theta, dtype=np.float64)
+                cond.notify_all()
+                cond.wait_for(lambda: j in answers)
+                answer = answers.pop(j)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return fun
+
+    def run(j):
+        try:
+            results[j] = minimize_lbfgs(fun_of(j), theta0[j], space, n, max_iter, tol, f"L-BFGS-B, output {j}")
+        except BaseException as exc:  # handed to the calling thread, which raises the first one
+            failure.append(exc)
+        finally:
+            with cond:
+                running.discard(j)
+                cond.notify_all()
+
+    threads = [threading.Thread(target=run, args=(j,), daemon=True) for j in range(k)]
+    for th in threads:
+        th.start()
+    while True:
+        with cond:
+            cond.wait_for(lambda: running <= set(waiting))
+            if not running:
+                break
+            rows = sorted(waiting)
+            thetas = np.stack([waiting.pop(j) for j in rows])
+        try:
+            losses, grads = evaluate(rows, thetas)
+            batch = {j: (float(losses[i]), grads[i]) for i, j in enumerate(rows)}
+        except BaseException as exc:
+            batch = {j: exc for j in rows}
+        with cond:
+            answers.update(batch)
+            cond.notify_all()
+    for th in threads:
+        th.join()
+    if failure:
+        raise failure[0]
+    return results
+
+
+class IndependentPosterior:
+    """Exact posteriors of k independent GPs on the same standardised inputs ``X`` (n, d) with targets ``Y``
+    (k, n) and hyperparameters ``theta`` (k, p + 3): ``K_j + noise_j I = L_j L_j^T``, factored once (batched)."""
+
+    def __init__(self, X: torch.Tensor, Y: torch.Tensor, theta: np.ndarray, n_lengthscales: int):
+        t = torch.as_tensor(theta, dtype=torch.float64, device=X.device)
+        self.lengthscale, self.outputscale, self.noise, self.mean = _unpack(t, n_lengthscales)
+        self.X = X
+        A = ops.rbf_covariance(X, X, self.lengthscale, self.outputscale, check_values=False)
+        A.diagonal(dim1=-2, dim2=-1).add_(self.noise[:, None])
+        self.L = torch.linalg.cholesky(A)
+        self._r = Y - self.mean[:, None]
+        self.alpha = torch.cholesky_solve(self._r.unsqueeze(-1), self.L).squeeze(-1)
+
+    def log_marginal_likelihood(self) -> torch.Tensor:
+        """Each output's exact log marginal likelihood, (k,)."""
+        n = self.X.shape[0]
+        log_det = self.L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return -0.5 * (self._r * self.alpha).sum(-1) - log_det - 0.5 * n * math.log(2 * math.pi)
+
+    def predict(self, Xt: torch.Tensor, return_std: bool, return_cov: bool, include_noise: bool):
+        """Means (m, k) and variances (m, k) or covariances (m, m, k) at standardised inputs Xt (m, d), float64."""
+        Ks = ops.rbf_covariance(self.X, Xt, self.lengthscale, self.outputscale, check_values=False)  # (k, n, m)
+        mean = (Ks.mT @ self.alpha.unsqueeze(-1)).squeeze(-1) + self.mean[:, None]  # (k, m)
+        if not (return_std or return_cov):
+            return mean.T
+        V = torch.linalg.solve_triangular(self.L, Ks, upper=False)
+        if return_cov:
+            Kss = ops.rbf_covariance(Xt, Xt, self.lengthscale, self.outputscale, check_values=False)
+            cov = Kss - V.mT @ V
+            cov = 0.5 * (cov + cov.mT)
+            if include_noise:
+                cov.diagonal(dim1=-2, dim2=-1).add_(self.noise[:, None])
+            return mean.T, cov.permute(1, 2, 0)
+        var = (self.outputscale[:, None] - V.pow(2).sum(-2)).clamp(min=0)
+        if include_noise:
+            var = var + self.noise[:, None]
+        return mean.T, var.T
+
+
+def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
+    """ValueError naming the first argument of ``est`` that the batched fit of ``k`` outputs does not take, or the
+    memory it lacks (``settings``: ``est``'s resolved arguments)."""
+    unsupported = {
+        "solver": (est.solver, ("auto", "cholesky")),
+        "optimizer": (est.optimizer, ("auto", "lbfgs")),
+        "cg trainer": (settings.cg.trainer, ("auto",)),
+        "n_restarts": (est.n_restarts, (0,)),
+        "pretrain": (est.pretrain, (None,)),
+        "checkpoint": (est.checkpoint, (None,)),
+        "distributed": (est.distributed, (False,)),
+    }
+    for name, (value, allowed) in unsupported.items():
+        if value not in allowed:
+            raise ValueError(
+                f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
+                f"batch; it does not take {name}={value!r} (expected {' or '.join(map(repr, allowed))})."
+            )
+    need = _MATRICES_PER_OUTPUT * k * 8 * n * n
+    free = _solver.free_memory_bytes(settings.device)
+    if need > free:
+        raise ValueError(
+            f"ExactGP: independent_outputs=True with {k} outputs and n={n} needs about {need / 1e9:.3g} GB for the "
+            f"batched float64 factorisations, but {free / 1e9:.3g} GB is free on {settings.device}; fit fewer "
+            f"outputs at a time, or fit them with shared hyperparameters (independent_outputs=False)."
+        )
+
+
+def fit_estimator(est, X, y) -> dict:
+    """Everything ``ExactGP.fit`` does with ``independent_outputs=True``: validate, standardise, check, train;
+    returns the fitted attributes. A y of one output is an ordinary fit."""
+    settings = _params.resolve(est)
+    Xt, yt = validate_training(est, X, y)
+    if yt.dim() == 1:
+        return est._fit(X, y)
+    n, d = Xt.shape
+    check_settings(est, settings, yt.shape[1], n)
+    x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(est.standardize))
+    inits = _params.initial_values(est, d, x_std.cpu(), 1.0)  # standardised: fractions of each output's variance
+    device = settings.device
+    Xs = ((Xt - x_mean) / x_std).to(device)
+    ys = ((yt - torch.from_numpy(y_mean).to(yt.device)) / torch.from_numpy(y_std).to(yt.device)).to(device)
+    fitted = fit(est, Xs, ys, inits)
+    x_mean, x_std = x_mean.cpu().numpy(), x_std.cpu().numpy()
+    return dict(
+        device_=device,
+        X_train_=Xs,
+        y_train_=ys,
+        x_mean_=x_mean,
+        x_std_=x_std,
+        y_mean_=y_mean,
+        y_std_=y_std,
+        model_=None,
+        likelihood_=None,
+        solver_="cholesky",
+        train_solver_="cholesky",
+        trainer_="exact",
+        optimizer_="lbfgs",
+        product_=None,
+        pretrain_history_=[],
+        restart_losses_=[],
+        _cg_posterior=None,
+        **engine_attributes(None),  # the engine's records: it did not train
+        **fitted,
+        **hyperparameter_attributes(fitted["_independent_theta"], x_std, y_mean, y_std),
+    )
+
+
+def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
+    """Train one GP per output of the standardised ``Ys`` (n, k) at standardised inputs ``Xs`` (n, d), float64 on
+    the fit's device, from the initial values ``inits`` (standardised, as :func:`gpfast.estimator.params.
+    initial_values` gives them). Returns the fitted attributes that depend on the training."""
+    n, d = Xs.shape
+    k = Ys.shape[1]
+    targets = Ys.T.contiguous()
+    # one GPyTorch model gives the box of the single fit (its noise constraint included) for every output
+    probe = ExactGPModel(Xs, targets[0], gpytorch.likelihoods.GaussianLikelihood(), ard=bool(est.ard))
+    space = HyperparameterSpace.for_data(probe, column_stats(Xs).std.cpu(), 1.0)
+    p = space.n_lengthscales
+    theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
+    if est.max_iter > 0:
+        theta0 = clipped_start(space, theta0)
+    start = np.tile(theta0, (k, 1))
+
+    def evaluate(rows, thetas):
+        return batched_loss(Xs, targets[rows], thetas, p)
+
+    if est.max_iter > 0:
+        runs = minimize_lockstep(evaluate, start, space, n, int(est.max_iter), est.tol)
+        theta = np.stack([r.theta for r in runs])
+        stopped = [j for j, r in enumerate(runs) if not r.converged]
+        if stopped and est.tol != 0:
+            warnings.warn(
+                f"ExactGP: the optimiser (lbfgs) stopped without converging on output(s) {stopped} after "
+                f"max_iter={est.max_iter} iterations; their hyperparameters may be short of the optimum. Raise "
+                f"max_iter, or set tol.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+    else:
+        runs, theta = [], start
+    posterior = IndependentPosterior(Xs, targets, theta, p)
+    lml = posterior.log_marginal_likelihood()
+    return dict(
+        _posterior=posterior,
+        _independent_theta=theta,
+        history_=[r.history for r in runs],
+        n_iter_=[r.n_iter for r in runs],
+        converged_=[r.converged for r in runs],
+        log_marginal_likelihood_=float(lml.sum()),
+        log_marginal_likelihood_method_="cholesky",
+        _messages=[r.message for r in runs],
+    )
+
+
+def log_marginal_likelihood(X, Y, theta_fitted: np.ndarray, n_lengthscales: int, theta, eval_gradient: bool):
+    """The sum over the outputs of the exact log marginal likelihoods at ``theta`` (k, p + 2): rows
+    ``log([lengthscale(s), outputscale, noise])`` in standardised units, each output's mean at its fitted value;
+    with ``eval_gradient`` also its gradient (k, p + 2)."""
+    k, size = theta_fitted.shape[0], n_lengthscales + 2
+    try:
+        arr = np.asarray(theta, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"ExactGP.log_marginal_likelihood: theta must be a ({k}, {size}) array, got {theta!r}"
+        ) from exc
+    if arr.shape != (k, size) or not np.isfinite(arr).all():
+        raise ValueError(
+            f"ExactGP.log_marginal_likelihood: theta has shape {arr.shape}; expected ({k}, {size}) finite values, a "
+            f"row per output (see theta_)."
+        )
+    full = np.concatenate([arr, theta_fitted[:, -1:]], 1)
+    n = X.shape[0]
+    try:
+        loss, grad = batched_loss(X, Y.T.contiguous(), full, n_lengthscales)
+    except NotPSDError:
+        return (-np.inf, np.zeros_like(arr)) if eval_gradient else -np.inf
+    value = -float(n * loss.sum())
+    return (value, -n * grad[:, :size]) if eval_gradient else value
+
+
+def hyperparameter_attributes(theta: np.ndarray, x_std: np.ndarray, y_mean: np.ndarray, y_std: np.ndarray) -> dict:
+    """``lengthscale_`` (k, d), ``outputscale_``, ``noise_`` and ``constant_mean_`` (k,) in the units of X and of
+    each output, from the fitted rows of theta (k, p + 3) in standardised units."""
+    p = theta.shape[1] - 3
+    return dict(
+        lengthscale_=np.exp(theta[:, :p]) * x_std,  # (k, 1) broadcasts to (k, d) without ARD
+        outputscale_=np.exp(theta[:, p]) * y_std**2,
+        noise_=np.exp(theta[:, p + 1]) * y_std**2,
+        constant_mean_=theta[:, p + 2] * y_std + y_mean,
+    )
+
+
+def posterior_of(est) -> IndependentPosterior:
+    """The fitted estimator's posterior, factored again when unpickling has dropped it."""
+    if getattr(est, "_posterior", None) is None:
+        theta = est._independent_theta
+        est._posterior = IndependentPosterior(est.X_train_, est.y_train_.T.contiguous(), theta, theta.shape[1] - 3)
+    return est._posterior
