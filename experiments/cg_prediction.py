@@ -91,9 +91,11 @@ def agreement(n: int, d: int, m: int, device: str) -> dict:
     far = Xt[: max(m // 10, 1)] + 10.0
     points = {"test": Xt, "train": train_pts, "far": far}
     ref, t_exact = _timed(lambda: _reference(X, y, ls, points))
+    print(f"n={n}: float64 Cholesky reference {t_exact:.1f} s", flush=True)
     if dev.type == "cuda":
         torch.cuda.empty_cache()  # the 8 n^2 bytes of the factor go back before the CG posterior stores K
     post, t_setup = _timed(lambda: CGPosterior(X, y, ls, OUTPUTSCALE, NOISE, 0.0, dtype=torch.float32))
+    print(f"n={n}: CG posterior set-up {t_setup:.1f} s ({post.iterations} CG iterations)", flush=True)
     row = {"n": n, "d": d, "device": str(dev), "exact_s": t_exact, "cg_setup_s": t_setup, "noise_std": NOISE**0.5}
     for name, P in points.items():
         (mean, var), t = _timed(lambda P=P: post.predict(P, return_var=True, include_noise=True))
@@ -109,6 +111,7 @@ def agreement(n: int, d: int, m: int, device: str) -> dict:
             ),  # + the reference's rounding
             "max_certified_rel_var_error": float((post.variance_error / var).max()),
         }
+        print(f"n={n}: {name} {row[name]}", flush=True)
     row["cg_iterations"] = post.iterations
     row["mean_error_bound"] = post.mean_error
     return row

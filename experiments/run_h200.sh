@@ -363,6 +363,23 @@ PYEOF
         --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_large_cg1m.log"
       tar czf "$OUT/accuracy_large_results.tar.gz" -C "$OUT" accuracy_large_results && rm -rf "$res"
       echo "accuracy_large: $(( SECONDS - B_T0 )) s" ;;
+    final)
+      # The last call of a round with little device time: build, every CUDA test, kin40k's rows c and exact, then the
+      # CG posterior against the float64 Cholesky at n = CG_AGREE_N (default 30000). FINAL_BUDGET seconds (560).
+      budget_start ${FINAL_BUDGET:-560}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/final_results"; mkdir -p "$res"
+      brun 240 "$OUT/final_build.log" python -m gpfast.build || { tail -40 "$OUT/final_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 90 "$OUT/final_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      tail -3 "$OUT/final_tests.log"
+      brun 240 "$OUT/final_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --datasets kin40k --rows gpfast exact --stem uci_kin40k_c_exact --out "$res"
+      echo "uci kin40k rc=$?"; grep -E "^   (gpfast|exact)" "$OUT/final_uci.log"
+      brun 150 "$OUT/final_cgpred.log" python -m experiments.cg_prediction --agree ${CG_AGREE_N:-30000} --points 300 \
+        --out "$res"; echo "cg_prediction rc=$?"; grep -E "^n=|^\| " "$OUT/final_cgpred.log" | cut -c1-250 | tail -8
+      tar czf "$OUT/final_results.tar.gz" -C "$OUT" final_results && rm -rf "$res"
+      echo "final: $(( SECONDS - B_T0 )) s" ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
