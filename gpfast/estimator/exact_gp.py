@@ -40,12 +40,13 @@ from gpfast.estimator import persistence, prediction
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.hyperparameters import (
     LENGTHSCALE_BOUNDS,
-    NOISE_BOUNDS,
     OUTPUTSCALE_BOUNDS,
     HyperparameterSpace,
+    noise_constraint,
+    noise_floor_warning,
 )
 from gpfast.estimator.inputs import validate_X, validate_y
-from gpfast.estimator.restarts import best_of_restarts, starting_points
+from gpfast.estimator.restarts import best_of_restarts, low_noise_start, starting_points
 from gpfast.estimator.training import CGSettings, gpytorch_objective, mll_estimate, train
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
@@ -89,15 +90,24 @@ class ExactGP(RegressorMixin, BaseEstimator):
     n_restarts : int, default=0
         Further optimiser runs from random data-driven starting points (scikit-learn's ``n_restarts_optimizer``;
         see :meth:`gpfast.estimator.hyperparameters.HyperparameterSpace.random`), seeded by ``random_state``; the
-        run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss).
+        run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss). Besides
+        these, when the training steps use the Cholesky solver and the first run ends with a noise below ``1e-2 x
+        var(y)``, a second run starts from the same point at a noise of ``1e-6 x var(y)``: data with little noise
+        can have a better optimum at lower noise than the one reached from the default start
+        (:mod:`gpfast.estimator.restarts`).
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
         Initial noise variance and kernel output scale, in the units of ``y`` squared. ``None``: GPyTorch's
         initialisation (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
-        (:mod:`gpfast.estimator.hyperparameters`: outputscale ``[1e-4, 1e4]`` and noise ``[1e-4, 1e2]`` times the
-        variance of y, the noise floor being also GPyTorch's ``GaussianLikelihood`` constraint); initial values
-        outside are moved to the nearest bound, with a warning.
+        (:mod:`gpfast.estimator.hyperparameters`): outputscale ``[1e-4, 1e6]`` and noise ``[floor, 1e2]`` times
+        the variance of y; initial values outside are moved to the nearest bound, with a warning. The noise floor
+        follows the path that takes the training steps: ``1e-8`` with the float64 Cholesky objective (small data:
+        noise-free data, such as a deterministic simulator's output, are then fitted as nearly interpolated, as
+        scikit-learn's ``WhiteKernel`` with its floor of ``1e-5`` does), ``1e-4`` with CG in float32 and ``1e-6``
+        with CG in float64. A CG fit that ends at its floor warns once and names the way to a lower one
+        (``dtype="float64"``, or ``solver="cholesky"`` where it fits). The floor is also the lower bound of
+        ``likelihood_``'s noise constraint.
     lengthscale_init : float, array of shape (n_features,) or None, default=None
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
         acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
@@ -189,7 +199,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     converged_ : bool
         The optimiser's stopping rule was met before ``max_iter`` (False when ``max_iter=0``).
     restart_losses_ : list of float
-        Final training loss of each run: the first start, then the ``n_restarts`` random ones.
+        Final training loss of each run: the first start, the low-noise start when it was made, then the
+        ``n_restarts`` random ones.
     trainer_ : {"gpfast", "exact", "gpytorch"}
         Who took the training steps on the full data: gpfast's engine, the exact float64 Cholesky objective
         (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``trainer``).
@@ -340,13 +351,16 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Xs = ((Xt - x_mean) / x_std).to(device)
         ys = ((yt - y_mean) / y_std).to(device)
         with self._seeded(settings.seed, device, fork=ckpt is not None):
-            likelihood = gpytorch.likelihoods.GaussianLikelihood()
+            y_var = float(ys.var(unbiased=False))
+            likelihood = gpytorch.likelihoods.GaussianLikelihood(
+                noise_constraint=noise_constraint(train_solver, train_dtype, y_var)
+            )
             Xd, yd = Xs.to(train_dtype), ys.to(train_dtype)
             model = ExactGPModel(Xd, yd, likelihood, ard=bool(self.ard), distributed=settings.distributed)
             model = model.to(device=device, dtype=train_dtype)
-            space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), float(ys.var(unbiased=False)))
+            space = HyperparameterSpace.for_data(model, column_stats(Xs).std.cpu(), y_var)
             theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
-            if self.max_iter > 0 or subset is not None:
+            if self.max_iter > 0 or subset is not None or "noise" in space.outside(theta0):
                 theta0 = self._clipped(space, theta0)
             sub_idx = None
             if subset is not None:
@@ -399,7 +413,11 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 return pre, full, record
 
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
-            (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+
+            def low_noise(r):
+                return low_noise_start(space, theta0, r[1].theta, train_solver) if self.max_iter > 0 else None
+
+            (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss, low_noise)
             if ckpt is not None:
                 ckpt.close()
             space.set(model, result.theta)
@@ -417,7 +435,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
             else:
                 lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
         if self.max_iter > 0:
-            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()))
+            floor_note = noise_floor_warning(space, result.theta, train_solver, train_dtype, choice.exact_feasible)
+            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()), floor_note=floor_note)
         if ckpt is not None:
             ckpt.remove()
         return dict(
@@ -478,14 +497,16 @@ class ExactGP(RegressorMixin, BaseEstimator):
             warnings.warn(
                 f"ExactGP: the initial {', '.join(outside)} lie outside the bounds of the fit (see "
                 f"gpfast.estimator.hyperparameters: lengthscales {LENGTHSCALE_BOUNDS} x each feature's std, "
-                f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
+                f"outputscale {OUTPUTSCALE_BOUNDS} and noise {space.noise_bounds} x var(y)); starting from the nearest "
                 f"bound instead.",
                 UserWarning,
                 stacklevel=4,
             )
         return space.clip(theta0)
 
-    def _warn_about_fit(self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool) -> None:
+    def _warn_about_fit(
+        self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool, floor_note: str | None = None
+    ) -> None:
         if not result.converged and self.tol != 0:  # tol=0 asks for all max_iter steps
             warnings.warn(
                 f"ExactGP: the optimiser ({optimizer}) stopped after {result.n_iter} iterations without converging "
@@ -501,6 +522,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 UserWarning,
                 stacklevel=4,
             )
+        if floor_note is not None and not y_constant:
+            warnings.warn(floor_note, UserWarning, stacklevel=4)
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
         """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""

@@ -12,10 +12,29 @@ The bounds, in the units of the data being fitted (standardised ones by default)
 =========== ============================ =====================================================================
 lengthscale ``[1e-2, 1e3] x column std``  below: a kernel that only sees each point itself; above: the feature
                                           no longer matters (a fit may end there: that switches a feature off)
-outputscale ``[1e-4, 1e4] x var(y)``      at the lower bound the signal has collapsed: predictions are the mean
-noise       ``[1e-4, 1e2] x var(y)``      the floor is GPyTorch's ``GaussianLikelihood`` constraint (1e-4, in
-                                          the model's units); it keeps float64 Cholesky factors well conditioned
+outputscale ``[1e-4, 1e6] x var(y)``      at the lower bound the signal has collapsed: predictions are the mean
+noise       ``[floor, 1e2] x var(y)``     the floor follows the path that takes the training steps (below)
 =========== ============================ =====================================================================
+
+The noise floor (:data:`NOISE_FLOORS`) is as low as the training path's arithmetic can factor or solve with, so that
+data from a deterministic function (a simulator, a noise-free objective) can be fitted as nearly interpolated:
+
+=================== =============== ======================================================================
+training path       floor x var(y)  why
+=================== =============== ======================================================================
+``"cholesky"``      ``1e-8``        float64 factorisation: K + 1e-8 I keeps a condition number near 1e8 x
+                                    the outputscale / var(y), far inside float64's 1e16; a factorisation
+                                    that still fails (duplicated inputs) is retried with a growing jitter
+                                    (:func:`gpfast.models.exact_posterior.robust_cholesky`)
+``"cg"``, float64   ``1e-6``        CG's iterations grow with the square root of the condition number
+``"cg"``, float32   ``1e-4``        float32 products and solves (unit roundoff 6e-8) lose the data-fit term
+                                    below about 1e-4
+=================== =============== ======================================================================
+
+scikit-learn's ``WhiteKernel`` stops at ``1e-5`` (in the units of ``normalize_y=True``). The floor is also the lower
+bound of the ``GaussianLikelihood``'s noise constraint (:func:`noise_constraint`), so the fitted ``model_`` keeps it
+when trained further with GPyTorch. A CG fit that ends at its floor is told (:func:`noise_floor_warning`) how to
+go lower: ``dtype="float64"``, or ``solver="cholesky"`` where the n x n matrix fits.
 
 The constant mean is unbounded.
 """
@@ -27,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gpytorch.constraints import GreaterThan
 
 from gpfast.models import ExactGPModel
 
@@ -34,18 +54,26 @@ __all__ = [
     "DEFAULT_INIT",
     "DEFAULT_LENGTHSCALE_INIT",
     "LENGTHSCALE_BOUNDS",
-    "NOISE_BOUNDS",
+    "NOISE_CEILING",
+    "NOISE_FLOORS",
     "OUTPUTSCALE_BOUNDS",
     "HyperparameterSpace",
+    "noise_constraint",
+    "noise_floor",
+    "noise_floor_warning",
 ]
 
 #: Lengthscale bounds, relative to each input column's standard deviation.
 LENGTHSCALE_BOUNDS = (1e-2, 1e3)
-#: Outputscale bounds, relative to the variance of the target.
-OUTPUTSCALE_BOUNDS = (1e-4, 1e4)
-#: Noise bounds, relative to the variance of the target; the lower one is also at least the likelihood's own
-#: constraint (GaussianLikelihood: 1e-4).
-NOISE_BOUNDS = (1e-4, 1e2)
+#: Outputscale bounds, relative to the variance of the target. Noise-free smooth functions that are nearly
+#: polynomial along some direction want long lengthscales with a large outputscale: the optima of Branin (100 points)
+#: and Friedman's first function (300 points, 5-D) lie at 1.4e5 and 6.4e4, 3.9 and 28 nats above a bound of 1e4.
+OUTPUTSCALE_BOUNDS = (1e-4, 1e6)
+#: Noise floors relative to the variance of the target, by training path: ``"cholesky"`` (always float64), and
+#: ``"cg"`` in each dtype (module docstring).
+NOISE_FLOORS = {"cholesky": 1e-8, ("cg", torch.float64): 1e-6, ("cg", torch.float32): 1e-4}
+#: Upper noise bound, relative to the variance of the target.
+NOISE_CEILING = 1e2
 #: Default starting lengthscale, relative to the spread of each feature: scikit-learn's RBF default of 1. From
 #: GPyTorch's 0.693 the fit ended in a worse local optimum on housing (log marginal likelihood -156 and -155 on
 #: splits 0 and 1, against -131 and -135 from 1 x std, scikit-learn's optimum), with the same optimum on yacht,
@@ -58,6 +86,45 @@ DEFAULT_INIT = math.log(2.0)
 AT_BOUND_LOG = 1e-3
 # Keeps the noise strictly above the likelihood's GreaterThan bound, where softplus^-1(noise - bound) is finite.
 _ABOVE_CONSTRAINT = 1e-6
+
+
+def noise_floor(train_solver: str, dtype: torch.dtype) -> float:
+    """The noise floor, relative to var(y), of training steps taken with ``train_solver`` (``"cholesky"``, always
+    float64, or ``"cg"``) in ``dtype`` (:data:`NOISE_FLOORS`)."""
+    if train_solver == "cholesky":
+        return NOISE_FLOORS["cholesky"]
+    key = ("cg", torch.float64 if dtype == torch.float64 else torch.float32)
+    return NOISE_FLOORS[key]
+
+
+def noise_constraint(train_solver: str, dtype: torch.dtype, y_var: float) -> GreaterThan:
+    """The ``GaussianLikelihood`` noise constraint for training steps taken with ``train_solver`` in ``dtype`` on
+    targets of variance ``y_var``: ``noise >= noise_floor(...) x y_var`` (GPyTorch's default, 1e-4, would keep
+    the float64 Cholesky path at the float32 floor)."""
+    y_var = y_var if y_var > 0 and math.isfinite(y_var) else 1.0
+    return GreaterThan(noise_floor(train_solver, dtype) * y_var)
+
+
+def noise_floor_warning(
+    space: HyperparameterSpace, theta: np.ndarray, train_solver: str, dtype: torch.dtype, cholesky_fits: bool
+) -> str | None:
+    """A sentence for a fit whose noise ended at a floor above the float64 Cholesky one (None otherwise), naming
+    the ways to a lower floor: ``dtype="float64"`` (CG in float32) and ``solver="cholesky"`` (when
+    ``cholesky_fits``, the n x n float64 matrix fits in memory)."""
+    if train_solver == "cholesky" or not space.at_lower(theta)[space.n_lengthscales + 1]:
+        return None
+    floor = noise_floor(train_solver, dtype)
+    remedies = []
+    if dtype != torch.float64:
+        remedies.append(f"dtype='float64' (CG floor {NOISE_FLOORS[('cg', torch.float64)]:g} x var(y))")
+    if cholesky_fits:
+        remedies.append(f"solver='cholesky' (float64 Cholesky floor {NOISE_FLOORS['cholesky']:g} x var(y))")
+    advice = "; for a lower floor use " + " or ".join(remedies) if remedies else ""
+    return (
+        f"ExactGP: the noise ended at the floor of CG training in {str(dtype).replace('torch.', '')} "
+        f"({floor:g} x var(y)): the data look less noisy than this path can resolve, and the fit may be short of "
+        f"the marginal-likelihood optimum{advice}."
+    )
 
 
 @dataclass(frozen=True)
@@ -81,8 +148,9 @@ class HyperparameterSpace:
         if k != spread.size:  # one shared lengthscale (ard=False): the typical spread
             spread = np.array([float(np.exp(np.log(spread).mean()))])
         y_var = y_var if y_var > 0 and math.isfinite(y_var) else 1.0
-        floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound) * (1 + _ABOVE_CONSTRAINT)
-        noise_lo = max(NOISE_BOUNDS[0] * y_var, floor)
+        # the likelihood's constraint was built for the training path (noise_constraint): its bound is the floor
+        floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+        noise_lo = max(floor, NOISE_FLOORS["cholesky"] * y_var) * (1 + _ABOVE_CONSTRAINT)
         lower = np.concatenate(
             [
                 np.log(LENGTHSCALE_BOUNDS[0] * spread),
@@ -94,7 +162,7 @@ class HyperparameterSpace:
                 np.log(LENGTHSCALE_BOUNDS[1] * spread),
                 [
                     math.log(OUTPUTSCALE_BOUNDS[1] * y_var),
-                    math.log(max(NOISE_BOUNDS[1] * y_var, 10 * noise_lo)),
+                    math.log(max(NOISE_CEILING * y_var, 10 * noise_lo)),
                     np.inf,
                 ],
             ]
@@ -113,6 +181,12 @@ class HyperparameterSpace:
     @property
     def size(self) -> int:
         return self.n_lengthscales + 3
+
+    @property
+    def noise_bounds(self) -> tuple[float, float]:
+        """The noise's (lower, upper) bounds relative to var(y), rounded to 3 digits for messages."""
+        k = self.n_lengthscales + 1
+        return tuple(float(f"{math.exp(v - self.log_y_var):.3g}") for v in (self.lower[k], self.upper[k]))
 
     # -- reading and writing the model ------------------------------------------------------------------------
     @staticmethod
@@ -228,7 +302,7 @@ class HyperparameterSpace:
         if hi[k]:
             out.append(f"the outputscale ended at its upper bound ({OUTPUTSCALE_BOUNDS[1]:g} x var(y))")
         if hi[k + 1]:
-            out.append(f"the noise ended at its upper bound ({NOISE_BOUNDS[1]:g} x var(y))")
+            out.append(f"the noise ended at its upper bound ({NOISE_CEILING:g} x var(y))")
         return out
 
     def random(self, rng: np.random.Generator) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +13,10 @@ import numpy as np
 import torch
 from sklearn.utils import check_random_state
 
-__all__ = ["MIN_NOISE", "OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
+__all__ = ["OPTIMIZERS", "Settings", "initial_values", "resolve", "resolve_optimizer"]
 
 #: ``optimizer`` values; ``"auto"`` is L-BFGS on the exact (Cholesky) objective and Adam on the CG estimate.
 OPTIMIZERS = ("auto", "lbfgs", "adam")
-
-#: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
-MIN_NOISE = 1e-4
 
 _DTYPES = {
     "float32": torch.float32,
@@ -178,15 +174,8 @@ def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, 
     """The user's initial hyperparameters in standardised units (float64 CPU tensors, None where not given)."""
     out: dict[str, torch.Tensor | None] = {"noise": None, "outputscale": None, "lengthscale": None}
     if est.noise_init is not None:
+        # below the training path's floor, the fit moves it up with a warning (ExactGP._clipped)
         v = float(est.noise_init) / y_std**2
-        if v <= MIN_NOISE:
-            warnings.warn(
-                f"noise_init={est.noise_init!r} is {v:.3g} in standardised units, at or below GPyTorch's lower "
-                f"bound {MIN_NOISE}; using {1.01 * MIN_NOISE:.3g} (standardised) instead.",
-                UserWarning,
-                stacklevel=4,
-            )
-            v = 1.01 * MIN_NOISE
         out["noise"] = torch.tensor(v, dtype=torch.float64)
     if est.outputscale_init is not None:
         out["outputscale"] = torch.tensor(float(est.outputscale_init) / y_std**2, dtype=torch.float64)
