@@ -43,7 +43,7 @@ from gpfast.estimator.hyperparameters import (
     OUTPUTSCALE_BOUNDS,
     HyperparameterSpace,
     noise_constraint,
-    noise_floor_warning,
+    noise_floor_notes,
 )
 from gpfast.estimator.inputs import validate_X, validate_y
 from gpfast.estimator.restarts import best_of_restarts, low_noise_start, starting_points
@@ -112,7 +112,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
         acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
         standard deviation (1 in standardised units, scikit-learn's default). Fitted lengthscales stay within
-        ``[1e-2, 1e3]`` times each feature's standard deviation.
+        ``[1e-2, 1e5]`` times each feature's standard deviation.
     standardize : bool, default=True
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
@@ -435,8 +435,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
             else:
                 lml, lml_method = n * mll_estimate(model, cg), "cg_estimate"
         if self.max_iter > 0:
-            floor_note = noise_floor_warning(space, result.theta, train_solver, train_dtype, choice.exact_feasible)
-            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()), floor_note=floor_note)
+            notes = noise_floor_notes(space, result.theta, train_solver, train_dtype, choice.exact_feasible, Xs, ys)
+            self._warn_about_fit(optimizer, result, space, y_constant=bool((ys == 0).all()), floor_notes=notes)
         if ckpt is not None:
             ckpt.remove()
         return dict(
@@ -505,7 +505,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         return space.clip(theta0)
 
     def _warn_about_fit(
-        self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool, floor_note: str | None = None
+        self, optimizer: str, result, space: HyperparameterSpace, y_constant: bool, floor_notes=()
     ) -> None:
         if not result.converged and self.tol != 0:  # tol=0 asks for all max_iter steps
             warnings.warn(
@@ -522,8 +522,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 UserWarning,
                 stacklevel=4,
             )
-        if floor_note is not None and not y_constant:
-            warnings.warn(floor_note, UserWarning, stacklevel=4)
+        for note in () if y_constant else floor_notes:
+            warnings.warn(note, UserWarning, stacklevel=4)
 
     def _statistics(self, Xt: torch.Tensor, yt: torch.Tensor, n: int):
         """(x_mean, x_std, y_mean, y_std) by the one standardisation rule, with a warning for constant columns."""

@@ -10,7 +10,7 @@ The bounds, in the units of the data being fitted (standardised ones by default)
 (its standard deviation; 1 for a constant column) and by the target's variance:
 
 =========== ============================ =====================================================================
-lengthscale ``[1e-2, 1e3] x column std``  below: a kernel that only sees each point itself; above: the feature
+lengthscale ``[1e-2, 1e5] x column std``  below: a kernel that only sees each point itself; above: the feature
                                           no longer matters (a fit may end there: that switches a feature off)
 outputscale ``[1e-4, 1e6] x var(y)``      at the lower bound the signal has collapsed: predictions are the mean
 noise       ``[floor, 1e2] x var(y)``     the floor follows the path that takes the training steps (below)
@@ -33,7 +33,7 @@ training path       floor x var(y)  why
 
 scikit-learn's ``WhiteKernel`` stops at ``1e-5`` (in the units of ``normalize_y=True``). The floor is also the lower
 bound of the ``GaussianLikelihood``'s noise constraint (:func:`noise_constraint`), so the fitted ``model_`` keeps it
-when trained further with GPyTorch. A CG fit that ends at its floor is told (:func:`noise_floor_warning`) how to
+when trained further with GPyTorch. A CG fit that ends at its floor is told (:func:`noise_floor_notes`) how to
 go lower: ``dtype="float64"``, or ``solver="cholesky"`` where the n x n matrix fits.
 
 The constant mean is unbounded.
@@ -60,11 +60,14 @@ __all__ = [
     "HyperparameterSpace",
     "noise_constraint",
     "noise_floor",
-    "noise_floor_warning",
+    "noise_floor_notes",
+    "repeated_rows",
 ]
 
-#: Lengthscale bounds, relative to each input column's standard deviation.
-LENGTHSCALE_BOUNDS = (1e-2, 1e3)
+#: Lengthscale bounds, relative to each input column's standard deviation. The upper one is scikit-learn's RBF bound
+#: for unit-spread inputs: noise-free data with a weakly relevant feature want it far out (OTL circuit, 6-D, 50 and
+#: 200 points: 2.4 and 12.5 nats more at 5e4-1e5 x std than at a bound of 1e3).
+LENGTHSCALE_BOUNDS = (1e-2, 1e5)
 #: Outputscale bounds, relative to the variance of the target. Noise-free smooth functions that are nearly
 #: polynomial along some direction want long lengthscales with a large outputscale: the optima of Branin (100 points)
 #: and Friedman's first function (300 points, 5-D) lie at 1.4e5 and 6.4e4, 3.9 and 28 nats above a bound of 1e4.
@@ -105,26 +108,54 @@ def noise_constraint(train_solver: str, dtype: torch.dtype, y_var: float) -> Gre
     return GreaterThan(noise_floor(train_solver, dtype) * y_var)
 
 
-def noise_floor_warning(
-    space: HyperparameterSpace, theta: np.ndarray, train_solver: str, dtype: torch.dtype, cholesky_fits: bool
-) -> str | None:
-    """A sentence for a fit whose noise ended at a floor above the float64 Cholesky one (None otherwise), naming
-    the ways to a lower floor: ``dtype="float64"`` (CG in float32) and ``solver="cholesky"`` (when
-    ``cholesky_fits``, the n x n float64 matrix fits in memory)."""
-    if train_solver == "cholesky" or not space.at_lower(theta)[space.n_lengthscales + 1]:
-        return None
-    floor = noise_floor(train_solver, dtype)
-    remedies = []
-    if dtype != torch.float64:
-        remedies.append(f"dtype='float64' (CG floor {NOISE_FLOORS[('cg', torch.float64)]:g} x var(y))")
-    if cholesky_fits:
-        remedies.append(f"solver='cholesky' (float64 Cholesky floor {NOISE_FLOORS['cholesky']:g} x var(y))")
-    advice = "; for a lower floor use " + " or ".join(remedies) if remedies else ""
-    return (
-        f"ExactGP: the noise ended at the floor of CG training in {str(dtype).replace('torch.', '')} "
-        f"({floor:g} x var(y)): the data look less noisy than this path can resolve, and the fit may be short of "
-        f"the marginal-likelihood optimum{advice}."
-    )
+def repeated_rows(X: torch.Tensor, y: torch.Tensor) -> int:
+    """The number of rows of the training data (X (n, d), y (n,)) that repeat another row exactly, target included
+    (n minus the number of distinct rows)."""
+    rows = torch.cat([X.reshape(X.shape[0], -1), y.reshape(-1, 1).to(X.dtype)], dim=1)
+    return int(rows.shape[0] - torch.unique(rows, dim=0).shape[0])
+
+
+def noise_floor_notes(
+    space: HyperparameterSpace,
+    theta: np.ndarray,
+    train_solver: str,
+    dtype: torch.dtype,
+    cholesky_fits: bool,
+    X: torch.Tensor,
+    y: torch.Tensor,
+) -> list[str]:
+    """Warnings for a fit on ``X`` (n, d), ``y`` (n,) whose noise ended at its floor (none when it did not).
+
+    * Rows repeated exactly (inputs and target): each copy adds ``-log(noise) / 2`` to the log marginal likelihood,
+      which then rises without bound as the noise falls; the fit ends at the floor whatever the noise of the data.
+    * A floor above the float64 Cholesky one (CG training), naming the ways to a lower one: ``dtype="float64"``
+      (CG in float32) and ``solver="cholesky"`` (when ``cholesky_fits``: the n x n float64 matrix fits).
+    """
+    if not space.at_lower(theta)[space.n_lengthscales + 1]:
+        return []
+    floor = space.noise_bounds[0]
+    notes = []
+    copies = repeated_rows(X, y)
+    if copies:
+        notes.append(
+            f"ExactGP: {copies} of the {X.shape[0]} training rows repeat another row exactly (inputs and target), and "
+            f"the noise ended at its floor ({floor:g} x var(y)): with exact copies the marginal likelihood rises "
+            f"without bound as the noise falls, so the fit interpolates the data whatever their noise. Remove the "
+            f"copies unless they are independent measurements."
+        )
+    if train_solver != "cholesky":
+        remedies = []
+        if dtype != torch.float64:
+            remedies.append(f"dtype='float64' (CG floor {NOISE_FLOORS[('cg', torch.float64)]:g} x var(y))")
+        if cholesky_fits:
+            remedies.append(f"solver='cholesky' (float64 Cholesky floor {NOISE_FLOORS['cholesky']:g} x var(y))")
+        advice = "; for a lower floor use " + " or ".join(remedies) if remedies else ""
+        notes.append(
+            f"ExactGP: the noise ended at the floor of CG training in {str(dtype).replace('torch.', '')} "
+            f"({floor:g} x var(y)): the data look less noisy than this path resolves, and the fit may be short of "
+            f"the marginal-likelihood optimum{advice}."
+        )
+    return notes
 
 
 @dataclass(frozen=True)
