@@ -27,7 +27,7 @@ from gpfast.models import ExactGPModel
 
 @pytest.mark.parametrize(
     "name, n",
-    [("franke", 300), ("branin", 100), ("ishigami", 200), ("hartmann3", 100), ("otl", 100)],
+    [("franke", 300), ("branin", 100), ("ishigami", 150), ("hartmann3", 100), ("otl", 200)],
 )
 def test_noise_free_functions_fit_as_well_as_sklearn(name, n):
     """Both with their defaults (no random restarts), seeded draws: gpfast's test RMSE is at most scikit-learn's
@@ -109,6 +109,7 @@ def _yacht(split, rows=None):
     return ds.X_train[:rows], ds.y_train[:rows]
 
 
+@pytest.mark.slow
 def test_yacht_low_noise_optimum_is_found():
     """On yacht split 2 the default start alone stopped at a log marginal likelihood of 239.5, scikit-learn at 264.0;
     the low-noise start reaches scikit-learn's optimum."""
@@ -124,13 +125,13 @@ def test_yacht_low_noise_optimum_is_found():
 def test_every_row_duplicated_reaches_sklearns_optimum_and_warns():
     """With every row twice the marginal likelihood rises without bound as the noise falls; the default fit ends at
     its floor, at least as high as scikit-learn's (whose floor is higher), and says why."""
-    X, y = _yacht(0, rows=120)
+    X, y = _yacht(0, rows=60)
     X, y = np.concatenate([X, X]), np.concatenate([y, y])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sk = sklearn_gp(X.shape[1]).fit(X, y)
     gp, msgs = _fit(X, y)
     assert gp.log_marginal_likelihood_ >= sk.log_marginal_likelihood_value_ - LML_MARGIN
-    assert any("120 of the 240 training rows repeat another row exactly" in m for m in msgs), msgs
-    assert repeated_rows(torch.as_tensor(X), torch.as_tensor(y)) == 120
-    assert repeated_rows(torch.as_tensor(X[:120]), torch.as_tensor(y[:120])) == 0
+    assert any("60 of the 120 training rows repeat another row exactly" in m for m in msgs), msgs
+    assert repeated_rows(torch.as_tensor(X), torch.as_tensor(y)) == 60
+    assert repeated_rows(torch.as_tensor(X[:60]), torch.as_tensor(y[:60])) == 0
