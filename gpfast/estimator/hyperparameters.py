@@ -22,13 +22,18 @@ data from a deterministic function (a simulator, a noise-free objective) can be 
 =================== =============== ======================================================================
 training path       floor x var(y)  why
 =================== =============== ======================================================================
-``"cholesky"``      ``1e-8``        float64 factorisation: K + 1e-8 I keeps a condition number near 1e8 x
-                                    the outputscale / var(y), far inside float64's 1e16; a factorisation
-                                    that still fails (duplicated inputs) is retried with a growing jitter
-                                    (:func:`gpfast.models.exact_posterior.robust_cholesky`)
-``"cg"``, float64   ``1e-6``        CG's iterations grow with the square root of the condition number
-``"cg"``, float32   ``1e-4``        float32 products and solves (unit roundoff 6e-8) lose the data-fit term
-                                    below about 1e-4
+``"cholesky"``      ``1e-8``        float64: the condition number is at most about n x outputscale /
+                                    noise (3e10 for n = 300 at an outputscale of var(y)), inside float64's
+                                    1 / unit roundoff (9e15). Where rounding still breaks a factorisation
+                                    (outputscales far above var(y), duplicated inputs) it is retried with a
+                                    growing jitter (:func:`gpfast.models.exact_posterior.robust_cholesky`),
+                                    which then counts as noise
+``"cg"``, float64   ``1e-6``        CG's iterations grow with the square root of the condition number: 100x
+                                    below float32's floor costs at most about 10x its iterations (this
+                                    arithmetic is the whole reason; no measurement picked the value)
+``"cg"``, float32   ``1e-4``        GPyTorch's default: even there the condition number exceeds float32's
+                                    1 / unit roundoff (1.7e7) from n of about 1,700 at an outputscale of
+                                    var(y), which the preconditioner has to absorb
 =================== =============== ======================================================================
 
 scikit-learn's ``WhiteKernel`` stops at ``1e-5`` (in the units of ``normalize_y=True``). The floor is also the lower
