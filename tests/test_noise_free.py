@@ -27,7 +27,7 @@ from gpfast.models import ExactGPModel
 
 @pytest.mark.parametrize(
     "name, n",
-    [("franke", 300), ("branin", 100), ("ishigami", 150), ("hartmann3", 100), ("otl", 200)],
+    [("franke", 300), ("branin", 100), ("hartmann3", 100), ("otl", 150)],
 )
 def test_noise_free_functions_fit_as_well_as_sklearn(name, n):
     """Both with their defaults (no random restarts), seeded draws: gpfast's test RMSE is at most scikit-learn's
