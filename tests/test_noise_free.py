@@ -21,6 +21,7 @@ from gpfast.estimator.hyperparameters import (
     noise_floor,
     repeated_rows,
 )
+from gpfast.estimator.optimize import LBFGS_FLAT_GTOL, minimize_lbfgs
 from gpfast.estimator.restarts import LOW_NOISE_START, best_of_restarts, low_noise_start
 from gpfast.models import ExactGPModel
 
@@ -102,6 +103,23 @@ def test_low_noise_start_is_made_only_on_the_exact_path_after_a_low_noise_end():
     )
     assert [s[3] for s in seen] == [theta0[3], start[3], theta0[3] + 1]
     assert best == start[3] and losses == [theta0[3], start[3], theta0[3] + 1]
+
+
+@pytest.mark.parametrize("step, converged", [(3e-2, True), (1.0, False)])
+def test_lbfgs_stop_on_a_loss_flat_to_its_rounding_counts_as_converged(step, converged):
+    """A loss known only to ``step`` (rounded), with its exact gradient: L-BFGS-B's line search ends finding no
+    decrease. Where the projected gradient is then below LBFGS_FLAT_GTOL the fit is as converged as the loss can
+    tell (as near the noise floor of noise-free data); where it is not, it is not."""
+    space = HyperparameterSpace(1, np.full(4, -10.0), np.full(4, 10.0), np.zeros(1), 0.0)
+    scale = np.array([1.0, 3.0, 10.0, 30.0])
+
+    def fun(t):
+        return float(np.round(np.sum(scale * np.cosh(t)) / step) * step), scale * np.sinh(t)
+
+    res = minimize_lbfgs(fun, np.array([2.0, -1.5, 1.0, 0.7]), space, n=1, max_iter=100)
+    assert res.converged == converged, res.message
+    largest = float(np.abs(fun(res.theta)[1]).max())
+    assert (largest <= LBFGS_FLAT_GTOL) == converged and ("flat" in res.message) == converged
 
 
 def _yacht(split, rows=None):
