@@ -112,7 +112,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
         acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
         standard deviation (1 in standardised units, scikit-learn's default). Fitted lengthscales stay within
-        ``[1e-2, 1e5]`` times each feature's standard deviation.
+        ``[1e-2, 1e3]`` times each feature's standard deviation.
     standardize : bool, default=True
         Centre and scale X's columns and y with the training statistics (:mod:`gpfast.standardize`) before
         fitting. ``False`` fits the data as given (for data already standardised, as ``gpfast.datasets`` returns
