@@ -99,9 +99,9 @@ def test_low_noise_start_is_made_only_on_the_exact_path_after_a_low_noise_end():
     # the extra start runs second, and the best run is kept
     seen = []
     best, losses = best_of_restarts(
-        [theta0, theta0 + 1], lambda t: seen.append(t) or float(t[3]), lambda r: r, lambda r: start
+        [theta0, theta0 + 1], lambda t, first: seen.append((t, first)) or float(t[3]), lambda r: r, lambda r: start
     )
-    assert [s[3] for s in seen] == [theta0[3], start[3], theta0[3] + 1]
+    assert [(s[3], first) for s, first in seen] == [(theta0[3], True), (start[3], False), (theta0[3] + 1, False)]
     assert best == start[3] and losses == [theta0[3], start[3], theta0[3] + 1]
 
 

@@ -46,7 +46,7 @@ from gpfast.estimator.hyperparameters import (
     noise_floor_notes,
 )
 from gpfast.estimator.inputs import validate_X, validate_y
-from gpfast.estimator.restarts import best_of_restarts, low_noise_start, starting_points
+from gpfast.estimator.restarts import best_of_restarts, first_run_space, low_noise_start, starting_points
 from gpfast.estimator.training import CGSettings, gpytorch_objective, mll_estimate, train
 from gpfast.models import ExactGPModel, ExactPosterior
 from gpfast.standardize import column_stats
@@ -93,8 +93,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
         run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss). Besides
         these, when the training steps use the Cholesky solver and the first run ends with a noise below ``1e-2 x
         var(y)``, a second run starts from the same point at a noise of ``1e-6 x var(y)``: data with little noise
-        can have a better optimum at lower noise than the one reached from the default start
-        (:mod:`gpfast.estimator.restarts`).
+        can have a better optimum at lower noise than the one reached from the default start, whose run keeps the
+        noise above ``1e-4 x var(y)`` (:mod:`gpfast.estimator.restarts`).
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
@@ -384,7 +384,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
                 checkpoint=ckpt,
             )
 
-            def run(theta):
+            def run(theta, first=False):
+                train_kw["space"] = first_run_space(space, train_solver) if first else space
                 space.set(model, theta)
                 pre = None
                 if sub_idx is not None:

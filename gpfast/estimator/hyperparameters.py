@@ -47,7 +47,7 @@ The constant mean is unbounded.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -218,6 +218,13 @@ class HyperparameterSpace:
     @property
     def size(self) -> int:
         return self.n_lengthscales + 3
+
+    def with_noise_floor(self, relative: float) -> HyperparameterSpace:
+        """The same box with the noise's lower bound raised to at least ``relative`` x var(y)."""
+        k = self.n_lengthscales + 1
+        lower = self.lower.copy()
+        lower[k] = max(lower[k], self.log_y_var + math.log(relative))
+        return replace(self, lower=lower)
 
     @property
     def noise_bounds(self) -> tuple[float, float]:
