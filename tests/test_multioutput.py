@@ -11,7 +11,7 @@ from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
 from conftest import DEVICES
 from gpfast.estimator import ExactGP
-from gpfast.estimator.hyperparameters import LENGTHSCALE_BOUNDS, NOISE_BOUNDS, OUTPUTSCALE_BOUNDS
+from gpfast.estimator.hyperparameters import LENGTHSCALE_BOUNDS, NOISE_CEILING, NOISE_FLOORS, OUTPUTSCALE_BOUNDS
 
 # short fits (a few optimiser steps) are enough for what these tests check
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -92,8 +92,8 @@ def test_theta_is_the_fitted_hyperparameters():
     assert gp.log_marginal_likelihood(theta) == pytest.approx(gp.log_marginal_likelihood_value_, rel=1e-12, abs=1e-9)
     # the fit maximised it inside the box of the fit (standardised data: lengthscale, outputscale and noise bounds
     # times 1): small steps away from the fitted theta that stay in the box do not raise it (beyond ftol)
-    lower = np.log([LENGTHSCALE_BOUNDS[0]] * 3 + [OUTPUTSCALE_BOUNDS[0], NOISE_BOUNDS[0]])
-    upper = np.log([LENGTHSCALE_BOUNDS[1]] * 3 + [OUTPUTSCALE_BOUNDS[1], NOISE_BOUNDS[1]])
+    lower = np.log([LENGTHSCALE_BOUNDS[0]] * 3 + [OUTPUTSCALE_BOUNDS[0], NOISE_FLOORS["cholesky"]])
+    upper = np.log([LENGTHSCALE_BOUNDS[1]] * 3 + [OUTPUTSCALE_BOUNDS[1], NOISE_CEILING])
     for e in np.eye(5):
         for step in (-1e-2 * e, 1e-2 * e):
             if np.all(theta + step >= lower) and np.all(theta + step <= upper):

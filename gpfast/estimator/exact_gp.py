@@ -92,15 +92,21 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Further optimiser runs from random data-driven starting points (scikit-learn's ``n_restarts_optimizer``;
         see :meth:`gpfast.estimator.hyperparameters.HyperparameterSpace.random`), seeded by ``random_state``; the
         run with the best marginal likelihood is kept (``restart_losses_`` has each run's final loss). At most 1000.
+        With the Cholesky solver, a first run ending below ``1e-2 x var(y)`` noise is followed by one from the
+        same start at ``1e-6 x var(y)`` (:mod:`gpfast.estimator.restarts`).
     ard : bool, default=True
         One lengthscale per feature (automatic relevance determination) or a single shared one.
     noise_init, outputscale_init : float or None, default=None
         Initial noise variance and kernel output scale, in the units of ``y`` squared (with several outputs, as
-        fractions of each output's variance: standardised units). ``None``: GPyTorch's
-        initialisation (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
-        (:mod:`gpfast.estimator.hyperparameters`: outputscale ``[1e-4, 1e4]`` and noise ``[1e-4, 1e2]`` times the
-        variance of y, the noise floor being also GPyTorch's ``GaussianLikelihood`` constraint); initial values
-        outside are moved to the nearest bound, with a warning.
+        fractions of each output's variance: standardised units). ``None``: GPyTorch's initialisation
+        (``softplus(0) ~= 0.693`` in standardised units). The fit keeps them within bounds
+        (:mod:`gpfast.estimator.hyperparameters`): outputscale ``[1e-4, 1e6]`` and noise ``[floor, 1e2]`` times
+        the variance of y, moving initial values outside to the nearest bound with a warning. The noise floor
+        follows the training path: ``1e-8`` with the float64 Cholesky objective (noise-free data, such as a
+        simulator's output, are fitted as nearly interpolated, as by scikit-learn's ``WhiteKernel``, floor
+        ``1e-5``), ``1e-4`` with CG in float32, ``1e-6`` in float64; a CG fit that ends at its floor warns and names
+        the way lower (``dtype="float64"``, or ``solver="cholesky"`` where it fits). ``likelihood_``'s noise
+        constraint has the same floor.
     lengthscale_init : float, array of shape (n_features,) or None, default=None
         Initial lengthscale(s) in the units of ``X`` (``ard=True``). With ``ard=False`` the single lengthscale
         acts on the standardised inputs, so it must be a float in standardised units. ``None``: each feature's
@@ -182,7 +188,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
     converged_ : bool
         The optimiser's stopping rule was met before ``max_iter`` (False when ``max_iter=0``).
     restart_losses_ : list of float
-        Final training loss of each run: the first start, then the ``n_restarts`` random ones.
+        Final training loss of each run: the first start, the low-noise start when it was made, then the
+        ``n_restarts`` random ones.
     trainer_ : {"gpfast", "exact", "gpytorch"}
         Who took the training steps on the full data: gpfast's engine, the exact float64 Cholesky objective
         (:mod:`~gpfast.estimator.exact_objective`), or GPyTorch's marginal likelihood (see ``cg``).
@@ -329,7 +336,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ys = ((yt - y_center) / y_scale).to(device)
         with seeded(settings.seed, device, fork=ckpt is not None):
             model, space, theta0 = initial_model(Xs, ys, plan, inits, bool(self.ard), settings.distributed)
-            if self.max_iter > 0 or plan.pretrain is not None:
+            if self.max_iter > 0 or plan.pretrain is not None or "noise" in space.outside(theta0):
                 theta0 = clipped_start(space, theta0)
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
             options = dict(max_iter=self.max_iter, pretrain_steps=settings.pretrain_steps, seed=settings.seed)
@@ -346,7 +353,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
             model.likelihood.eval()
             lml, lml_method, posterior = fitted_log_marginal_likelihood(model, Xs, ys, plan)
         if self.max_iter > 0:
-            warn_about_fit(plan.optimizer, result, space, bool((ys == 0).all()), self.max_iter, self.tol)
+            warn_about_fit(plan, result, space, Xs, ys, self.max_iter, self.tol)
         if ckpt is not None:
             ckpt.remove()
         return dict(

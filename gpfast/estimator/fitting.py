@@ -20,10 +20,16 @@ from tqdm.auto import tqdm
 
 from gpfast.estimator.exact_objective import cholesky_objective
 from gpfast.estimator import prediction
-from gpfast.estimator.hyperparameters import LENGTHSCALE_BOUNDS, NOISE_BOUNDS, OUTPUTSCALE_BOUNDS, HyperparameterSpace
+from gpfast.estimator.hyperparameters import (
+    LENGTHSCALE_BOUNDS,
+    OUTPUTSCALE_BOUNDS,
+    HyperparameterSpace,
+    noise_constraint,
+    noise_floor_notes,
+)
 from gpfast.estimator.optimize import minimize_adam, minimize_lbfgs
 from gpfast.estimator.outputs import model_targets
-from gpfast.estimator.restarts import best_of_restarts
+from gpfast.estimator.restarts import best_of_restarts, first_run_space, low_noise_start
 from gpfast.estimator.solver import FitPlan, RunPlan
 from gpfast.models import ExactGPModel
 from gpfast.standardize import column_stats
@@ -260,11 +266,13 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
     Returns
     -------
     pretrain, result : FitResult or None, FitResult
-        The best run's results on the subset (None without pretraining) and on all the data.
+        The best run's results on the subset (None without pretraining) and on all the data. The first run keeps
+        the noise above :func:`~gpfast.estimator.restarts.first_run_space`'s floor; when it ends at a low noise
+        on the exact path, the low-noise start (:func:`~gpfast.estimator.restarts.low_noise_start`) runs second.
     record : gpfast.train.EngineRecord or None
         Its engine record, when the engine took the steps on all the data.
     restart_losses : list of float
-        The final loss of the run from each start.
+        The final loss of the run from each start (the low-noise start's second when it was made).
     """
     max_iter, pretrain_steps, seed = kw.pop("max_iter"), kw.pop("pretrain_steps"), kw.pop("seed")
     sub_idx = None
@@ -272,9 +280,10 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         sub_idx = torch.randperm(X.shape[0], generator=gen)[: plan.pretrain.n].to(X.device)
     Xd, yd = X.to(plan.train_dtype), model_targets(y).to(plan.train_dtype)
-    kw.update(optimizer=plan.optimizer, dtype=plan.dtype, space=space)
+    kw.update(optimizer=plan.optimizer, dtype=plan.dtype)
 
-    def run(theta):
+    def run(theta, first=False):
+        kw["space"] = first_run_space(space, plan.full.train_solver) if first else space
         space.set(model, theta)
         pre = None
         if sub_idx is not None:
@@ -286,7 +295,10 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
         result, record = _run(plan.full, model, max_iter, desc=desc, **kw)
         return pre, result, record
 
-    (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss)
+    def low_noise(r):
+        return low_noise_start(space, starts[0], r[1].theta, plan.full.train_solver) if max_iter > 0 else None
+
+    (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss, low_noise)
     return pre, result, record, restart_losses
 
 
@@ -360,7 +372,7 @@ def clipped_start(space: HyperparameterSpace, theta0: np.ndarray) -> np.ndarray:
         warnings.warn(
             f"ExactGP: the initial {', '.join(outside)} lie outside the bounds of the fit (see "
             f"gpfast.estimator.hyperparameters: lengthscales {LENGTHSCALE_BOUNDS} x each feature's std, "
-            f"outputscale {OUTPUTSCALE_BOUNDS} and noise {NOISE_BOUNDS} x var(y)); starting from the nearest "
+            f"outputscale {OUTPUTSCALE_BOUNDS} and noise {space.noise_bounds} x var(y)); starting from the nearest "
             f"bound instead.",
             UserWarning,
             stacklevel=5,
@@ -368,9 +380,12 @@ def clipped_start(space: HyperparameterSpace, theta0: np.ndarray) -> np.ndarray:
     return space.clip(theta0)
 
 
-def warn_about_fit(optimizer: str, result: FitResult, space: HyperparameterSpace, y_constant: bool, max_iter, tol):
+def warn_about_fit(plan: FitPlan, result: FitResult, space: HyperparameterSpace, X, y, max_iter, tol) -> None:
     """A ConvergenceWarning when the optimiser stopped short, a UserWarning when the fitted hyperparameters sit
-    where the data say little (for the caller of ``ExactGP.fit``)."""
+    where the data say little, and one for each note of :func:`~gpfast.estimator.hyperparameters.noise_floor_notes`
+    when the noise ended at its floor (for the caller of ``ExactGP.fit``; X (n, d) and y (n,) or (n, k) are the
+    standardised training data)."""
+    optimizer, y_constant = plan.optimizer, bool((y == 0).all())
     if not result.converged and tol != 0:  # tol=0 asks for all max_iter steps
         warnings.warn(
             f"ExactGP: the optimiser ({optimizer}) stopped after {result.n_iter} iterations without converging "
@@ -386,6 +401,11 @@ def warn_about_fit(optimizer: str, result: FitResult, space: HyperparameterSpace
             UserWarning,
             stacklevel=4,
         )
+    if y_constant:
+        return
+    notes = noise_floor_notes(space, result.theta, plan.full.train_solver, plan.train_dtype, plan.exact_feasible, X, y)
+    for note in notes:
+        warnings.warn(note, UserWarning, stacklevel=4)
 
 
 def fitted_log_marginal_likelihood(model: ExactGPModel, X: torch.Tensor, y: torch.Tensor, plan: FitPlan):
@@ -402,9 +422,12 @@ def fitted_log_marginal_likelihood(model: ExactGPModel, X: torch.Tensor, y: torc
 def initial_model(X: torch.Tensor, y: torch.Tensor, plan: FitPlan, inits: dict, ard: bool, distributed: bool):
     """The model on the standardised data X (n, d) and y (n,) or (n, k) in ``plan.train_dtype``, its hyperparameter
     space and the starting point from ``inits`` (:func:`gpfast.estimator.params.initial_values`), not yet clipped."""
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
+    # with several outputs, the variance of all their values: the mean of their variances when each is centred
+    y_var = float(y.var(unbiased=False))
+    noise = noise_constraint(plan.full.train_solver, plan.train_dtype, y_var)
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(noise_constraint=noise)
     Xd, yd = X.to(plan.train_dtype), model_targets(y).to(plan.train_dtype)
     model = ExactGPModel(Xd, yd, likelihood, ard=ard, distributed=distributed)
     model = model.to(device=X.device, dtype=plan.train_dtype)
-    space = HyperparameterSpace.for_data(model, column_stats(X).std.cpu(), float(y.var(unbiased=False)))
+    space = HyperparameterSpace.for_data(model, column_stats(X).std.cpu(), y_var)
     return model, space, space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])

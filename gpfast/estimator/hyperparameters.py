@@ -12,10 +12,34 @@ The bounds, in the units of the data being fitted (standardised ones by default)
 =========== ============================ =====================================================================
 lengthscale ``[1e-2, 1e3] x column std``  below: a kernel that only sees each point itself; above: the feature
                                           no longer matters (a fit may end there: that switches a feature off)
-outputscale ``[1e-4, 1e4] x var(y)``      at the lower bound the signal has collapsed: predictions are the mean
-noise       ``[1e-4, 1e2] x var(y)``      the floor is GPyTorch's ``GaussianLikelihood`` constraint (1e-4, in
-                                          the model's units); it keeps float64 Cholesky factors well conditioned
+outputscale ``[1e-4, 1e6] x var(y)``      at the lower bound the signal has collapsed: predictions are the mean
+noise       ``[floor, 1e2] x var(y)``     the floor follows the path that takes the training steps (below)
 =========== ============================ =====================================================================
+
+The noise floor (:data:`NOISE_FLOORS`) is as low as the training path's arithmetic can factor or solve with, so that
+data from a deterministic function (a simulator, a noise-free objective) can be fitted as nearly interpolated:
+
+=================== =============== ======================================================================
+training path       floor x var(y)  why
+=================== =============== ======================================================================
+``"cholesky"``      ``1e-8``        float64: the condition number is at most about n x outputscale /
+                                    noise (3e10 for n = 300 at an outputscale of var(y)), inside float64's
+                                    1 / unit roundoff (9e15). Where rounding still breaks a factorisation
+                                    (outputscales far above var(y), duplicated inputs) it is retried with a
+                                    growing jitter (:func:`gpfast.models.exact_posterior.robust_cholesky`),
+                                    which then counts as noise
+``"cg"``, float64   ``1e-6``        CG's iterations grow with the square root of the condition number: 100x
+                                    below float32's floor costs at most about 10x its iterations (this
+                                    arithmetic is the whole reason; no measurement picked the value)
+``"cg"``, float32   ``1e-4``        GPyTorch's default: even there the condition number exceeds float32's
+                                    1 / unit roundoff (1.7e7) from n of about 1,700 at an outputscale of
+                                    var(y), which the preconditioner has to absorb
+=================== =============== ======================================================================
+
+scikit-learn's ``WhiteKernel`` stops at ``1e-5`` (in the units of ``normalize_y=True``). The floor is also the lower
+bound of the ``GaussianLikelihood``'s noise constraint (:func:`noise_constraint`), so the fitted ``model_`` keeps it
+when trained further with GPyTorch. A CG fit that ends at its floor is told (:func:`noise_floor_notes`) how to
+go lower: ``dtype="float64"``, or ``solver="cholesky"`` where the n x n matrix fits.
 
 The constant mean is unbounded.
 """
@@ -23,10 +47,11 @@ The constant mean is unbounded.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from gpytorch.constraints import GreaterThan
 
 from gpfast.models import ExactGPModel
 
@@ -34,18 +59,30 @@ __all__ = [
     "DEFAULT_INIT",
     "DEFAULT_LENGTHSCALE_INIT",
     "LENGTHSCALE_BOUNDS",
-    "NOISE_BOUNDS",
+    "NOISE_CEILING",
+    "NOISE_FLOORS",
     "OUTPUTSCALE_BOUNDS",
     "HyperparameterSpace",
+    "noise_constraint",
+    "noise_floor",
+    "noise_floor_notes",
+    "repeated_rows",
 ]
 
-#: Lengthscale bounds, relative to each input column's standard deviation.
+#: Lengthscale bounds, relative to each input column's standard deviation. Noise-free data with a weakly relevant
+#: feature would take the upper one further out (OTL circuit, 6-D, 50 and 200 points: 2.4 and 12.5 nats more at
+#: 5e4-1e5 x std), but at 1e5 the fits of energy ended in lower optima (split 4: 1009 against 1050; split 0: 1007
+#: against 1013), the switched-off feature's lengthscale wandering along a flat direction.
 LENGTHSCALE_BOUNDS = (1e-2, 1e3)
-#: Outputscale bounds, relative to the variance of the target.
-OUTPUTSCALE_BOUNDS = (1e-4, 1e4)
-#: Noise bounds, relative to the variance of the target; the lower one is also at least the likelihood's own
-#: constraint (GaussianLikelihood: 1e-4).
-NOISE_BOUNDS = (1e-4, 1e2)
+#: Outputscale bounds, relative to the variance of the target. Noise-free smooth functions that are nearly
+#: polynomial along some direction want long lengthscales with a large outputscale: the optima of Branin (100 points)
+#: and Friedman's first function (300 points, 5-D) lie at 1.4e5 and 6.4e4, 3.9 and 28 nats above a bound of 1e4.
+OUTPUTSCALE_BOUNDS = (1e-4, 1e6)
+#: Noise floors relative to the variance of the target, by training path: ``"cholesky"`` (always float64), and
+#: ``"cg"`` in each dtype (module docstring).
+NOISE_FLOORS = {"cholesky": 1e-8, ("cg", torch.float64): 1e-6, ("cg", torch.float32): 1e-4}
+#: Upper noise bound, relative to the variance of the target.
+NOISE_CEILING = 1e2
 #: Default starting lengthscale, relative to the spread of each feature: scikit-learn's RBF default of 1. From
 #: GPyTorch's 0.693 the fit ended in a worse local optimum on housing (log marginal likelihood -156 and -155 on
 #: splits 0 and 1, against -131 and -135 from 1 x std, scikit-learn's optimum), with the same optimum on yacht,
@@ -58,6 +95,73 @@ DEFAULT_INIT = math.log(2.0)
 AT_BOUND_LOG = 1e-3
 # Keeps the noise strictly above the likelihood's GreaterThan bound, where softplus^-1(noise - bound) is finite.
 _ABOVE_CONSTRAINT = 1e-6
+
+
+def noise_floor(train_solver: str, dtype: torch.dtype) -> float:
+    """The noise floor, relative to var(y), of training steps taken with ``train_solver`` (``"cholesky"``, always
+    float64, or ``"cg"``) in ``dtype`` (:data:`NOISE_FLOORS`)."""
+    if train_solver == "cholesky":
+        return NOISE_FLOORS["cholesky"]
+    key = ("cg", torch.float64 if dtype == torch.float64 else torch.float32)
+    return NOISE_FLOORS[key]
+
+
+def noise_constraint(train_solver: str, dtype: torch.dtype, y_var: float) -> GreaterThan:
+    """The ``GaussianLikelihood`` noise constraint for training steps taken with ``train_solver`` in ``dtype`` on
+    targets of variance ``y_var``: ``noise >= noise_floor(...) x y_var`` (GPyTorch's default, 1e-4, would keep
+    the float64 Cholesky path at the float32 floor)."""
+    y_var = y_var if y_var > 0 and math.isfinite(y_var) else 1.0
+    return GreaterThan(noise_floor(train_solver, dtype) * y_var)
+
+
+def repeated_rows(X: torch.Tensor, y: torch.Tensor) -> int:
+    """The number of rows of the training data (X (n, d), y (n,) or (n, k)) that repeat another row exactly,
+    targets included (n minus the number of distinct rows)."""
+    rows = torch.cat([X.reshape(X.shape[0], -1), y.reshape(X.shape[0], -1).to(X.dtype)], dim=1)
+    return int(rows.shape[0] - torch.unique(rows, dim=0).shape[0])
+
+
+def noise_floor_notes(
+    space: HyperparameterSpace,
+    theta: np.ndarray,
+    train_solver: str,
+    dtype: torch.dtype,
+    cholesky_fits: bool,
+    X: torch.Tensor,
+    y: torch.Tensor,
+) -> list[str]:
+    """Warnings for a fit on ``X`` (n, d), ``y`` (n,) or (n, k) whose noise ended at its floor (none when it did not).
+
+    * Rows repeated exactly (inputs and target): each copy adds ``-log(noise) / 2`` to the log marginal likelihood,
+      which then rises without bound as the noise falls; the fit ends at the floor whatever the noise of the data.
+    * A floor above the float64 Cholesky one (CG training), naming the ways to a lower one: ``dtype="float64"``
+      (CG in float32) and ``solver="cholesky"`` (when ``cholesky_fits``: the n x n float64 matrix fits).
+    """
+    if not space.at_lower(theta)[space.n_lengthscales + 1]:
+        return []
+    floor = space.noise_bounds[0]
+    notes = []
+    copies = repeated_rows(X, y)
+    if copies:
+        notes.append(
+            f"ExactGP: {copies} of the {X.shape[0]} training rows repeat another row exactly (inputs and target), and "
+            f"the noise ended at its floor ({floor:g} x var(y)): with exact copies the marginal likelihood rises "
+            f"without bound as the noise falls, so the fit interpolates the data whatever their noise. Remove the "
+            f"copies unless they are independent measurements."
+        )
+    if train_solver != "cholesky":
+        remedies = []
+        if dtype != torch.float64:
+            remedies.append(f"dtype='float64' (CG floor {NOISE_FLOORS[('cg', torch.float64)]:g} x var(y))")
+        if cholesky_fits:
+            remedies.append(f"solver='cholesky' (float64 Cholesky floor {NOISE_FLOORS['cholesky']:g} x var(y))")
+        advice = "; for a lower floor use " + " or ".join(remedies) if remedies else ""
+        notes.append(
+            f"ExactGP: the noise ended at the floor of CG training in {str(dtype).replace('torch.', '')} "
+            f"({floor:g} x var(y)): the data look less noisy than this path resolves, and the fit may be short of "
+            f"the marginal-likelihood optimum{advice}."
+        )
+    return notes
 
 
 @dataclass(frozen=True)
@@ -81,8 +185,9 @@ class HyperparameterSpace:
         if k != spread.size:  # one shared lengthscale (ard=False): the typical spread
             spread = np.array([float(np.exp(np.log(spread).mean()))])
         y_var = y_var if y_var > 0 and math.isfinite(y_var) else 1.0
-        floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound) * (1 + _ABOVE_CONSTRAINT)
-        noise_lo = max(NOISE_BOUNDS[0] * y_var, floor)
+        # the likelihood's constraint was built for the training path (noise_constraint): its bound is the floor
+        floor = float(model.likelihood.noise_covar.raw_noise_constraint.lower_bound)
+        noise_lo = max(floor, NOISE_FLOORS["cholesky"] * y_var) * (1 + _ABOVE_CONSTRAINT)
         lower = np.concatenate(
             [
                 np.log(LENGTHSCALE_BOUNDS[0] * spread),
@@ -94,7 +199,7 @@ class HyperparameterSpace:
                 np.log(LENGTHSCALE_BOUNDS[1] * spread),
                 [
                     math.log(OUTPUTSCALE_BOUNDS[1] * y_var),
-                    math.log(max(NOISE_BOUNDS[1] * y_var, 10 * noise_lo)),
+                    math.log(max(NOISE_CEILING * y_var, 10 * noise_lo)),
                     np.inf,
                 ],
             ]
@@ -113,6 +218,19 @@ class HyperparameterSpace:
     @property
     def size(self) -> int:
         return self.n_lengthscales + 3
+
+    def with_noise_floor(self, relative: float) -> HyperparameterSpace:
+        """The same box with the noise's lower bound raised to at least ``relative`` x var(y)."""
+        k = self.n_lengthscales + 1
+        lower = self.lower.copy()
+        lower[k] = max(lower[k], self.log_y_var + math.log(relative))
+        return replace(self, lower=lower)
+
+    @property
+    def noise_bounds(self) -> tuple[float, float]:
+        """The noise's (lower, upper) bounds relative to var(y), rounded to 3 digits for messages."""
+        k = self.n_lengthscales + 1
+        return tuple(float(f"{math.exp(v - self.log_y_var):.3g}") for v in (self.lower[k], self.upper[k]))
 
     # -- reading and writing the model ------------------------------------------------------------------------
     @staticmethod
@@ -228,7 +346,7 @@ class HyperparameterSpace:
         if hi[k]:
             out.append(f"the outputscale ended at its upper bound ({OUTPUTSCALE_BOUNDS[1]:g} x var(y))")
         if hi[k + 1]:
-            out.append(f"the noise ended at its upper bound ({NOISE_BOUNDS[1]:g} x var(y))")
+            out.append(f"the noise ended at its upper bound ({NOISE_CEILING:g} x var(y))")
         return out
 
     def random(self, rng: np.random.Generator) -> np.ndarray:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,6 @@ from gpfast.train.settings import CGSettings
 
 __all__ = [
     "MAX_RESTARTS",
-    "MIN_NOISE",
     "OPTIMIZERS",
     "REMOVED_ARGUMENTS",
     "Settings",
@@ -34,9 +32,6 @@ OPTIMIZERS = ("auto", "lbfgs", "adam")
 #: Upper bound of ``n_restarts``: each restart is a whole fit, so a larger number is a typo rather than a plan (a
 #: million restarts of even a small fit would run for days).
 MAX_RESTARTS = 1000
-
-#: GaussianLikelihood's default noise constraint is GreaterThan(1e-4) (in standardised units).
-MIN_NOISE = 1e-4
 
 #: Arguments that ExactGP no longer takes, and where their settings live now.
 REMOVED_ARGUMENTS = {
@@ -309,15 +304,8 @@ def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, 
     """
     out: dict[str, torch.Tensor | None] = {"noise": None, "outputscale": None, "lengthscale": None}
     if est.noise_init is not None:
+        # below the training path's floor, the fit moves it up with a warning (fitting.clipped_start)
         v = float(est.noise_init) / y_std**2
-        if v <= MIN_NOISE:
-            warnings.warn(
-                f"noise_init={est.noise_init!r} is {v:.3g} in standardised units, at or below GPyTorch's lower "
-                f"bound {MIN_NOISE}; using {1.01 * MIN_NOISE:.3g} (standardised) instead.",
-                UserWarning,
-                stacklevel=4,
-            )
-            v = 1.01 * MIN_NOISE
         out["noise"] = torch.tensor(v, dtype=torch.float64)
     if est.outputscale_init is not None:
         out["outputscale"] = torch.tensor(float(est.outputscale_init) / y_std**2, dtype=torch.float64)
