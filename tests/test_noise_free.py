@@ -72,7 +72,7 @@ def test_cg_fit_at_its_float32_floor_warns_once_with_the_remedy():
     X, y, _, _ = noise_free_data("franke", 150)
     # started near the optimum's lengthscales (scikit-learn's: 0.14-0.15), so that 20 Adam steps reach the floor
     start = dict(noise_init=2e-4 * y.var(), lengthscale_init=0.15, outputscale_init=0.4 * y.var())
-    gp, msgs = _fit(X, y, solver="cg", max_iter=20, tol=0, trainer_options={"num_probes": 16}, **start)
+    gp, msgs = _fit(X, y, solver="cg", max_iter=20, tol=0, cg={"num_probes": 16}, **start)
     floor = [m for m in msgs if "floor of CG training" in m]
     assert len(floor) == 1, msgs
     assert "dtype='float64'" in floor[0] and "solver='cholesky'" in floor[0], floor[0]
