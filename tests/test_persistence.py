@@ -107,7 +107,9 @@ def test_save_load_keeps_every_fitted_attribute(tmp_path, solver):
     assert sorted(after) == sorted(before)
     for name in ("trainer_", "optimizer_", "converged_", "restart_losses_", "cg_iterations_", "step_seconds_"):
         assert name in before, name  # the documented attributes this test is about
-    assert len(before["restart_losses_"]) == 2
+    # the first start, the random one and, on the exact path, the low-noise start: the data's noise (0.05 ** 2) is
+    # below 1e-2 x var(y), where the first run ends
+    assert len(before["restart_losses_"]) == 2 + (solver == "cholesky")
     assert (before["cg_iterations_"] is None) == (solver == "cholesky")
     for name, value in before.items():
         if isinstance(value, torch.nn.Module):
