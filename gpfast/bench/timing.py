@@ -182,16 +182,18 @@ def now() -> str:
 
 
 def git_rev() -> str:
-    """The commit measured: git's, else the ``COMMIT`` file at the repository root, which experiments/run_h200.sh
-    writes from its ``--commit`` argument (the GPU machine gets a copy of the tree without .git)."""
+    """The commit measured: the ``COMMIT`` file at the repository root when there is one (experiments/run_h200.sh
+    writes it from its ``--commit`` argument: the GPU machine's copy of the tree carries a .git whose HEAD is not the
+    commit sent), else git's."""
     stamp = Path(__file__).resolve().parents[2] / "COMMIT"
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        rev = stamp.read_text().strip()
         if rev:
             return rev
     except OSError:
         pass
     try:
-        return stamp.read_text().strip() or "unknown"
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        return rev or "unknown"
     except OSError:
         return "unknown (no git checkout)"

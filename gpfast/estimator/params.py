@@ -98,25 +98,21 @@ def upgrade_params(params: dict) -> dict:
     Returns
     -------
     dict
-        The same settings: the GPyTorch CG arguments that governed predictions become ``cg``'s ``predict_*``
-        fields, ``trainer`` and ``trainer_options`` join ``cg`` (None when every field keeps its default), and
-        ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``. GPyTorch's training tolerance
-        (``cg_tolerance``) is dropped: GPyTorch's loop follows ``gpytorch.settings`` now, and a loaded model
-        predicts without training.
+        The same settings: ``trainer`` and ``trainer_options`` join ``cg`` (None when every field keeps its
+        default), and ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``. GPyTorch's CG arguments
+        (``cg_tolerance``, ``eval_cg_tolerance``, ``max_cg_iterations``, ``preconditioner_size``) are dropped: a
+        loaded model predicts by the certified CG posterior, under ``cg``'s ``predict_*`` defaults.
     """
     old = dict(params)
     if not any(name in old for name in REMOVED_ARGUMENTS):
         return old
     cg = dict(old.pop("trainer_options", None) or {})
-    for name, field in (
-        ("trainer", "trainer"),
-        ("eval_cg_tolerance", "predict_cg_tolerance"),
-        ("max_cg_iterations", "predict_max_cg_iterations"),
-        ("preconditioner_size", "predict_preconditioner_rank"),
-    ):
-        if name in old:
-            cg[field] = old.pop(name)
-    old.pop("cg_tolerance", None)
+    if "trainer" in old:
+        cg["trainer"] = old.pop("trainer")
+    # GPyTorch's CG arguments governed its training loop and its prediction, which the certified CG posterior
+    # replaced; their values (a residual tolerance, a rank-15 preconditioner) mean nothing to it
+    for name in ("cg_tolerance", "eval_cg_tolerance", "max_cg_iterations", "preconditioner_size"):
+        old.pop(name, None)
     defaults = CGSettings()
     cg = {k: v for k, v in cg.items() if getattr(defaults, k, None) != v}
     old.setdefault("cg", cg or None)
