@@ -1,4 +1,4 @@
-"""Resumable fits of :class:`gpfast.ExactGP` (issue 16): ``ExactGP(checkpoint=PATH, checkpoint_every=k)``.
+"""Resumable fits of :class:`gpfast.ExactGP`: ``ExactGP(checkpoint=PATH, checkpoint_every=k)``.
 
 A fit is a sequence of optimiser *runs* (for each start of :mod:`~gpfast.estimator.restarts`: the pretraining on
 a subset when asked for, then the run on all the data). The checkpoint file holds:

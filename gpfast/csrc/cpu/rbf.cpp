@@ -331,7 +331,7 @@ struct MatmulRows {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// The backward ops, in GEMM form (the formulation of the CUDA kernels, issue 14). With z = (x - mu) / l, where mu is
+// The backward ops, in GEMM form (the formulation of the CUDA kernels). With z = (x - mu) / l, where mu is
 // the mean of x2's rows (differences do not see it; the sums below cancel less with it: by a factor of |z| /
 // |z1 - z2|, squared for the lengthscale), U = G o K / s (dLoss/dK times the unscaled kernel), r = U 1, c = U^T 1:
 //   dLoss/dx1 = s (U Z2 - diag(r) Z1) / l,   dLoss/dx2 = s (U^T Z1 - diag(c) Z2) / l,

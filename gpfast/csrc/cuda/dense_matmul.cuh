@@ -1,5 +1,5 @@
 // K @ V for a stored K (rows, n), row-major (column stride 1, any row stride), and a skinny V (n, t), t <= 16: the
-// training engine's stored-K product (issue 12: >= 80% of 4.27 TB/s at n = 36k, t = 11). Memory-bound: K is read
+// training engine's stored-K product (target: >= 80% of 4.27 TB/s at n = 36k, t = 11). Memory-bound: K is read
 // once, so the kernel's job is to keep enough 16-byte loads in flight and to keep everything else off the critical
 // path.
 //
