@@ -47,3 +47,30 @@ def test_a_column_of_strings_is_named(X, y, expected):
     with pytest.raises(ValueError, match=re.escape(expected)) as info:
         ExactGP(device="cpu").fit(X, y)
     assert "could not convert" not in str(info.value)
+
+
+def test_small_cpu_fits_run_on_one_thread_and_restore_the_count(monkeypatch):
+    import torch
+
+    from gpfast.estimator import fitting
+
+    seen = []
+    real = fitting.best_of_restarts
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fitting, "best_of_restarts", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(0)
+        X = rng.normal(size=(40, 2))
+        ExactGP(max_iter=2, device="cpu").fit(X, X[:, 0])
+        assert seen == [1] and torch.get_num_threads() == 2
+        monkeypatch.setattr(fitting, "ONE_THREAD_MAX_N", 10)
+        ExactGP(max_iter=2, device="cpu").fit(X, X[:, 0])
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
