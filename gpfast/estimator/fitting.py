@@ -304,8 +304,8 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
 
 
 #: CPU fits of at most this many points run on one torch thread. On the 2-core CI box, quiet, 2026-12-01
-#: (default ExactGP fits, exact path): yacht (n=278) took 2.1-3.0 s on torch's default 2 threads against
-#: 0.72-0.88 s on one; synthetic n=600, d=6: 2.9 against 2.0 s; n=1500: 13.4 against 17.6 s (two threads win).
+#: (``experiments/threads.py``, default fits on the exact path): yacht (n=278) 0.50-0.76 s on one thread against
+#: 2.5-3.0 s on two; synthetic n=600, d=6: 1.4-1.7 against 2.8-3.7 s; n=1500: 13.8-16.0 against 13.2-14.9 s.
 #: Small problems are made of many small operations, whose threads cost more to wake and join than they save.
 ONE_THREAD_MAX_N = 1000
 
