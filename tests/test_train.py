@@ -17,9 +17,9 @@ from gpfast import _reference as ref
 from gpfast.models import ExactGPModel
 from gpfast.train import CGSettings, Engine
 from gpfast.train.cg import pcg
-from gpfast.train.gradient import data_fit_gradient, per_probe_traces
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from train_helpers import data_fit_gradient, per_probe_traces
 from gpfast.train.product import STORED_LAYOUTS, CovarianceProduct, choose_product, stored_matmul
 
 F64 = torch.float64
