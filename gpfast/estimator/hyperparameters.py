@@ -362,3 +362,18 @@ class HyperparameterSpace:
             ]
         )
         return self.clip(theta)
+
+
+def theta_array(theta, shape: tuple[int, ...], hint: str) -> np.ndarray:
+    """``theta`` (log hyperparameters, as ``ExactGP.log_marginal_likelihood`` takes them) as a float64 array of
+    ``shape``, or a ValueError naming the value seen and the shape expected (``hint`` says what the entries are)."""
+    what = "ExactGP.log_marginal_likelihood: theta"
+    try:
+        arr = np.asarray(theta, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be an array of shape {shape}, got {theta!r}") from exc
+    if arr.shape != shape:
+        raise ValueError(f"{what} has shape {arr.shape}; expected {shape}: {hint} (see theta_).")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{what} must be finite, got {arr.tolist()}")
+    return arr

@@ -28,7 +28,7 @@ from gpfast import ops
 from gpfast.estimator import params as _params
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.fitting import clipped_start, engine_attributes
-from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
 from gpfast.estimator.inputs import standardization, validate_training
 from gpfast.estimator.optimize import minimize_lbfgs
 from gpfast.models import ExactGPModel
@@ -323,17 +323,7 @@ def log_marginal_likelihood(X, Y, theta_fitted: np.ndarray, n_lengthscales: int,
     ``log([lengthscale(s), outputscale, noise])`` in standardised units, each output's mean at its fitted value;
     with ``eval_gradient`` also its gradient (k, p + 2)."""
     k, size = theta_fitted.shape[0], n_lengthscales + 2
-    try:
-        arr = np.asarray(theta, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"ExactGP.log_marginal_likelihood: theta must be a ({k}, {size}) array, got {theta!r}"
-        ) from exc
-    if arr.shape != (k, size) or not np.isfinite(arr).all():
-        raise ValueError(
-            f"ExactGP.log_marginal_likelihood: theta has shape {arr.shape}; expected ({k}, {size}) finite values, a "
-            f"row per output (see theta_)."
-        )
+    arr = theta_array(theta, (k, size), "a row of log lengthscale(s), log outputscale and log noise per output")
     full = np.concatenate([arr, theta_fitted[:, -1:]], 1)
     n = X.shape[0]
     try:

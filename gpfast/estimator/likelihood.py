@@ -24,6 +24,7 @@ from linear_operator.utils.errors import NotPSDError
 
 from gpfast.estimator import independent
 from gpfast.estimator.exact_objective import negative_log_likelihood
+from gpfast.estimator.hyperparameters import theta_array
 from gpfast.estimator.prediction import hyperparameters_float64
 
 __all__ = ["estimator_theta", "fitted_theta", "log_marginal_likelihood", "of_estimator"]
@@ -37,20 +38,8 @@ def fitted_theta(hyp: dict[str, torch.Tensor]) -> np.ndarray:
 
 
 def _as_theta(theta, size: int, device: torch.device) -> torch.Tensor:
-    try:
-        arr = np.asarray(theta, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"ExactGP.log_marginal_likelihood: theta must be an array of {size} floats, got {theta!r}"
-        ) from exc
-    if arr.shape != (size,):
-        raise ValueError(
-            f"ExactGP.log_marginal_likelihood: theta has shape {arr.shape}; expected ({size},): log lengthscale(s) "
-            f"({size - 2}), log outputscale and log noise, in standardised units (see theta_)."
-        )
-    if not np.isfinite(arr).all():
-        raise ValueError(f"ExactGP.log_marginal_likelihood: theta must be finite, got {arr.tolist()}")
-    return torch.as_tensor(arr, device=device)
+    hint = f"log lengthscale(s) ({size - 2}), log outputscale and log noise, in standardised units"
+    return torch.as_tensor(theta_array(theta, (size,), hint), device=device)
 
 
 def log_marginal_likelihood(
