@@ -28,7 +28,9 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    than ten times the tolerance (:func:`_at_risk`).
 
 A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
-the loss terms and the records together), so on a GPU it waits for the device only there.
+the loss terms and the records together), so on a GPU it waits for the device only there. On one GPU the CG
+iterations after a solve's first and the preconditioner's pivot blocks run as CUDA-graph replays
+(:class:`~gpfast.train.cg.CUDAGraphs`, ``CGSettings.cuda_graph``): one launch each instead of tens of small ones.
 
 Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 """
@@ -45,7 +47,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from gpfast.train.cg import pcg
+from gpfast.train.cg import CUDAGraphs, pcg
 from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
@@ -69,8 +71,9 @@ class EngineRecord:
     data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes' standard error of the
     first step's stochastic-Lanczos value (the later values add the path integral's error); step_seconds: wall
     time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were drawn anew at this
-    step; broke_down: some CG column met a non-positive curvature. product: "stored" or "matrix_free" and why;
-    preconditioner_rank: k; num_probes: s.
+    step; graphed: the step's CG iterations after the first were CUDA-graph replays
+    (:attr:`CGSettings.cuda_graph`); broke_down: some CG column met a non-positive curvature. product: "stored"
+    or "matrix_free" and why; preconditioner_rank: k; num_probes: s.
     """
 
     product: str = ""
@@ -85,6 +88,7 @@ class EngineRecord:
     log_det_standard_error: float = float("nan")
     step_seconds: list[float] = field(default_factory=list)
     rebuilt: list[bool] = field(default_factory=list)
+    graphed: list[bool] = field(default_factory=list)
     resampled: list[bool] = field(default_factory=list)
     broke_down: bool = False
 
@@ -155,10 +159,13 @@ class Engine:
         mode, reason = choose_product(rows, n, X.dtype, self.free_memory or 0, cfg.product, cfg.memory_fraction)
         product.mode = mode
         self.product = product
+        # CUDA graphs on one GPU only: a split product gathers its rows over NCCL inside every product
+        graphs = CUDAGraphs(X.device) if cfg.cuda_graph and X.is_cuda and product.split is None else None
         rec = self.record
         rec.product, rec.product_reason = mode, reason
         rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
         state = _State(cfg)
+        state.graphs = graphs
         state.s = rec.num_probes = cfg.probes_for(n)
         if self._restore is not None:
             state.load(self._restore, product, X)
@@ -198,7 +205,8 @@ class Engine:
         cap = state.cap
         estimate = None if (first or resample) else state.estimate
         checks = _checks(estimate, cap, cfg.cg_check_every)
-        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=_measure, check_at=checks)
+        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=_measure, check_at=checks,
+                  graph=state.graphs)  # fmt: skip
         s_cols = slice(1, 1 + state.s)
         alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
         grad = hutchinson_gradient(product, alpha, U, Z)
@@ -237,6 +245,7 @@ class Engine:
         rec.log_det_estimate.append(log_det)
         rec.step_seconds.append(time.perf_counter() - t0)  # the read above synchronised the device
         rec.rebuilt.append(bool(rebuild))
+        rec.graphed.append(res.graphed)
         rec.resampled.append(bool(resample))
         rec.broke_down |= broke > 0
         state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
@@ -333,6 +342,7 @@ class _State:
         self.rebuild_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
         self.postfix: dict = {}
+        self.graphs: CUDAGraphs | None = None  # set by the engine on a single GPU
 
     _LISTS = ("l_build", "g", "hyper")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
@@ -343,7 +353,8 @@ class _State:
         n = product.n
         self.build_hyper = (product.lengthscale, outputscale, product.noise)
         diag = outputscale.to(dtype).expand(n)
-        self.pc = Preconditioner(pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n)), outputscale, dtype)
+        L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n), graph=self.graphs)
+        self.pc = Preconditioner(L, outputscale, dtype)
 
     def after_step(self, cfg: CGSettings, rebuilt: bool, lengthscale: list, iterations: int, checks, res):
         """Host bookkeeping from the step's one read: the lengthscale rule for the next rebuild and the places of
