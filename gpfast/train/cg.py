@@ -186,6 +186,9 @@ class CUDAGraphs:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         self._stream = torch.cuda.Stream(device=device)
+        # The newest graph, kept alive: the caching allocator releases a pool once no graph uses it, and refuses a
+        # later capture into a released pool (an internal assertion in torch 2.11), so one graph must always hold it.
+        self._newest: torch.cuda.CUDAGraph | None = None
 
     @contextlib.contextmanager
     def stream(self):
@@ -204,4 +207,5 @@ class CUDAGraphs:
             fn()
         finally:
             g.capture_end()
+        self._newest = g
         return g
