@@ -106,6 +106,7 @@ def test_cuda_graph_setting_is_checked():
 def test_cuda_graph_pcg_matches_op_by_op(device, dtype, tol):
     prod, pc, B = _system(device, dtype)
     x0 = torch.randn_like(B)
+    x0[:, [1, 3, 4]] = 0  # warm starts in columns 0 and 2 only, as the solves are told
     graphs = CUDAGraphs(B.device)
     for _ in range(3):  # later solves capture into the memory pool of the earlier ones
         plain = pcg(prod.matmul, B, pc.solve, x0, [0, 2], 1e-5, 60, check_at=[10, 20, 30])
