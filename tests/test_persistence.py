@@ -186,6 +186,29 @@ def test_old_formats_still_load(fmt):
     assert gp.lengthscale_.shape == (2,) and gp.noise_ > 0
 
 
+@pytest.mark.parametrize("every, expected", [(3, ("old.ckpt", 3)), (10, "old.ckpt")])
+def test_files_with_the_removed_checkpoint_every_load(tmp_path, saved, every, expected):
+    """Files written while ``checkpoint_every`` was an argument of its own load with it folded into
+    ``checkpoint``."""
+    gp, data, Xt, (m, s) = saved
+    _, state = read_state(io.BytesIO(data))
+    state["params"].update(checkpoint="old.ckpt", checkpoint_every=every)
+    path = tmp_path / "gp.pt"
+    write_state(state, path)
+    gp2 = ExactGP.load(path)
+    assert gp2.get_params() == {**gp.get_params(), "checkpoint": expected}
+    m2, s2 = gp2.predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
+
+
+def test_checkpoint_with_its_interval_round_trips(tmp_path, saved):
+    gp = pickle.loads(pickle.dumps(saved[0]))  # a copy: the fixture is shared
+    path = tmp_path / "gp.pt"
+    gp.set_params(checkpoint=(tmp_path / "fit.ckpt", 4)).save(path)
+    assert ExactGP.load(path).get_params()["checkpoint"] == (str(tmp_path / "fit.ckpt"), 4)
+
+
 def test_load_cuda_file_without_cuda_falls_back_to_cpu(tmp_path, saved):
     if torch.cuda.is_available():
         pytest.skip("CUDA is available")

@@ -115,8 +115,10 @@ def plain_params(est) -> dict[str, Any]:
         params["random_state"] = None
     if isinstance(params.get("device"), torch.device):
         params["device"] = str(params["device"])
-    if params.get("checkpoint") is not None:
+    if isinstance(params.get("checkpoint"), os.PathLike):
         params["checkpoint"] = os.fspath(params["checkpoint"])
+    if isinstance(params.get("checkpoint"), (tuple, list)):  # (path, every)
+        params["checkpoint"] = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in params["checkpoint"])
     if dataclasses.is_dataclass(params.get("cg")):
         params["cg"] = dataclasses.asdict(params["cg"])  # a CGSettings, as plain types
     return params
