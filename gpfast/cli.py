@@ -116,8 +116,8 @@ _ABOUT = {
 def _command(sub, name: str, run) -> argparse.ArgumentParser:
     """The parser of subcommand ``name`` (its texts from :data:`_ABOUT`), which calls ``run(args)``; ``args.parser``
     is this parser, whose ``error`` the checks after parsing call."""
-    help, description = _ABOUT[name]
-    p = sub.add_parser(name, help=help, description=description)
+    summary, description = _ABOUT[name]
+    p = sub.add_parser(name, help=summary, description=description)
     p.set_defaults(func=run, parser=p)
     return p
 
