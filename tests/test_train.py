@@ -19,6 +19,7 @@ from gpfast.train import CGSettings, Engine
 from gpfast.train.cg import pcg
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from posterior_helpers import exact_prediction
 from train_helpers import data_fit_gradient, per_probe_traces
 from gpfast.train.product import STORED_LAYOUTS, CovarianceProduct, choose_product, stored_matmul
 
@@ -439,8 +440,7 @@ def test_engine_fit_reaches_gpytorch_on_uci(name):
             standardize=False,
             random_state=0,
         ).fit(ds.X_train, ds.y_train)
-        gp.solver_ = "cholesky"  # predict exactly in both, so that only the training differs
-        mean, std = gp.predict(ds.X_test, return_std=True)
+        mean, std = exact_prediction(gp, ds.X_test)  # exact in both, so that only the training differs
         out[trainer] = regression_metrics(mean, std**2, ds.y_test, 1.0)
     got, want = out["gpfast"], out["exact"]
     assert got["rmse_std"] <= 1.02 * want["rmse_std"], (got, want)
@@ -585,8 +585,7 @@ def _fit_and_score(trainer: str, options=None) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         gp.fit(X[:1200], y[:1200])
-    gp.solver_ = "cholesky"  # predict exactly in both
-    mean, std = gp.predict(X[1200:], return_std=True)
+    mean, std = exact_prediction(gp, X[1200:])  # exact in both
     out = regression_metrics(mean, std**2, y[1200:])  # the bounds below are the same in any units
     out["warned"] = [str(w.message) for w in caught if "training engine" in str(w.message)]
     return out

@@ -116,9 +116,16 @@ class _PivotBlock:
 class Preconditioner:
     """``P = (s / s_build) L L^T + noise I`` with its Woodbury inverse, log-determinant and probe sampler.
 
-    L: (n, k) float64 pivoted Cholesky factor of K at outputscale ``s_build`` (a float or a 0-dim tensor; k = 0
-    gives P = noise I); dtype: the working dtype of the vectors it is applied to. The scales may stay on the device
-    as 0-dim tensors: nothing here reads them back to the host.
+    The scales may stay on the device as 0-dim tensors: nothing here reads them back to the host.
+
+    Parameters
+    ----------
+    L : torch.Tensor of shape (n, k)
+        float64 pivoted Cholesky factor of K at outputscale ``s_build``; k = 0 gives P = noise I.
+    s_build : float or 0-dim torch.Tensor
+        The outputscale that ``L`` was built at.
+    dtype : torch.dtype
+        The working dtype of the vectors it is applied to.
     """
 
     def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype):
