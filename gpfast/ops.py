@@ -35,6 +35,10 @@ def _register_python_parts() -> None:
     def _mm_fake(x1, x2, lengthscale, outputscale, v):
         return x1.new_empty(x1.shape[0], x1.shape[1], v.shape[2])
 
+    @torch.library.register_fake("gpfast::_pivot_block")
+    def _pivot_block_fake(S, d, floor, b):
+        return S.new_empty(b, dtype=torch.long), S.new_empty(S.shape[0], b), S.new_empty(b)
+
     @torch.library.register_fake("gpfast::rbf_matmul_backward")
     def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v, x_grads=True):
         return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)

@@ -47,6 +47,9 @@ TORCH_LIBRARY(gpfast, m) {
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
       "_rbf_cpu_path(str op, Tensor[] args, bool x_grads, bool portable, int column_buffer_mb) -> Tensor[]");
+  // The greedy pivots of one pivoted-Cholesky block (gpfast/train/preconditioner.py): (piv, C, ok) from the
+  // candidates' residual covariance S (c, c), their remaining diagonal d (c,) and a 0-dim floor, all float64.
+  m.def("_pivot_block(Tensor S, Tensor d, Tensor floor, int b) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {

@@ -43,7 +43,6 @@ import warnings
 import torch
 
 from gpfast.ops import rbf_covariance
-from gpfast.train.cg import CUDAGraphs
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
 
@@ -152,8 +151,7 @@ class CGPosterior:
             self.work = CovarianceProduct(X.to(dtype).contiguous(), work_mode)
             self.work.update(self.ls64.to(dtype), s64.to(dtype), n64.to(dtype))
         diagonal = torch.full((self.n,), self.s, dtype=torch.float64, device=X.device)
-        graph = CUDAGraphs(X.device) if X.is_cuda else None  # a build of rank 1024 is ~12,000 small kernels
-        L = pivoted_cholesky(self.exact.kernel_rows, diagonal, min(int(rank), self.n), graph=graph)
+        L = pivoted_cholesky(self.exact.kernel_rows, diagonal, min(int(rank), self.n))
         self.precond64 = Preconditioner(L, self.s, torch.float64)
         self.precond64.set_scales(self.s, self.noise)
         self.precond = Preconditioner(L, self.s, dtype)

@@ -111,8 +111,18 @@ def pcg(
     if max_iter <= 0 or (0 in checks and bool(measure(rel) <= tol)):
         return CGResult(X, R, rel, 0, products, [], [], broke, False)
     it = _Iteration(matmul, precond, X, R, rel, b_norm, broke, freeze, max_iter)
-    use_graph = graph is not None and max_iter > 1
-    with graph.stream() if use_graph else contextlib.nullcontext():
+    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, lambda: bool(measure(rel) <= tol), checks)
+    products += iterations
+    it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
+    alphas = list(it.alphas[:iterations].unbind(0))
+    betas = list(it.betas[:iterations].unbind(0))
+    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed)
+
+
+def _run(it: _Iteration, graph: CUDAGraphs | None, max_iter: int, converged, checks) -> tuple[int, bool]:
+    """Iterate until ``max_iter`` or until ``converged()`` at a check; with ``graph``, the first iteration runs op by
+    op and the others replay its capture. Returns (iterations, whether any replayed)."""
+    with graph.stream() if graph is not None else contextlib.nullcontext():
         replay = None
         iterations = 0
         while True:
@@ -121,15 +131,10 @@ def pcg(
             else:
                 replay.replay()
             iterations += 1
-            if iterations == max_iter or (iterations in checks and bool(measure(rel) <= tol)):
-                break
-            if use_graph and replay is None:
+            if iterations == max_iter or (iterations in checks and converged()):
+                return iterations, replay is not None
+            if graph is not None and replay is None:
                 replay = graph.capture(it.step)
-    products += iterations
-    it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
-    alphas = list(it.alphas[:iterations].unbind(0))
-    betas = list(it.betas[:iterations].unbind(0))
-    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, replay is not None)
 
 
 class _Iteration:

@@ -34,8 +34,8 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 
 A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
 the loss terms and the records together), so on a GPU it waits for the device only there. On one GPU the CG
-iterations after a solve's first and the preconditioner's pivot blocks run as CUDA-graph replays
-(:class:`~gpfast.train.cg.CUDAGraphs`, ``CGSettings.cuda_graph``): one launch each instead of tens of small ones.
+iterations after a solve's first run as CUDA-graph replays (:class:`~gpfast.train.cg.CUDAGraphs`,
+``CGSettings.cuda_graph``): one launch each instead of ~25 small ones.
 
 Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 """
@@ -397,7 +397,7 @@ class _State:
         n = product.n
         self.build_hyper = (product.lengthscale, outputscale, product.noise)
         diag = outputscale.to(dtype).expand(n)
-        L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n), graph=self.graphs)
+        L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n))
         self.pc = Preconditioner(L, outputscale, dtype)
 
     def after_step(self, cfg: CGSettings, rebuilt: bool, lengthscale: list, iterations: int, checks, res):

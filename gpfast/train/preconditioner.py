@@ -20,12 +20,11 @@ the Hutchinson estimate and their preconditioned Lanczos coefficients a stochast
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import torch
 
-from gpfast.train.cg import CUDAGraphs
+from gpfast import ops  # noqa: F401  (registers torch.ops.gpfast._pivot_block)
 
 __all__ = ["Preconditioner", "pivoted_cholesky"]
 
@@ -36,7 +35,6 @@ def pivoted_cholesky(
     rank: int,
     rel_floor: float = 1e-8,
     block: int = 16,
-    graph: CUDAGraphs | None = None,
 ) -> torch.Tensor:
     """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T, built on the device in blocks.
 
@@ -46,71 +44,37 @@ def pivoted_cholesky(
     about ``rank / block`` row evaluations instead of ``rank``. The greedy rule is the unblocked one restricted to
     the candidates: a pivot can only differ from it when more than ``block`` of the top ``2 * block`` diagonals
     collapse inside one block. A pivot whose remaining diagonal is below ``rel_floor * max(diagonal)`` (K's rank is
-    exhausted) gives a zero column instead of a division by a vanishing pivot. Pivots are chosen by device-side
-    argmax: no step reads a number back to the host. With ``graph`` (CUDA), a block's pivots (about 10 small
-    kernels each) are one CUDA-graph replay after the first block of that size.
+    exhausted) gives a zero column instead of a division by a vanishing pivot.
+
+    The pivots of a block depend only on the candidates' c x c residual covariance, so one call of the op
+    ``_pivot_block`` takes them all (a single thread block on a GPU), and the block's columns over all n points
+    then come from one triangular solve with the b x b factor of the pivots:
+    ``L_b^T = G^{-1} R[piv, :]``, G the rows of the candidates' columns at the pivots. A block is about fifteen
+    kernels, none of them per pivot, and nothing is read back to the host.
     """
     n = diagonal.shape[0]
     rank = min(rank, n)
     L = torch.zeros(n, rank, dtype=torch.float64, device=diagonal.device)
     d = diagonal.to(torch.float64).clone()
     floor = rel_floor * d.max()
-    blocks: dict[int, _PivotBlock] = {}
-    with graph.stream() if graph is not None else contextlib.nullcontext():
-        m = 0
-        while m < rank:
-            b = min(block, rank - m)
-            cand = torch.topk(d, min(2 * b, n)).indices  # this block's pivots are taken among these candidates
-            rows = kernel_rows(cand).to(torch.float64)  # (c, n)
-            if m:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
-                rows = rows - L.index_select(0, cand)[:, :m] @ L[:, :m].t()
-            pb = blocks.get(b)
-            if pb is None:
-                pb = blocks[b] = _PivotBlock(d, floor, b, cand.shape[0])
-            pb.run(cand, rows, graph)
-            L[:, m : m + b] = pb.Lb
-            m += b
+    m = 0
+    while m < rank:
+        b = min(block, rank - m)
+        cand = torch.topk(d, min(2 * b, n)).indices  # this block's pivots are taken among these candidates
+        rows = kernel_rows(cand).to(torch.float64)  # (c, n)
+        if m:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
+            rows = rows - L.index_select(0, cand)[:, :m] @ L[:, :m].t()
+        piv, C, ok = torch.ops.gpfast._pivot_block(rows.index_select(1, cand), d.index_select(0, cand), floor, b)
+        # G = C[piv, :] is lower triangular with G[j, j] = sqrt(pivot_j); a pivot below the floor gets a unit row
+        # and a zero right-hand side, so its column is zero, as in the unblocked rule
+        G = C.index_select(0, piv) * ok.unsqueeze(1)
+        G.diagonal().add_(1.0 - ok)
+        Lb = torch.linalg.solve_triangular(G, rows.index_select(0, piv) * ok.unsqueeze(1), upper=False)  # (b, n)
+        L[:, m : m + b] = Lb.t()
+        d.sub_((Lb * Lb).sum(0)).clamp_min_(0.0)
+        d.index_fill_(0, cand.index_select(0, piv), 0.0)
+        m += b
     return L
-
-
-class _PivotBlock:
-    """The greedy pivots of one block, in place on fixed buffers (the candidates, their residual rows, the block's
-    columns Lb and the remaining diagonal d), so that every block of the same size runs the same kernels on the
-    same addresses: op by op the first time, as a CUDA-graph replay after that. Lb starts at zero each block, so
-    ``Lb @ Lb[i]`` over all its columns equals the sum over the columns already taken."""
-
-    def __init__(self, d: torch.Tensor, floor: torch.Tensor, b: int, c: int):
-        self.d, self.floor, self.b = d, floor, b
-        self.cand = torch.zeros(c, dtype=torch.long, device=d.device)
-        self.rows = torch.zeros(c, d.shape[0], dtype=torch.float64, device=d.device)
-        self.Lb = torch.zeros(d.shape[0], b, dtype=torch.float64, device=d.device)
-        self.count = torch.zeros(1, dtype=torch.long, device=d.device)  # the column being taken
-        self.replay = None
-
-    def run(self, cand: torch.Tensor, rows: torch.Tensor, graph: CUDAGraphs | None) -> None:
-        self.cand.copy_(cand)
-        self.rows.copy_(rows)
-        self.Lb.zero_()
-        self.count.zero_()
-        if self.replay is not None:
-            self.replay.replay()
-            return
-        self._pivots()
-        if graph is not None:
-            self.replay = graph.capture(self._pivots)
-
-    def _pivots(self) -> None:
-        d = self.d
-        for _ in range(self.b):
-            p = torch.argmax(d.index_select(0, self.cand)).reshape(1)  # local index of the next pivot
-            i = self.cand.index_select(0, p)
-            pivot = d.index_select(0, i)
-            row = self.rows.index_select(0, p).reshape(-1) - self.Lb @ self.Lb.index_select(0, i).reshape(-1)
-            col = torch.where(pivot > self.floor, row / pivot.clamp_min(self.floor).sqrt(), 0.0)
-            self.Lb.index_copy_(1, self.count, col.unsqueeze(1))
-            d.sub_(col * col).clamp_min_(0.0)
-            d.index_fill_(0, i, 0.0)
-            self.count += 1
 
 
 class Preconditioner:

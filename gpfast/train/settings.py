@@ -100,7 +100,7 @@ class CGSettings:
         Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
         ``max_cg_iterations``) up to this.
     cuda_graph : bool, default True
-        On a GPU, replay each CG iteration and each block of the preconditioner's pivots as a captured CUDA graph
+        On a GPU, replay each CG iteration after a solve's first as a captured CUDA graph
         (:class:`gpfast.train.cg.CUDAGraphs`): the same arithmetic with one launch instead of ~25 small ones, whose
         launch cost otherwise exceeds the products' time at n ~ 10^4. False runs them op by op (to profile single
         kernels). Not used on the CPU or when the rows are split over several GPUs.
