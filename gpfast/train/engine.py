@@ -27,10 +27,11 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    The ConvergenceWarning fires only when the result is at risk (:meth:`Engine.finish`): when the last solve
    missed, it is solved again to the tolerance (warm-started, up to ten times ``cg_iteration_limit``
    iterations, at least 400) and its gradient recomputed; the fit warns if even that solve misses, or if the
-   re-solved gradient moves some hyperparameter's gradient by more than :data:`STEP_ERROR_LIMIT` of its recent
-   root mean square (the scale that Adam divides by: the inexact solve then changed the last steps materially).
-   Measured on 300 points (tests/test_train.py): a last residual of 0.027 against a tolerance of 1e-6 moved it by
-   0.08 (no warning); a cap of 1 iteration with no preconditioner, by 169 (a warning).
+   re-solved gradient moves some hyperparameter's gradient by more than :data:`STEP_ERROR_LIMIT` of the root of
+   Adam's second-moment estimate of it (the scale Adam divides by: the inexact solve then changed the last step's
+   direction materially).
+   Measured on 300 points after 16 steps (tests/test_train.py): a last residual of 0.027 against a tolerance of
+   1e-6 moved it by 0.06 (no warning); a cap of 1 iteration with no preconditioner, by 155 (a warning).
 
 A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
 the loss terms and the records together), so on a GPU it waits for the device only there. On one GPU the CG
@@ -243,7 +244,7 @@ class Engine:
             log_det = state.log_det + dloss - (data_fit - state.data_fit)
         state.x, state.B = res.x[:, : 1 + state.s], B[:, : 1 + state.s]
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
-        state.recent_g = (state.recent_g + [g_host])[-_RECENT_STEPS:]
+        state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res.iterations, checks, max_res)
 
         self.last = {"alpha": alpha, "U": U, "Z": Z, "gradient": grad, "product": product}
@@ -298,9 +299,9 @@ class Engine:
     def _final_step_error(self) -> float:
         """Solve the last step's system again to ``cg_tolerance`` (warm-started from its solutions, up to ten times
         ``cg_iteration_limit`` iterations, at least :data:`_RESOLVE_MIN_ITERATIONS`), recompute its gradient with
-        the same probes, and return the largest change of a hyperparameter's gradient in units of that gradient's
-        root mean square over the last :data:`_RECENT_STEPS` steps (inf if the solve misses again; nan if there is
-        nothing to re-solve)."""
+        the same probes, and return the largest change of a hyperparameter's gradient in units of the root of
+        Adam's second-moment estimate of it (:meth:`_State.track_second_moment`; inf if the solve misses again; nan
+        if there is nothing to re-solve)."""
         cfg, state, product = self.settings, self._state, self.product
         if state.B is None or product is None or state.pc is None:
             return float("nan")
@@ -311,9 +312,8 @@ class Engine:
             return float("inf")
         grad = hutchinson_gradient(product, res.x[:, 0], res.x[:, 1:], state.Z)
         g = np.asarray((grad.vector() / product.n).tolist())
-        recent = np.asarray(state.recent_g)
-        scale = np.sqrt((recent**2).mean(0))
-        return float(np.max(np.abs(g - recent[-1]) / np.maximum(scale, np.finfo(np.float64).tiny)))
+        scale = np.sqrt(np.asarray(state.g2) / (1.0 - ADAM_BETA2**state.g2_steps))
+        return float(np.max(np.abs(g - np.asarray(state.g)) / np.maximum(scale, np.finfo(np.float64).tiny)))
 
     def finish(self) -> EngineRecord:
         """End the run: release the stored K, warn when the last step's CG missed its tolerance (or CG broke
@@ -352,7 +352,7 @@ def _step_error_text(err: float) -> str:
     if math.isinf(err):
         return "solved again with ten times the iteration limit (at least 400), it still missed the tolerance"
     return (
-        f"solved again to the tolerance, the last gradient moved by {err:.2f} of its recent size "
+        f"solved again to the tolerance, the last gradient moved by {err:.2f} of Adam's scale for it "
         f"(more than {STEP_ERROR_LIMIT:g})"
     )
 
@@ -386,11 +386,12 @@ class _State:
         self.postfix: dict = {}
         self.graphs: CUDAGraphs | None = None  # set by the engine on a single GPU
         self.B: torch.Tensor | None = None  # the last step's right-hand sides [r, Z], for the final re-solve
-        self.recent_g: list = []  # the last steps' gradients per point (host lists)
+        self.g2: list | None = None  # Adam's moving average of the squared gradients per point (host list)
+        self.g2_steps = 0
 
-    _LISTS = ("l_build", "g", "hyper")
+    _LISTS = ("l_build", "g", "hyper", "g2")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
-                "estimate")  # fmt: skip
+                "estimate", "g2_steps")  # fmt: skip
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
         """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
@@ -399,6 +400,14 @@ class _State:
         diag = outputscale.to(dtype).expand(n)
         L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n))
         self.pc = Preconditioner(L, outputscale, dtype)
+
+    def track_second_moment(self, g: list) -> None:
+        """Fold the step's gradient (per point) into the moving average of its squares that Adam keeps
+        (``v = beta2 v + (1 - beta2) g^2``, :data:`ADAM_BETA2`), the scale of :data:`STEP_ERROR_LIMIT`."""
+        sq = np.square(np.asarray(g, dtype=np.float64))
+        prev = np.zeros_like(sq) if self.g2 is None else np.asarray(self.g2)
+        self.g2 = (ADAM_BETA2 * prev + (1.0 - ADAM_BETA2) * sq).tolist()
+        self.g2_steps += 1
 
     def after_step(self, cfg: CGSettings, rebuilt: bool, lengthscale: list, iterations: int, checks, res):
         """Host bookkeeping from the step's one read: the lengthscale rule for the next rebuild and the places of
@@ -453,13 +462,14 @@ class _State:
             self.build(product, s.reshape(()), X.dtype)
 
 
-#: The change of the last gradient, in units of its recent root mean square, that solving the last step's system to
-#: the tolerance may make before the fit counts as at risk: Adam divides each gradient by about that root mean
-#: square, so this is the share of a typical step by which the inexact solve moved the last step.
+#: The change of the last gradient that solving the last step's system to the tolerance may make before the fit
+#: counts as at risk, in units of the square root of Adam's bias-corrected second-moment estimate of that gradient:
+#: Adam divides each gradient by that number, so this is the share of a full step by which the inexact solve moved
+#: the last step's direction.
 STEP_ERROR_LIMIT = 0.25
 
-#: Steps over which that root mean square is taken.
-_RECENT_STEPS = 10
+#: The second-moment decay of that estimate: torch.optim.Adam's default (the optimiser the engine serves).
+ADAM_BETA2 = 0.999
 
 #: The final re-solve may take ten times ``cg_iteration_limit`` iterations, and at least this many: it runs once
 #: per fit, and a verdict of "at risk" should come from the problem, not from a small limit.
