@@ -17,7 +17,9 @@
 #                   protein and the kegg sets, CG prediction at 1M),
 #         engine (CUDA graphs in the engine: tests, row c on the seven sets, step_anatomy, row exact on protein;
 #                 ENGINE_BUDGET 570), tensor_cores (the tensor-core kernels and the pivot kernel: every CUDA test,
-#                 row c on the seven sets, bench_bilinear, step_anatomy, bench_tensor_cores; TC_BUDGET 585)
+#                 row c on the seven sets, bench_bilinear, step_anatomy, bench_tensor_cores; TC_BUDGET 585),
+#         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
+#                 CHECK_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -395,6 +397,22 @@ PYEOF
       cp experiments/results/bench_bilinear.* experiments/results/bench_tensor_cores.* "$res"/ 2>/dev/null
       tar czf "$OUT/tc_results.tar.gz" -C "$OUT" tc_results && rm -rf "$res"
       echo "tensor_cores: $(( SECONDS - B_T0 )) s" ;;
+    engine_check)
+      # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
+      # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed
+      # its tolerance in the tensor_cores stage: does the fit still warn?). Files in $OUT: check_*.log.
+      budget_start ${CHECK_BUDGET:-300}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      brun 200 "$OUT/check_build.log" python -m gpfast.build || { tail -40 "$OUT/check_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 60 "$OUT/check_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
+        tests/test_cuda_graphs.py tests/test_train.py tests/test_cg_posterior.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)" "$OUT/check_tests.log" | head; tail -1 "$OUT/check_tests.log"
+      brun 40 "$OUT/check_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --rows gpfast --datasets bike --stem uci_bike_c --out "$OUT"; echo "uci rc=$?"
+      grep -E "^\| bike" "$OUT/check_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/check_uci.log")"
+      echo "engine_check: $(( SECONDS - B_T0 )) s" ;;
     accuracy_large)
       # Rows c and "exact" on protein, keggdirected and keggundirected, then the CG posterior's cost at 1M points,
       # in one call of at most ACCURACY_BUDGET seconds (default 560). Files: accuracy_large_*.log and
