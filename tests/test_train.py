@@ -20,7 +20,7 @@ from gpfast.train.cg import pcg
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
 from posterior_helpers import exact_prediction
-from train_helpers import data_fit_gradient, per_probe_traces
+from train_helpers import capture_gradient, data_fit_gradient, per_probe_traces
 from gpfast.train.product import STORED_LAYOUTS, CovarianceProduct, choose_product, stored_matmul
 
 F64 = torch.float64
@@ -67,11 +67,13 @@ def _exact_natural_gradients(model):
 
 
 def _solve_engine(model, **options):
+    """One engine step: the engine, the solves and gradient it used (train_helpers.capture_gradient), the loss."""
     opts = dict(cg_tolerance=1e-11, max_cg_iterations=2000, product="stored", cg_check_every=1)
     opts.update(options)
     engine = Engine(CGSettings(**opts))
-    loss = engine.objective(model)()
-    return engine, loss
+    with capture_gradient() as last:
+        loss = engine.objective(model)()
+    return engine, last, loss
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -81,8 +83,7 @@ def _solve_engine(model, **options):
 def test_gradient_matches_exact_within_its_standard_error(device):
     model = _problem(n=500, d=5, device=device)
     fit_exact, all_exact, _ = _exact_natural_gradients(model)
-    engine, _ = _solve_engine(model, num_probes=40)
-    last = engine.last
+    _, last, _ = _solve_engine(model, num_probes=40)
     # the data-fit part, from the engine's solve, to the solve's accuracy
     fit = data_fit_gradient(last["product"], last["alpha"]).vector().cpu()
     assert rel_err(fit, fit_exact) < 1e-8
@@ -116,14 +117,14 @@ def test_gradient_matches_exact_within_its_standard_error(device):
 def test_gradient_within_one_percent_with_1000_probes():
     model = _problem(n=400, d=3, noise=0.2)
     _, all_exact, _ = _exact_natural_gradients(model)
-    engine, _ = _solve_engine(model, num_probes=1000, cg_tolerance=1e-9)
-    assert rel_err(engine.last["gradient"].vector(), all_exact) < 0.01
+    _, last, _ = _solve_engine(model, num_probes=1000, cg_tolerance=1e-9)
+    assert rel_err(last["gradient"].vector(), all_exact) < 0.01
 
 
 def test_first_loss_is_exact_data_fit_plus_lanczos_log_det():
     model = _problem(n=500, d=4)
     _, _, loss_exact = _exact_natural_gradients(model)
-    engine, loss = _solve_engine(model)
+    engine, _, loss = _solve_engine(model)
     rec = engine.finish()
     # the log-determinant is a 10-probe stochastic Lanczos estimate: within 6 of its standard errors (the
     # quadrature's own error is far below that after this many iterations)

@@ -1,7 +1,11 @@
-"""Diagnostics of the training engine's gradient that only the tests use: the data-fit gradient alone and each
-probe's trace estimate, from the engine's last step (``Engine.last``)."""
+"""Diagnostics of the training engine's gradient that only the tests use: the last step's solves and gradient
+(:func:`capture_gradient`), the data-fit gradient alone and each probe's trace estimate."""
+
+import contextlib
 
 import torch
+
+from gpfast.train import engine as engine_module
 
 from gpfast.train.gradient import NaturalGradient
 from gpfast.train.product import CovarianceProduct
@@ -22,3 +26,21 @@ def per_probe_traces(product: CovarianceProduct, U: torch.Tensor, W: torch.Tenso
         gl, gs = product.backward(U[:, i : i + 1], W[:, i : i + 1])
         rows.append(torch.cat([gl.reshape(-1), gs.reshape(1), U[:, i].dot(W[:, i]).reshape(1)]))
     return torch.stack(rows)
+
+
+@contextlib.contextmanager
+def capture_gradient():
+    """Record the inputs and the result of the engine's gradient while inside: a dict whose keys ``product``,
+    ``alpha`` (n,), ``U`` (n, s), ``Z`` (n, s) and ``gradient`` (NaturalGradient, total) hold the last step's."""
+    seen: dict = {}
+    real = engine_module.hutchinson_gradient
+
+    def recording(product, alpha, U, W):
+        seen.update(product=product, alpha=alpha, U=U, Z=W, gradient=real(product, alpha, U, W))
+        return seen["gradient"]
+
+    engine_module.hutchinson_gradient = recording
+    try:
+        yield seen
+    finally:
+        engine_module.hutchinson_gradient = real

@@ -142,9 +142,6 @@ class Engine:
         self.free_memory = free_memory
         self.record = EngineRecord()
         self.product: CovarianceProduct | None = None
-        #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,), the probe
-        #: solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
-        self.last: dict = {}
         self._state: _State | None = None
         self._restore: dict | None = None
 
@@ -247,7 +244,6 @@ class Engine:
         state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res.iterations, checks, max_res)
 
-        self.last = {"alpha": alpha, "U": U, "Z": Z, "gradient": grad, "product": product}
         _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
         rec.cg_iterations.append(res.iterations)
         rec.products.append(res.products)
@@ -324,7 +320,6 @@ class Engine:
             rec.final_step_error = self._final_step_error()
         if self.product is not None:
             self.product.release()
-        self.last = {}
         if rec.final_step_error > STEP_ERROR_LIMIT:  # nan (met, or nothing to re-solve) compares False
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(
