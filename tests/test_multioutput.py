@@ -399,8 +399,6 @@ def test_independent_outputs_lml_gradient_samples_and_pickle():
         _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
     back = pickle.loads(pickle.dumps(gp))
     np.testing.assert_array_equal(back.predict(Xt), gp.predict(Xt))
-    with pytest.raises(NotImplementedError, match="independent_outputs=True has no save format"):
-        gp.save("unused.pt")
     shared = gp.set_params(independent_outputs=False).fit(X, Y)  # a refit leaves nothing of the independent fit
     assert shared.theta_.shape == (3,) and shared.model_ is not None
 
@@ -429,3 +427,54 @@ def test_independent_outputs_with_one_output_is_an_ordinary_fit():
     a = _gp(max_iter=5).fit(X, y)
     b = _gp(max_iter=5, independent_outputs=True).fit(X, y)
     np.testing.assert_array_equal(b.predict(Xt), a.predict(Xt))
+
+
+def test_independent_outputs_save_and_load(tmp_path):
+    """A saved fit with independent_outputs=True loads with the same predictions, likelihood and attributes."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=25, n_test=5)
+    Y = _outputs(rng, X, 3)
+    gp = _gp(independent_outputs=True, max_iter=4).fit(X, Y)
+    gp.save(tmp_path / "gp.pt")
+    back = ExactGP.load(tmp_path / "gp.pt")
+    assert back.model_ is None and back.independent_outputs is True
+    for a, b in zip(gp.predict(Xt, return_cov=True), back.predict(Xt, return_cov=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}")
+    for name in ("theta_", "lengthscale_", "outputscale_", "noise_", "constant_mean_", "y_mean_", "y_std_"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(gp, name), err_msg=name)
+    for name in ("n_iter_", "converged_", "history_", "log_marginal_likelihood_"):
+        assert getattr(back, name) == getattr(gp, name), name
+    theta = gp.theta_ + 0.1
+    assert back.log_marginal_likelihood(theta) == gp.log_marginal_likelihood(theta)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("independent_theta", torch.zeros(3, 5, dtype=torch.float64), r"independent_theta must be a tensor of shape"),
+        ("independent_theta", torch.full((2, 6), float("nan")), "independent_theta must hold finite floats"),
+        ("n_iter_", [2], "history_ and n_iter_ must be lists of 2 entries"),
+        ("n_iter_", lambda s: [s["n_iter_"][0], 99], r"n_iter_\[1\] = 99 but history_\[1\] has \d+ entries"),
+        (
+            "model_state_dict",
+            {"x": torch.zeros(1)},
+            "a fit with independent_outputs=True has no GPyTorch model, but the file holds",
+        ),
+        ("params", "shared", "it holds independent_theta .* but params has no such setting"),
+    ],
+)
+def test_independent_outputs_inconsistent_files(tmp_path, key, value, expected):
+    from gpfast.estimator.persistence import read_state, write_state
+
+    rng, _ = _rng()
+    X, _, _ = _data(rng, n=15)
+    gp = _gp(independent_outputs=True, max_iter=2).fit(X, _outputs(rng, X, 2))
+    gp.save(tmp_path / "gp.pt")
+    _, state = read_state(tmp_path / "gp.pt")
+    if key == "params":
+        state["params"] = {**state["params"], "independent_outputs": False}
+    else:
+        state[key] = value(state) if callable(value) else value
+    write_state(state, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=f"cannot load .*bad.pt.*: its contents are inconsistent: {expected}"):
+        ExactGP.load(tmp_path / "bad.pt")
