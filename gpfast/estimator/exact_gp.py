@@ -160,7 +160,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         stopping on its own test (:mod:`~gpfast.estimator.independent`; small n: k float64 n x n matrices must
         fit in memory). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_`` (k, n_features),
         ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and ``history_`` lists
-        with an entry per output, ``model_`` None, and :meth:`save` is not available (pickle works).
+        with an entry per output, and ``model_`` None (:meth:`save` writes the rows of theta instead).
 
     Attributes
     ----------
@@ -571,7 +571,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         path : str, path or binary file object
-            A fit with ``independent_outputs=True`` raises NotImplementedError (pickle it instead).
+            Fits with several outputs, independent or not, are saved too.
         """
         persistence.save(self, path)
 
