@@ -11,7 +11,10 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
    the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
-   on the host at two iterations at most, placed by the last step's count (:func:`_checks`).
+   on the host at two iterations at most, placed by the last step's count (:func:`_checks`). Targets (k, n), k
+   outputs under one kernel, give k data columns [r_1 ... r_k, z_1 ... z_s] in the same solve; the loss and its
+   gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once), so
+   that k equal outputs train as one.
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
    parameters through their constraints. A non-finite gradient raises FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
@@ -64,13 +67,13 @@ class EngineRecord:
 
     cg_iterations, products: CG iterations and products with K̂ (iterations, plus the warm start's initial
     residual); cg_residuals: the residual that the tolerance is checked against at the end of the solve
-    (the data column's relative residual or the probe columns' mean one, whichever is larger);
-    data_fit: 1/2 r^T K̂^{-1} r / n; log_det_estimate: estimate of 1/2 log|K̂| / n (so that the loss is
-    data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes' standard error of the
-    first step's stochastic-Lanczos value (the later values add the path integral's error); step_seconds: wall
-    time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were drawn anew at this
-    step; broke_down: some CG column met a non-positive curvature. product: "stored" or "matrix_free" and why;
-    preconditioner_rank: k; num_probes: s.
+    (the data columns' largest relative residual or the probe columns' mean one, whichever is larger);
+    data_fit: 1/2 r^T K̂^{-1} r / n (averaged over the outputs); log_det_estimate: estimate of 1/2 log|K̂| / n
+    (so that the loss is data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes'
+    standard error of the first step's stochastic-Lanczos value (the later values add the path integral's error);
+    step_seconds: wall time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were
+    drawn anew at this step; broke_down: some CG column met a non-positive curvature. product: "stored" or
+    "matrix_free" and why; preconditioner_rank: k; num_probes: s.
     """
 
     product: str = ""
@@ -128,8 +131,8 @@ class Engine:
         self.free_memory = free_memory
         self.record = EngineRecord()
         self.product: CovarianceProduct | None = None
-        #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,), the probe
-        #: solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
+        #: The last step's solves and gradient, for diagnostics (standard errors, tests): alpha (n,) or (n, k),
+        #: the probe solves U and probes Z (n, s), the NaturalGradient (total, not per point) and the product.
         self.last: dict = {}
         self._state: _State | None = None
         self._restore: dict | None = None
