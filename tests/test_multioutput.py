@@ -503,6 +503,18 @@ def test_independent_outputs_arguments_are_checked(params, match):
     assert not hasattr(gp, "model_")
 
 
+def test_independent_outputs_above_the_cholesky_cap_is_a_clear_error(monkeypatch):
+    import gpfast.estimator.solver as solver_module
+
+    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    with pytest.raises(ValueError, match=r"n=20 is above the Cholesky cap of solver='auto' on cpu \(10\)"):
+        _gp(solver="auto", independent_outputs=True).fit(X, np.stack([y, -y], 1))
+    gp = _gp(solver="cholesky", independent_outputs=True, max_iter=2).fit(X, np.stack([y, -y], 1))
+    assert gp.theta_.shape == (2, 5)
+
+
 def test_independent_outputs_with_one_output_is_an_ordinary_fit():
     rng, _ = _rng()
     X, y, Xt = _data(rng, n=20)

@@ -297,7 +297,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
         y : array-like or torch.Tensor of shape (n_samples,), (n_samples, 1) or (n_samples, n_outputs)
-            Several outputs share the hyperparameters (:mod:`~gpfast.estimator.outputs`, exact solver only), or
+            Several outputs share the hyperparameters (:mod:`~gpfast.estimator.outputs`, either solver), or
             each has its own with ``independent_outputs=True``.
 
         Returns

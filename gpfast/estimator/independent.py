@@ -221,6 +221,14 @@ def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
                 f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
                 f"batch; it does not take {name}={value!r} (expected {' or '.join(map(repr, allowed))})."
             )
+    cap = _solver.AUTO_CHOLESKY_MAX_N.get(settings.device.type, _solver.AUTO_CHOLESKY_MAX_N["cpu"])
+    if est.solver == "auto" and n > cap:
+        raise ValueError(
+            f"ExactGP: independent_outputs=True factors a float64 n x n covariance per output, and n={n} is above "
+            f"the Cholesky cap of solver='auto' on {settings.device.type} ({cap}). Fit them with shared "
+            f"hyperparameters (independent_outputs=False: gpfast's engine trains every output in one CG solve), "
+            f"one at a time, or pass solver='cholesky' where {k} such factorisations fit in memory."
+        )
     need = _MATRICES_PER_OUTPUT * k * 8 * n * n
     free = _solver.free_memory_bytes(settings.device)
     if need > free:
