@@ -29,7 +29,7 @@ from gpfast.estimator import params as _params
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.fitting import clipped_start, engine_attributes
 from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
-from gpfast.estimator.inputs import standardization, validate_training
+from gpfast.estimator.inputs import standardized, validate_training
 from gpfast.estimator.optimize import minimize_lbfgs
 from gpfast.models import ExactGPModel
 from gpfast.standardize import column_stats
@@ -248,21 +248,12 @@ def fit_estimator(est, X, y) -> dict:
         return est._fit(X, y)
     n, d = Xt.shape
     check_settings(est, settings, yt.shape[1], n)
-    x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(est.standardize))
-    inits = _params.initial_values(est, d, x_std.cpu(), 1.0)  # standardised: fractions of each output's variance
-    device = settings.device
-    Xs = ((Xt - x_mean) / x_std).to(device)
-    ys = ((yt - torch.from_numpy(y_mean).to(yt.device)) / torch.from_numpy(y_std).to(yt.device)).to(device)
-    fitted = fit(est, Xs, ys, inits)
-    x_mean, x_std = x_mean.cpu().numpy(), x_std.cpu().numpy()
+    data = standardized(Xt, yt, bool(est.standardize), settings.device)
+    # standardised initial values: fractions of each output's variance
+    inits = _params.initial_values(est, d, torch.from_numpy(data.x_std), 1.0)
+    fitted = fit(est, data.X, data.y, inits)
     return dict(
-        device_=device,
-        X_train_=Xs,
-        y_train_=ys,
-        x_mean_=x_mean,
-        x_std_=x_std,
-        y_mean_=y_mean,
-        y_std_=y_std,
+        **data.attributes(),
         model_=None,
         likelihood_=None,
         solver_="cholesky",
@@ -275,7 +266,7 @@ def fit_estimator(est, X, y) -> dict:
         _cg_posterior=None,
         **engine_attributes(None),  # the engine's records: it did not train
         **fitted,
-        **hyperparameter_attributes(fitted["_independent_theta"], x_std, y_mean, y_std),
+        **hyperparameter_attributes(fitted["_independent_theta"], data.x_std, data.y_mean, data.y_std),
     )
 
 
