@@ -31,6 +31,7 @@ from gpfast.estimator.fitting import clipped_start, engine_attributes
 from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
 from gpfast.estimator.inputs import standardized, validate_training
 from gpfast.estimator.optimize import minimize_lbfgs
+from gpfast.estimator.restarts import first_run_space, low_noise_start
 from gpfast.models import ExactGPModel
 from gpfast.standardize import column_stats
 
@@ -275,7 +276,6 @@ def fit_estimator(est, X, y) -> dict:
         optimizer_="lbfgs",
         product_=None,
         pretrain_history_=[],
-        restart_losses_=[],
         _cg_posterior=None,
         **engine_attributes(None),  # the engine's records: it did not train
         **fitted,
@@ -297,13 +297,13 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
     theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
     if est.max_iter > 0:
         theta0 = clipped_start(space, theta0)
-    start = np.tile(theta0, (k, 1))
 
     def evaluate(rows, thetas):
         return batched_loss(Xs, targets[rows], thetas, p)
 
+    restart_losses: list = []
     if est.max_iter > 0:
-        runs = minimize_lockstep(evaluate, start, space, n, int(est.max_iter), est.tol)
+        runs, restart_losses = _train(evaluate, theta0, space, n, k, int(est.max_iter), est.tol)
         theta = np.stack([r.theta for r in runs])
         stopped = [j for j, r in enumerate(runs) if not r.converged]
         if stopped and est.tol != 0:
@@ -315,7 +315,7 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
                 stacklevel=4,
             )
     else:
-        runs, theta = [], start
+        runs, theta = [], np.tile(theta0, (k, 1))
     posterior = IndependentPosterior(Xs, targets, theta, p)
     lml = posterior.log_marginal_likelihood()
     return dict(
@@ -324,10 +324,34 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
         history_=[r.history for r in runs],
         n_iter_=[r.n_iter for r in runs],
         converged_=[r.converged for r in runs],
+        restart_losses_=restart_losses,
         log_marginal_likelihood_=float(lml.sum()),
         log_marginal_likelihood_method_="cholesky",
         _messages=[r.message for r in runs],
     )
+
+
+def _train(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, k: int, max_iter: int, tol):
+    """Each output's runs as a single fit's on the exact path (:func:`gpfast.estimator.fitting.run_plan`): the first
+    from ``theta0`` inside the first run's box, then, for the outputs whose first run ended at a low noise, one from
+    the low-noise start in the whole box (:mod:`gpfast.estimator.restarts`), all outputs of a run in lockstep. Each
+    output keeps its better run (the first on ties). Returns the k kept runs and each output's final losses, in
+    the order of its runs."""
+    runs = minimize_lockstep(evaluate, np.tile(theta0, (k, 1)), first_run_space(space, "cholesky"), n, max_iter, tol)
+    losses = [[float(r.loss)] for r in runs]
+    starts = {j: low_noise_start(space, theta0, r.theta, "cholesky") for j, r in enumerate(runs)}
+    again = [j for j, start in starts.items() if start is not None]
+    if again:
+
+        def evaluate_again(rows, thetas):
+            return evaluate([again[i] for i in rows], thetas)
+
+        second = minimize_lockstep(evaluate_again, np.stack([starts[j] for j in again]), space, n, max_iter, tol)
+        for j, r in zip(again, second):
+            losses[j].append(float(r.loss))
+            if r.loss < runs[j].loss:
+                runs[j] = r
+    return runs, losses
 
 
 def log_marginal_likelihood(X, Y, theta_fitted: np.ndarray, n_lengthscales: int, theta, eval_gradient: bool):
