@@ -8,7 +8,9 @@ hyperparameters, for small n.
 * **Optimiser.** Each output runs its own L-BFGS-B (:func:`~gpfast.estimator.optimize.minimize_lbfgs`, the rule of a
   single fit) in a thread of its own; the threads only wait for evaluations, which the calling thread gathers and
   makes in one batched call for every output waiting. An output that has converged stops asking and leaves the
-  batch: none is held back, or pushed on, by the others, and each takes the steps its own fit would take.
+  batch: none is held back, or pushed on, by the others, and each takes the steps its own fit would take. As in a
+  single fit on the exact path, the first run keeps the noise above the first run's floor, and the outputs that
+  end it at a low noise run again from the low-noise start (:mod:`~gpfast.estimator.restarts`), keeping the better.
 * **Posterior.** :class:`IndependentPosterior` factors the k matrices once (batched) and predicts every output.
 """
 
