@@ -216,7 +216,7 @@ def table(rows: list[dict]) -> str:
             ]
         )
     columns = ["stage", "method", "device", "n", "outputs k", "outputs timed", "time, s", "time for k, s",
-               "x batched", "converged", "iterations mean / max", "max mean gap / std"]  # fmt: skip
+               "time for k / first row's", "converged", "iterations mean / max", "max mean gap / std"]  # fmt: skip
     return md_table(columns, lines)
 
 
@@ -246,11 +246,11 @@ def main(argv=None) -> str:
     stem = args.stem or f"batched_gps_{torch.device(device).type}"
     header = f"Many GPs on the same inputs: one batched fit against loops of single fits ({machine(device)})"
     notes = (
-        "Loops timed on 'outputs timed' outputs and scaled linearly to k (marked 'scaled'). 'x batched': time for "
-        "k over the stage's first row. 'max mean gap / std': the largest difference between the batched fit's "
-        "predicted means and the single fits' on the timed outputs, at 200 test points, over std(y_j). Synthetic "
-        "targets (experiments/batched_gps.py: targets), d = "
-        f"{sizes['d']}, fitted to convergence (max_iter 1000 as a cap)."
+        "Loops timed on 'outputs timed' outputs and scaled linearly to k (marked 'scaled'). 'time for k / first "
+        "row's': each row's time for all k outputs over its stage's first row's (the batched fit's). 'max mean "
+        "gap / std': the largest difference between the batched fit's predicted means and the single fits' on the "
+        "timed outputs, at 200 test points, over std(y_j). Synthetic targets (experiments/batched_gps.py: "
+        f"targets), d = {sizes['d']}, fitted to convergence (max_iter 1000 as a cap)."
     )
     text = write_results(
         RESULTS, stem, header, f"{notes}\n\n{table(rows)}", rows, **sizes

@@ -580,3 +580,22 @@ def test_independent_outputs_inconsistent_files(tmp_path, key, value, expected):
     write_state(state, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match=f"cannot load .*bad.pt.*: its contents are inconsistent: {expected}"):
         ExactGP.load(tmp_path / "bad.pt")
+
+
+def test_interrupted_engine_fit_of_several_outputs_resumes_bit_for_bit(monkeypatch, tmp_path):
+    """The engine's state of several outputs (k data columns beside the probes) goes into the checkpoint and back:
+    a fit stopped after its second checkpoint resumes to the uninterrupted fit, bit for bit on the CPU."""
+    from test_checkpoint import ENGINE, _fit, _interrupted
+
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=80)
+    Y = np.stack([y, np.cos(X[:, 0]) + 0.1 * rng.normal(size=80)], 1)
+    path = tmp_path / "fit.ckpt"
+    _interrupted(monkeypatch, path, X, Y, 2, **ENGINE)
+    resumed = _fit(X, Y, checkpoint=path, checkpoint_every=2, **ENGINE)
+    plain = _fit(X, Y, **ENGINE)
+    assert resumed.trainer_ == "gpfast" and not path.exists()
+    for name in ("history_", "restart_losses_", "n_iter_", "cg_iterations_", "history_data_fit_"):
+        assert getattr(resumed, name) == getattr(plain, name), f"{name}, seed {seed}"
+    np.testing.assert_array_equal(resumed.theta_, plain.theta_)
+    np.testing.assert_array_equal(resumed.predict(Xt), plain.predict(Xt))
