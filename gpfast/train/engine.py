@@ -205,11 +205,13 @@ class Engine:
         measure = _measure if k == 1 else lambda rel: _measure(rel, k)
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks)
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
-        grad = hutchinson_gradient(product, A, U, Z)
         alpha = A[:, 0] if k == 1 else A
-        # per point and output, so that the loss of k equal outputs is that of one
-        data_fit_t = 0.5 * ((B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()) / (n * k)
-        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, _measure(res.rel_residual), res.broke_down.any()]
+        grad = hutchinson_gradient(product, alpha, U, Z)
+        if k == 1:
+            data_fit_t = 0.5 * (B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])) / n
+        else:  # per point and output, so that the loss of k equal outputs is that of one
+            data_fit_t = 0.5 * ((B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()) / (n * k)
+        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, measure(res.rel_residual), res.broke_down.any()]
         if first:  # the stochastic-Lanczos inputs ride along in the same read
             ZP = B[:, k + state.s :]
             parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]

@@ -65,5 +65,6 @@ def hutchinson_gradient(
     G = torch.cat([A * (-0.5 / k), U * (0.5 / s)], dim=1)
     V = torch.cat([A, W], dim=1)
     gl, gs = product.backward(G, V)
-    noise = (-0.5 / k) * (A * A).sum() + (0.5 / s) * (U * W).sum()
+    data = alpha.dot(alpha) if alpha.dim() == 1 else (A * A).sum() / k
+    noise = -0.5 * data + (0.5 / s) * (U * W).sum()
     return NaturalGradient(gl, gs, noise, -A.sum() / k)
