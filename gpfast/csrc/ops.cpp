@@ -43,6 +43,11 @@ TORCH_LIBRARY(gpfast, m) {
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
+  // rbf_matmul on CUDA with the named kernel: "cuda_core" (what rbf_matmul runs) or the float32 tensor-core kernel,
+  // "tc" with optional variant parts "_m2", "_nosplit", "_poly1", "_poly2" (csrc/cuda/rbf_matmul.cu).
+  m.def(
+      "_rbf_matmul_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v, str kernel)"
+      " -> Tensor");
   // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
