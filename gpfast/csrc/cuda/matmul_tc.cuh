@@ -175,16 +175,29 @@ __global__ void __launch_bounds__(kTcThreads) kv_tc_kernel(const KvFwdArgs<float
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mt][nt][c] = 0.0f;
 
-  for (int64_t jt = j_begin; jt < j_end; jt += kTcCols) {
-    const int cols = static_cast<int>(min(static_cast<int64_t>(kTcCols), j_end - jt));
-    __syncthreads();  // the previous tile's reads are done
+  // The next tile's raw columns and right-hand sides are loaded into registers while this one computes, so that
+  // no warp waits on global memory at the tile's barrier: lane tid < kTcCols holds column tid's point, and every
+  // lane kVPer values of V (element tid + u kTcThreads of the tile, row-major over its 8 NT columns).
+  constexpr int kVPer = kTcCols * 8 * NT / kTcThreads;
+  float px[D], pv[kVPer];
+  auto fetch = [&](int64_t jt) {
+#pragma unroll
+    for (int k = 0; k < D; ++k) px[k] = (tid < kTcCols && jt + tid < j_end && k < d) ? x2[(jt + tid) * d + k] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kVPer; ++u) {
+      const int e = tid + u * kTcThreads, jj = e / (8 * NT), c = e - jj * (8 * NT);
+      pv[u] = (jt + jj < j_end && t0 + c < a.t) ? v[(jt + jj) * a.t + t0 + c] : 0.0f;
+    }
+  };
+  // the staged tile: scaled points (for the recompute), their biases -|y2|^2 and both operands split, in fragment
+  // order
+  auto stage = [&](int cols) {
     if (tid < kTcCols) {
-      const int64_t j = jt + tid;
       float nrm = 0.0f;
       const int grp = tid >> 3, col = tid & 7;
 #pragma unroll
       for (int k = 0; k < D; ++k) {
-        const float y = (tid < cols && k < d) ? scale_point(x2[j * d + k], s_mu[k], s_w[k]) : 0.0f;
+        const float y = (tid < cols && k < d) ? scale_point(px[k], s_mu[k], s_w[k]) : 0.0f;
         nrm = fmaf(y, y, nrm);
         s_y2[tid][k] = y;
         uint32_t hi, lo;
@@ -196,17 +209,25 @@ __global__ void __launch_bounds__(kTcThreads) kv_tc_kernel(const KvFwdArgs<float
       }
       s_b2[tid] = -nrm;
     }
-    for (int e = tid; e < kTcCols * 8 * NT; e += kTcThreads) {
-      const int jj = e / (8 * NT), c = e - jj * (8 * NT);
-      const float val = (jj < cols && t0 + c < a.t) ? v[(jt + jj) * a.t + t0 + c] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kVPer; ++u) {
+      const int e = tid + u * kTcThreads, jj = e / (8 * NT), c = e - jj * (8 * NT);
       uint32_t hi, lo;
-      split_tf32(val, hi, lo);
+      split_tf32(pv[u], hi, lo);
       // B fragment of P @ V in the permuted order: b.x = V[column 2q][rhs g], b.y = V[column 2q + 1][rhs g]
       const int r8 = jj & 7;
       s_vh[jj >> 3][c >> 3][(c & 7) * 4 + (r8 >> 1)][r8 & 1] = hi;
       s_vl[jj >> 3][c >> 3][(c & 7) * 4 + (r8 >> 1)][r8 & 1] = lo;
     }
+  };
+
+  fetch(j_begin);
+  for (int64_t jt = j_begin; jt < j_end; jt += kTcCols) {
+    const int cols = static_cast<int>(min(static_cast<int64_t>(kTcCols), j_end - jt));
+    __syncthreads();  // the previous tile's reads are done
+    stage(cols);
     __syncthreads();
+    fetch(jt + kTcCols);
 
     float tile[MT][NT][4];
 #pragma unroll
@@ -274,11 +295,10 @@ __global__ void __launch_bounds__(kTcThreads) kv_tc_kernel(const KvFwdArgs<float
         for (int c = 0; c < 4; ++c) {
           const float p = c >= 4 - kPoly ? exp2_poly(e[c]) : exp2_fast(e[c]);
           const int slot = (c >> 1) + 2 * (c & 1);
-          if constexpr (kSplit) {
-            split_tf32(p, ph[slot], pl[slot]);
-          } else {
-            ph[slot] = to_tf32(p);
-          }
+          ph[slot] = to_tf32(p);
+          // lo = p - hi, exact, handed to the MMA unrounded: the tensor core drops its last 13 bits, an error
+          // under 2^-21 p of either sign (lo's sign is random), where rounding it would cost one more instruction
+          if constexpr (kSplit) pl[slot] = __float_as_uint(__fsub_rn(p, __uint_as_float(ph[slot])));
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
