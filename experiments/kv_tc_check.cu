@@ -5,7 +5,9 @@
 //
 // Prints, per case, the norm-wise relative error of each kernel against float64 (on a sample of rows) and exits 1
 // if a tensor-core kernel (with the split) errs by more than max(2 x the CUDA-core kernel's error, 1e-6), or if
-// K(x, x) = s is not exact. With N M REPS it then times every variant at d = 8, t = 16 (CUDA events, medians).
+// K(x, x) = s is not exact; the same for the tensor-core covariance forward (covariance_tc.cuh) against float32
+// differences. With N M REPS it then times every K @ V variant at d = 8, t = 16 (CUDA events, medians), and the
+// covariance forward at (4, 8192, 8192, 32) and (1, 16384, 16384, 8).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../gpfast/csrc/cuda/covariance_tc.cuh"
 #include "../gpfast/csrc/cuda/matmul_tc.cuh"
 
 using gpfast::cuda::KvFwdArgs;
@@ -95,7 +98,7 @@ int64_t split_cols(int64_t blocks, int64_t m, int64_t tile, int per_sm, int64_t&
 // A kernel run: launches into dv.out (splits, 1, n, t) and returns the number of splits.
 using Runner = int64_t (*)(const Problem&, Device&);
 
-template <int KD, int NT, int MT, bool kSplit, int kPoly>
+template <int KD, int NT, int MT, bool kSplit, int kPoly, bool kFlush = false>
 int64_t run_tc(const Problem& p, Device& dv) {
   const int64_t rowblocks = (p.n + 16 * gpfast::cuda::kTcWarps * MT - 1) / (16 * gpfast::cuda::kTcWarps * MT);
   const int t_chunks = (p.t + 8 * NT - 1) / (8 * NT);
@@ -103,7 +106,7 @@ int64_t run_tc(const Problem& p, Device& dv) {
   const int64_t cols = split_cols(rowblocks * t_chunks, p.m, gpfast::cuda::kTcCols, 4, splits);
   KvFwdArgs<float> a{dv.x1, dv.x2, dv.ls, dv.s, dv.v, dv.out, p.n, p.m, 1, p.d, p.t, t_chunks, cols};
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(t_chunks));
-  gpfast::cuda::kv_tc_kernel<KD, NT, MT, kSplit, kPoly><<<grid, gpfast::cuda::kTcThreads>>>(a);
+  gpfast::cuda::kv_tc_kernel<KD, NT, MT, kSplit, kPoly, kFlush><<<grid, gpfast::cuda::kTcThreads>>>(a);
   CHECK(cudaGetLastError());
   return splits;
 }
@@ -184,6 +187,8 @@ const std::vector<Named> kVariants = {
     {"tc", run_tc<1, 2, 4, true, 0>, true},          {"tc_m2", run_tc<1, 2, 2, true, 0>, true},
     {"tc_poly1", run_tc<1, 2, 4, true, 1>, true},    {"tc_poly2", run_tc<1, 2, 4, true, 2>, true},
     {"tc_m2_poly1", run_tc<1, 2, 2, true, 1>, true}, {"tc_nosplit", run_tc<1, 2, 4, false, 0>, false},
+    {"tc_flush", run_tc<1, 2, 4, true, 0, true>, true}, {"tc_m2_flush", run_tc<1, 2, 2, true, 0, true>, true},
+    {"tc_poly1_flush", run_tc<1, 2, 4, true, 1, true>, true},
 };
 
 int check_case(int64_t n, int64_t m, int d, int t, float shift, float ls_scale, unsigned seed) {
@@ -229,6 +234,119 @@ int check_diagonal(int d) {
   return bad != 0;
 }
 
+// The tensor-core covariance forward on `batch` copies of one problem: the points uploaded once (CovPoints), then
+// launched as the launcher does (strips of columns, rows split so that the grid has about 4 blocks per SM).
+struct CovPoints {
+  float *x1, *x2, *ls, *s;
+};
+
+CovPoints upload_cov(const Problem& p, int batch) {
+  CovPoints c{};
+  CHECK(cudaMalloc(&c.x1, p.x1.size() * batch * 4));
+  CHECK(cudaMalloc(&c.x2, p.x2.size() * batch * 4));
+  CHECK(cudaMalloc(&c.ls, p.d * batch * 4));
+  CHECK(cudaMalloc(&c.s, batch * 4));
+  for (int b = 0; b < batch; ++b) {
+    CHECK(cudaMemcpy(c.x1 + b * p.x1.size(), p.x1.data(), p.x1.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c.x2 + b * p.x2.size(), p.x2.data(), p.x2.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c.ls + b * p.d, p.ls.data(), p.d * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(c.s + b, &p.s, 4, cudaMemcpyHostToDevice));
+  }
+  return c;
+}
+
+void release_cov(CovPoints& c) {
+  for (float* ptr : {c.x1, c.x2, c.ls, c.s}) CHECK(cudaFree(ptr));
+}
+
+void launch_cov_tc(const Problem& p, const CovPoints& c, float* out, int batch) {
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  const int64_t strips = cdiv(p.m, gpfast::cuda::kCovTcStrip);
+  int64_t rowblocks = std::clamp<int64_t>(cdiv(4 * sms(), strips * batch), 1, cdiv(p.n, 64));
+  const int64_t rows_per_block = cdiv(cdiv(p.n, rowblocks), 64) * 64;
+  rowblocks = cdiv(p.n, rows_per_block);
+  const gpfast::cuda::CovTcArgs a{c.x1, c.x2, c.ls, c.s, out, p.n, p.m, p.d, rows_per_block, p.m % 2 == 0};
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(batch));
+  if (p.d <= 8)
+    gpfast::cuda::cov_tc_kernel<1><<<grid, gpfast::cuda::kCovTcThreads>>>(a);
+  else if (p.d <= 16)
+    gpfast::cuda::cov_tc_kernel<2><<<grid, gpfast::cuda::kCovTcThreads>>>(a);
+  else
+    gpfast::cuda::cov_tc_kernel<4><<<grid, gpfast::cuda::kCovTcThreads>>>(a);
+  CHECK(cudaGetLastError());
+}
+
+// Norm-wise error of the tensor-core covariance against float64, next to float32 differences on the CPU (the plain
+// formula); fails above max(2x plain, 1e-6), on NaN (poisoned output) or if K(x, x) != s for the duplicated rows.
+int check_covariance(int64_t n, int64_t m, int d, float shift, float ls_scale, unsigned seed) {
+  Problem p = make_problem(n, m, d, 1, shift, ls_scale, seed);
+  for (int64_t i = 0; i < std::min<int64_t>(n, m) / 3; ++i)  // every third row of x1 also in x2, shuffled
+    for (int k = 0; k < d; ++k) p.x2[((i * 7) % m) * d + k] = p.x1[(3 * i) * d + k];
+  float* out;
+  CHECK(cudaMalloc(&out, n * m * 4));
+  CHECK(cudaMemset(out, 0xff, n * m * 4));  // NaN: an element never written shows
+  CovPoints c = upload_cov(p, 1);
+  launch_cov_tc(p, c, out, 1);
+  release_cov(c);
+  std::vector<float> got(n * m);
+  CHECK(cudaMemcpy(got.data(), out, n * m * 4, cudaMemcpyDeviceToHost));
+  CHECK(cudaFree(out));
+  double num = 0, den = 0, num32 = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double sq = 0.0;
+      float sq32 = 0.0f;
+      for (int k = 0; k < d; ++k) {
+        const double z = (double(p.x1[i * d + k]) - double(p.x2[j * d + k])) / double(p.ls[k]);
+        const float z32 = (p.x1[i * d + k] - p.x2[j * d + k]) / p.ls[k];
+        sq += z * z;
+        sq32 += z32 * z32;
+      }
+      const double want = double(p.s) * std::exp(-0.5 * sq), plain = p.s * std::exp(-0.5f * sq32);
+      nan |= std::isnan(got[i * m + j]);
+      num += (got[i * m + j] - want) * (got[i * m + j] - want);
+      num32 += (plain - want) * (plain - want);
+      den += want * want;
+    }
+  int diag_bad = 0;
+  for (int64_t i = 0; i < std::min<int64_t>(n, m) / 3; ++i) diag_bad += got[(3 * i) * m + (i * 7) % m] != p.s;
+  const double err = std::sqrt(num / den), plain = std::sqrt(num32 / den);
+  const bool bad = nan || diag_bad || !(err <= std::max(2 * plain, 1e-6));
+  std::printf("covariance n=%lld m=%lld d=%d shift=%g ls*%g: tc %.3g plain fp32 %.3g, K(x,x) != s: %d%s%s\n",
+              (long long)n, (long long)m, d, shift, ls_scale, err, plain, diag_bad, nan ? " NaN" : "",
+              bad ? " FAIL" : "");
+  return bad;
+}
+
+void bench_covariance(int batch, int64_t n, int d, int reps) {
+  const Problem p = make_problem(n, n, d, 1, 0.0f, 1.0f, 17);
+  float* out;
+  CHECK(cudaMalloc(&out, batch * n * n * 4));
+  CovPoints c = upload_cov(p, batch);
+  launch_cov_tc(p, c, out, batch);  // warm-up
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int k = 0; k < reps; ++k) {
+    CHECK(cudaEventRecord(e0));
+    launch_cov_tc(p, c, out, batch);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const double floor_ms = batch * n * n * 4.0 / 4.27e12 * 1e3;  // one write of K at the measured copy rate
+  std::printf("bench covariance (%d, %lld, %lld, %d) tc: median %.3f ms (store floor %.3f ms)\n", batch,
+              (long long)n, (long long)n, d, ms[ms.size() / 2], floor_ms);
+  release_cov(c);
+  CHECK(cudaFree(out));
+}
+
 void bench(int64_t n, int64_t m, int reps) {
   const Problem p = make_problem(n, m, 8, 16, 0.0f, 1.0f, 11);
   Device dv = upload(p, 4096);
@@ -266,7 +384,16 @@ int main(int argc, char** argv) {
   for (int d : {1, 17, 32})
     for (int t : {1, 11, 16, 33}) fails += check_case(301, 1027, d, t, 0.0f, 1.0f, 5 + d + t);
   for (int d : {3, 8, 32}) fails += check_diagonal(d);
+  fails += check_covariance(333, 1027, 32, 0.0f, 1.0f, 21);
+  fails += check_covariance(200, 515, 17, 10.0f, 1.0f, 22);
+  fails += check_covariance(129, 301, 8, 0.0f, 0.05f, 23);
+  fails += check_covariance(77, 1001, 3, 100.0f, 30.0f, 24);
+  fails += check_covariance(64, 640, 1, 0.0f, 1.0f, 25);
   std::printf("%s: %d failures\n", fails ? "FAIL" : "ok", fails);
-  if (argc >= 4) bench(std::atoll(argv[1]), std::atoll(argv[2]), std::atoi(argv[3]));
+  if (argc >= 4) {
+    bench(std::atoll(argv[1]), std::atoll(argv[2]), std::atoi(argv[3]));
+    bench_covariance(4, 8192, 32, 20);
+    bench_covariance(1, 16384, 8, 20);
+  }
   return fails ? 1 : 0;
 }

@@ -380,8 +380,9 @@ def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
     ``kernel`` is ``"cuda_core"`` (what :func:`rbf_matmul` runs) or ``"tc"``, the float32 tensor-core kernel
     (d <= 32), optionally followed by variant parts ``"_m2"`` (2 row tiles per warp), ``"_nosplit"`` (TF32 operands
     without the 3xTF32 split: about 3 decimal digits, for timing only), ``"_poly1"`` or ``"_poly2"`` (1 or 2 of
-    every 4 exponentials by polynomial); the variants are compiled for d <= 8 and t in 9..16. Shapes as in
-    :func:`rbf_matmul`.
+    every 4 exponentials by polynomial), ``"_flush"`` (every 8 columns' products added to the tile's sum by a
+    float32 addition instead of on the tensor core's accumulator); the variants are compiled for d <= 8 and t in
+    9..16. Shapes as in :func:`rbf_matmul`.
     """
     _ensure_loaded()
     x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, True)

@@ -18,7 +18,17 @@ from gpfast import ops
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")]
 
-SPLIT_VARIANTS = ["tc", "tc_m2", "tc_poly1", "tc_poly2", "tc_m2_poly1", "tc_m2_poly2"]
+SPLIT_VARIANTS = [
+    "tc",
+    "tc_m2",
+    "tc_poly1",
+    "tc_poly2",
+    "tc_m2_poly1",
+    "tc_m2_poly2",
+    "tc_flush",
+    "tc_m2_flush",
+    "tc_poly1_flush",
+]
 
 
 def draw(batch, n, m, d, t, seed, shift=0.0, ls=None):
@@ -153,3 +163,74 @@ def test_errors_name_the_argument():
     x1, x2, l, s, v = draw((), 10, 20, 12, 2, seed=0)
     with pytest.raises(RuntimeError, match="not compiled for 16 features"):
         ops._rbf_matmul_kernel(x1, x2, l, s, v, "tc_poly1")
+
+
+# ------------------------------------------------------------------------------------- covariance forward, "tc"
+
+
+def tc_covariance(x1, x2, l, s):
+    """rbf_covariance by the tensor-core forward (private op), over poisoned memory."""
+    x1c, x2c, lc, sc, batch = ops._canonicalize(x1, x2, l, s, True)
+    poison_allocator("cuda", 4 * x1c.shape[0] * x1c.shape[1] * x2c.shape[1] * 2)
+    K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, "tc").reshape(*batch, x1.shape[-2], x2.shape[-2])
+    assert torch.isfinite(K).all(), "an output element was never written (poisoned memory showed through)"
+    return K
+
+
+COV_SHAPES = [
+    ((), 33, 1023, 3),
+    ((3,), 47, 1025, 5),
+    ((), 100, 2049, 9),
+    ((2,), 31, 130, 16),
+    ((), 129, 1027, 17),
+    ((), 40, 3001, 29),
+    ((), 70, 2048, 32),
+    ((), 5, 1026, 1),
+    ((), 300, 7, 8),
+]
+
+
+@pytest.mark.parametrize("shape", COV_SHAPES)
+@pytest.mark.parametrize("shift", [0.0, 10.0])
+def test_covariance_matches_float64(shape, shift):
+    """At most max(2x the plain float32 formula's error, 1e-6), the norm expansion's rule in test_cuda_kernels."""
+    batch, n, m, d = shape
+    x1, x2, l, s, _ = draw(batch, n, m, d, 1, seed=n + m + d, shift=shift)
+    K = tc_covariance(x1, x2, l, s)
+    K64 = ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double())
+    plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
+    assert rel_err(K, K64) <= max(2 * plain, 1e-6), (rel_err(K, K64), plain)
+    assert torch.equal(K, tc_covariance(x1, x2, l, s))  # deterministic
+
+
+@pytest.mark.parametrize("d", [3, 8, 32])
+def test_covariance_exact_diagonal_and_duplicates(d):
+    gen = torch.Generator(device="cuda").manual_seed(d)
+    x = torch.randn(600, d, device="cuda", generator=gen) + 5.0
+    l = torch.rand(d, device="cuda", generator=gen) + 0.5
+    s = torch.tensor(1.7, device="cuda")
+    K = tc_covariance(x, x, l, s)
+    assert torch.equal(K.diagonal(), torch.full((600,), 1.7, device="cuda"))
+    assert (K <= 1.7).all()
+    idx = torch.randperm(600, device="cuda", generator=gen)[:200]
+    x2 = torch.cat([x[idx], torch.randn(100, d, device="cuda", generator=gen)])
+    K2 = tc_covariance(x, x2, l, s)
+    assert torch.equal(K2[idx, torch.arange(200, device="cuda")], torch.full((200,), 1.7, device="cuda"))
+
+
+@pytest.mark.parametrize("ls", [0.01, 0.05, 10.0, 300.0])
+def test_covariance_extreme_lengthscales(ls):
+    x1, x2, l, s, _ = draw((), 200, 1500, 12, 1, seed=3, ls=ls)
+    K = tc_covariance(x1, x2, l, s)
+    K64 = ref.rbf_covariance(x1.double(), x2.double(), l.double(), s.double())
+    plain = rel_err(ref.rbf_covariance(x1, x2, l, s), K64)
+    assert rel_err(K, K64) <= max(2 * plain, 1e-6)
+
+
+def test_covariance_errors_name_the_argument():
+    x1, x2, l, s, _ = draw((), 10, 20, 33, 1, seed=0)
+    x1c, x2c, lc, sc, _ = ops._canonicalize(x1, x2, l, s, True)
+    with pytest.raises(RuntimeError, match="needs float32 and d <= 32, got Float and d=33"):
+        torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, "tc")
+    with pytest.raises(RuntimeError, match="'tile', 'diff', 'expand' or 'tc', got 'tensor'"):
+        torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, "tensor")

@@ -55,6 +55,17 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
 }
 
+// c += P V for one 8 x 8 block of V: lo.hi + hi.lo + hi.hi (the small products first), or hi.hi alone.
+template <bool kSplit>
+__device__ __forceinline__ void pv_products(float (&c)[4], const uint32_t (&ph)[4], const uint32_t (&pl)[4],
+                                            uint2 vh, uint2 vl) {
+  if constexpr (kSplit) {
+    mma_tf32(c, pl, vh);
+    mma_tf32(c, ph, vl);
+  }
+  mma_tf32(c, ph, vh);
+}
+
 // 2^e for e <= 0 on the FMA units: e = n + r with n = round(e), r in [-1/2, 1/2], 2^r by its Taylor series of
 // degree 7 (truncation 5e-9 relative, under float32's rounding), 2^n added to the exponent bits. Results below
 // 2^-125 come out as 2^-125-ish instead of 0 or a subnormal: no pair's contribution that small is visible in a sum
@@ -85,8 +96,11 @@ constexpr int tc_rows_tiles() {
 
 // KD: features in steps of 8 (d <= 8 KD); NT: right-hand-side columns in steps of 8 (this chunk's t <= 8 NT);
 // MT: 16-row MMA tiles per warp; kSplit: 3xTF32 (see above); kPoly: exponentials (of 4 per lane and tile) taken by
-// exp2_poly.
-template <int KD, int NT, int MT, bool kSplit, int kPoly>
+// exp2_poly; kFlush: each 8 columns' products summed by the tensor core from zero and added to the tile's sum by a
+// float32 addition, instead of chaining the tile's 24 MMAs on one accumulator (the tensor core's float32
+// accumulation is not round-to-nearest; a chain of 24 of its roundings, each toward zero, may bias the sum by a
+// few units of 2^-24; the flush costs 4 NT MT additions per 8 columns).
+template <int KD, int NT, int MT, bool kSplit, int kPoly, bool kFlush = false>
 __global__ void __launch_bounds__(kTcThreads) kv_tc_kernel(const KvFwdArgs<float> a) {
   constexpr int D = 8 * KD, kRows = 16 * MT * kTcWarps, kGroups = kTcCols / 8;
   constexpr int kPitch = D + 1;  // odd: the rare recompute reads columns of s_y2 without bank conflicts
@@ -302,11 +316,14 @@ __global__ void __launch_bounds__(kTcThreads) kv_tc_kernel(const KvFwdArgs<float
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-          if constexpr (kSplit) {
-            mma_tf32(tile[mt][nt], pl, vh[nt]);
-            mma_tf32(tile[mt][nt], ph, vl[nt]);
+          if constexpr (kFlush) {
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            pv_products<kSplit>(part, ph, pl, vh[nt], vl[nt]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) tile[mt][nt][c] += part[c];
+          } else {
+            pv_products<kSplit>(tile[mt][nt], ph, pl, vh[nt], vl[nt]);
           }
-          mma_tf32(tile[mt][nt], ph, vh[nt]);
         }
       }
     }

@@ -88,10 +88,12 @@ struct TcVariant {
   int rows_tiles = 0;  // 16-row MMA tiles per warp, 0: the shape's default (tc_rows_tiles)
   bool split = true;   // 3xTF32
   int poly = 0;        // exponentials of each lane's 4 per tile taken by polynomial
-  bool is_default() const { return rows_tiles == 0 && split && poly == 0; }
+  bool flush = false;  // each 8 columns' products added to the tile's sum in float32 (kv_tc_kernel's kFlush)
+  bool is_default() const { return rows_tiles == 0 && split && poly == 0 && !flush; }
 };
 
-// "tc", optionally followed by "_m2" (2 row tiles per warp), "_nosplit", "_poly1" or "_poly2", in any order.
+// "tc", optionally followed by "_m2" (2 row tiles per warp), "_nosplit", "_poly1", "_poly2" or "_flush", in any
+// order.
 TcVariant parse_tc_variant(const std::string& name) {
   TcVariant var;
   std::string rest = name.substr(2);
@@ -106,18 +108,20 @@ TcVariant parse_tc_variant(const std::string& name) {
       var.poly = 1;
     else if (tok == "_poly2")
       var.poly = 2;
+    else if (tok == "_flush")
+      var.flush = true;
     else
       TORCH_CHECK(false, "_rbf_matmul_kernel: unknown part '", tok, "' in kernel '", name,
-                  "'; expected 'tc' followed by any of _m2, _nosplit, _poly1, _poly2");
+                  "'; expected 'tc' followed by any of _m2, _nosplit, _poly1, _poly2, _flush");
     rest = next == std::string::npos ? "" : rest.substr(next);
   }
   return var;
 }
 
-template <int KD, int NT, int MT, bool kSplit, int kPoly>
+template <int KD, int NT, int MT, bool kSplit, int kPoly, bool kFlush = false>
 void launch_tc(const KvFwdArgs<float>& a, int64_t rowblocks, int64_t splits, int64_t z) {
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(z));
-  kv_tc_kernel<KD, NT, MT, kSplit, kPoly><<<grid, kTcThreads, 0, current_stream()>>>(a);
+  kv_tc_kernel<KD, NT, MT, kSplit, kPoly, kFlush><<<grid, kTcThreads, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -126,8 +130,12 @@ void launch_tc_variant(const TcVariant& var, const KvFwdArgs<float>& a, int64_t 
                        int64_t z) {
   if (var.is_default()) return launch_tc<KD, NT, tc_rows_tiles<KD, NT>(), true, 0>(a, rowblocks, splits, z);
   if constexpr (KD == 1 && NT == 2) {
-    const int code = (var.rows_tiles == 2 ? 100 : 0) + (var.split ? 10 : 0) + var.poly;  // 0 rows: 4 here
+    // 0 rows: 4 here
+    const int code = (var.flush ? 1000 : 0) + (var.rows_tiles == 2 ? 100 : 0) + (var.split ? 10 : 0) + var.poly;
     switch (code) {
+      case 1010: return launch_tc<1, 2, 4, true, 0, true>(a, rowblocks, splits, z);
+      case 1110: return launch_tc<1, 2, 2, true, 0, true>(a, rowblocks, splits, z);
+      case 1011: return launch_tc<1, 2, 4, true, 1, true>(a, rowblocks, splits, z);
       case 1: return launch_tc<1, 2, 4, false, 1>(a, rowblocks, splits, z);
       case 2: return launch_tc<1, 2, 4, false, 2>(a, rowblocks, splits, z);
       case 0: return launch_tc<1, 2, 4, false, 0>(a, rowblocks, splits, z);
@@ -141,7 +149,7 @@ void launch_tc_variant(const TcVariant& var, const KvFwdArgs<float>& a, int64_t 
     }
   }
   TORCH_CHECK(false, "_rbf_matmul_kernel: this tensor-core variant (", var.rows_tiles, " row tiles, split ", var.split,
-              ", poly ", var.poly, ") is not compiled for ", 8 * KD, " features and ", 8 * NT,
+              ", poly ", var.poly, ", flush ", var.flush, ") is not compiled for ", 8 * KD, " features and ", 8 * NT,
               " right-hand sides; the variants are compiled for d <= 8 and t in 9..16, with the split");
 }
 
