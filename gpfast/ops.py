@@ -378,6 +378,23 @@ def rbf_matmul(x1, x2, lengthscale, outputscale, v, *, check_values: bool = True
     return out.squeeze(-1) if vector else out
 
 
+def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
+    """:func:`rbf_matmul` on CUDA with a named kernel whatever the shape, for tests and benchmarks (no autograd).
+
+    ``kernel`` is ``"cuda_core"`` (what :func:`rbf_matmul` runs) or ``"tc"``, the float32 tensor-core kernel
+    (d <= 32), optionally followed by variant parts ``"_m2"`` (2 row tiles per warp), ``"_nosplit"`` (TF32 operands
+    without the 3xTF32 split: about 3 decimal digits, for timing only), ``"_poly1"`` or ``"_poly2"`` (1 or 2 of
+    every 4 exponentials by polynomial), ``"_flush"`` (every 8 columns' products added to the tile's sum by a
+    float32 addition instead of on the tensor core's accumulator); the variants are compiled for d <= 8 and t in
+    9..16. Shapes as in :func:`rbf_matmul`.
+    """
+    _ensure_loaded()
+    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, True)
+    out = torch.ops.gpfast._rbf_matmul_kernel(x1c, x2c, lc, sc, vc, kernel)
+    out = out.reshape(*batch, x1c.shape[1], vc.shape[2])
+    return out.squeeze(-1) if vector else out
+
+
 def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """``K @ V`` for a stored matrix K (rows, n) and a few right-hand sides V (n, t) or (n,): the training engine's
     stored-K product.

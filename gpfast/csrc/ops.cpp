@@ -53,13 +53,18 @@ TORCH_LIBRARY(gpfast, m) {
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
-  // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
+  // rbf_covariance on CUDA with the named kernel: "tile", "diff", "expand" or "tc" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
   // The lengthscale and outputscale gradients of rbf_matmul (no point gradients) on CUDA with the named kernel:
   // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32; csrc/README.md).
   m.def(
       "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
       " Tensor v, str kernel) -> (Tensor, Tensor)");
+  // rbf_matmul on CUDA with the named kernel: "cuda_core" (what rbf_matmul runs) or the float32 tensor-core kernel,
+  // "tc" with optional variant parts "_m2", "_nosplit", "_poly1", "_poly2", "_flush" (csrc/cuda/rbf_matmul.cu).
+  m.def(
+      "_rbf_matmul_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v, str kernel)"
+      " -> Tensor");
   // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
