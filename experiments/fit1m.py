@@ -5,7 +5,7 @@ training engine, then predictions at 10k test points, in calls of at most a few 
 
 Every call resumes where the last one stopped, from files in ``--state`` (a git-ignored folder):
 
-1. ``fit.ckpt``: the fit's checkpoint (``ExactGP(checkpoint=..., checkpoint_every=1)``; about 45 MB at 1M points),
+1. ``fit.ckpt``: the fit's checkpoint (``ExactGP(checkpoint=(..., 1))``, a write every step; about 45 MB at 1M points),
    until the 50 steps are taken; then ``train.pt``: the fitted hyperparameters and standardisation, the loss,
    CG iterations and wall time of every step.
 2. ``mean.pt``: the predictive mean's solve ``alpha = K̂^-1 (y - c)`` by gpfast's PCG (rank-100 pivoted-Cholesky
@@ -68,8 +68,7 @@ def train(args, data, device, state: Path) -> dict:
         random_state=args.seed,
         device=str(device),
         dtype="float32",
-        checkpoint=state / "fit.ckpt",
-        checkpoint_every=1,
+        checkpoint=(state / "fit.ckpt", 1),
         verbose=not args.quiet,
     )
     gp.fit(data.X_train, data.y_train)

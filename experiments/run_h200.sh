@@ -14,7 +14,10 @@
 #         verify (build, CUDA tests, sanitizers, CG prediction vs Cholesky at 100k, bench_ops; VERIFY_BUDGET 560),
 #         accuracy (engine and CG-posterior CUDA tests, CG prediction vs Cholesky at 100k, UCI rows c and exact on
 #                   the four smaller sets, step_anatomy; ACCURACY_BUDGET 560), accuracy_large (rows c and exact on
-#                   protein and the kegg sets, CG prediction at 1M)
+#                   protein and the kegg sets, CG prediction at 1M),
+#         engine (CUDA graphs in the engine: tests, row c on the seven sets, step_anatomy, row exact on protein;
+#                 ENGINE_BUDGET 570), tensor_cores (the tensor-core kernels and the pivot kernel: every CUDA test,
+#                 row c on the seven sets, bench_bilinear, step_anatomy, bench_tensor_cores; TC_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -345,6 +348,53 @@ PYEOF
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/accuracy_anatomy.log" | tail -9
       tar czf "$OUT/accuracy_results.tar.gz" -C "$OUT" accuracy_results && rm -rf "$res"
       echo "accuracy: $(( SECONDS - B_T0 )) s" ;;
+    engine)
+      # The engine's CUDA graphs and its final re-solve, in one call of at most ENGINE_BUDGET seconds (default 570):
+      # build, the CUDA tests of the graphs, the engine and the CG posterior, row c on the seven sets, step_anatomy
+      # on the seven sets, then row "exact" on protein (about 4 s a step). Files in $OUT: engine_*.log and
+      # engine_results.tar.gz (unpack into experiments/results).
+      budget_start ${ENGINE_BUDGET:-570}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/engine_results"; mkdir -p "$res"
+      brun 240 "$OUT/engine_build.log" python -m gpfast.build || { tail -40 "$OUT/engine_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 90 "$OUT/engine_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
+        tests/test_train.py tests/test_cg_posterior.py; echo "tests rc=$?"; tail -3 "$OUT/engine_tests.log"
+      brun 150 "$OUT/engine_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/engine_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
+      brun 130 "$OUT/engine_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/engine_anatomy.log" | tail -9
+      brun 260 "$OUT/engine_exact.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --datasets protein --rows exact --stem uci_protein_exact --out "$res"
+      echo "exact protein rc=$?"; grep -E "^\| protein" "$OUT/engine_exact.log" | cut -d'|' -f2,5,7,9,12,13
+      tar czf "$OUT/engine_results.tar.gz" -C "$OUT" engine_results && rm -rf "$res"
+      echo "engine: $(( SECONDS - B_T0 )) s" ;;
+    tensor_cores)
+      # The tensor-core kernels and the one-launch pivot blocks, in one call of at most TC_BUDGET seconds (default
+      # 585): build, every CUDA test, row c on the seven sets (the engine with the tensor-core backward and the
+      # pivot kernel), the bilinear backward's sweep, step_anatomy (3 steps a pass), then the K @ V / forward sweep.
+      # Files in $OUT: tc_*.log and tc_results.tar.gz (unpack into experiments/results).
+      budget_start ${TC_BUDGET:-585}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/tc_results"; mkdir -p "$res"
+      brun 240 "$OUT/tc_build.log" python -m gpfast.build || { tail -40 "$OUT/tc_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s"
+      brun 130 "$OUT/tc_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)" "$OUT/tc_tests.log" | head -30; tail -2 "$OUT/tc_tests.log"
+      brun 120 "$OUT/tc_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
+        --iters 50 --lr 0.1 --quiet --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/tc_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/tc_uci.log")"
+      brun 60 "$OUT/tc_bilinear.log" python -m experiments.bench_bilinear --reps 10; echo "bench_bilinear rc=$?"
+      grep -E "^\| " "$OUT/tc_bilinear.log" | tail -22
+      brun 90 "$OUT/tc_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --steps 3 \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/tc_anatomy.log" | tail -9
+      brun 100 "$OUT/tc_sweep.log" python -m experiments.bench_tensor_cores --first-only; echo "bench_tensor_cores rc=$?"
+      grep -E "^\| " "$OUT/tc_sweep.log" | tail -30
+      cp experiments/results/bench_bilinear.* experiments/results/bench_tensor_cores.* "$res"/ 2>/dev/null
+      tar czf "$OUT/tc_results.tar.gz" -C "$OUT" tc_results && rm -rf "$res"
+      echo "tensor_cores: $(( SECONDS - B_T0 )) s" ;;
     accuracy_large)
       # Rows c and "exact" on protein, keggdirected and keggundirected, then the CG posterior's cost at 1M points,
       # in one call of at most ACCURACY_BUDGET seconds (default 560). Files: accuracy_large_*.log and

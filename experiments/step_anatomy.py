@@ -9,16 +9,19 @@ with its defaults (K stored when it fits half the free memory), ``--warmup`` Ada
 cold first solve behind, then ``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
 
 - rank / cap: the preconditioner rank and CG cap that the engine's accuracy rule had reached;
-- step ms: wall time per profiled step (the profiler's own overhead included);
+- step ms: wall time per step, unprofiled (CG iterations and pivot blocks replayed as CUDA graphs on a GPU, as
+  the engine's defaults do; "graphed" the share of steps whose CG ran so);
 - floor ms: the passes over a stored float32 K that a step needs at the device's bandwidth (``--bandwidth``, default
   the H200's 4.27 TB/s; on the CPU the bandwidth of one measured ``K @ V``): the step's products, the K rebuild and
   one backward read;
-- launches, syncs, memcpys per step: CUDA runtime calls (``cudaLaunchKernel`` and friends;
+- launches, syncs, memcpys per step: CUDA runtime calls in profiled steps with the same settings
+  (``cudaLaunchKernel`` and friends, and ``cudaGraphLaunch``, one per replay;
   ``cudaStreamSynchronize``/``cudaDeviceSynchronize``; ``cudaMemcpyAsync``), none on the CPU;
 - host reads per step: tensor values handed to Python inside the engine step (``.item()``, ``.tolist()``,
   ``float()``, ``bool()``, ``.cpu()``...), counted in separate unprofiled steps;
 - the split: device time (CPU time on the CPU) inside the engine's products (K rebuild and K̂ V), its fused
-  backward, its preconditioner (builds, applies, rescaling) and the rest of the step, as shares of the step.
+  backward, its preconditioner (builds, applies, rescaling) and the rest of the step, as shares of the step, from
+  further profiled steps run op by op (kernels replayed inside a CUDA graph cannot be told apart by range).
 
 Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results).
 """
@@ -52,6 +55,7 @@ UCI7 = ["pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggun
 PARTS = ("products", "backward", "preconditioner")
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 LAUNCH = (
+    "cudaGraphLaunch",  # one launch for all the kernels of a captured graph
     "cudaLaunchKernel",
     "cudaLaunchKernelExC",
     "cuLaunchKernel",
@@ -155,16 +159,22 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
         opt.step()
         reads.append(len(seen))
     first = len(engine.record.cg_iterations)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        closure()
+        opt.step()
+    _sync(device)
+    wall = (time.perf_counter() - t0) / steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
+        _steps(closure, opt, steps, device)
+    counts = _profile_counts(prof, device, steps)
+    graphs, engine._state.graphs = engine._state.graphs, None  # kernels replayed in a graph escape the labels
     with labels(engine), profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            with record_function("anatomy::step"):
-                closure()
-                opt.step()
-        _sync(device)
-        wall = (time.perf_counter() - t0) / steps
+        profiled = _steps(closure, opt, steps, device)
+    engine._state.graphs = graphs
+    shares = _profile_counts(prof, device, steps)
     rec = engine.record
     products = float(np.mean(rec.products[first:]))
     if bw is None:
@@ -172,10 +182,24 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     floor = (products + 2) * n * n * 4 / bw
     row = {"set": name, "n": n, "d": d, "product": rec.product, "step_ms": 1e3 * wall, "floor_ms": 1e3 * floor,
            "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
-           "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap}  # fmt: skip
-    row.update(_profile_counts(prof, device, steps))
+           "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap,
+           "graphed": float(np.mean(rec.graphed[first:])), "op_by_op_profiled_ms": 1e3 * profiled}  # fmt: skip
+    row.update({k: v for k, v in counts.items() if not k.endswith("_share")})
+    row.update({k: v for k, v in shares.items() if k.endswith("_share")})
     engine.finish()
     return row
+
+
+def _steps(closure, opt, steps, device) -> float:
+    """Seconds per step of ``steps`` steps, each in the profiler range ``anatomy::step``."""
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        with record_function("anatomy::step"):
+            closure()
+            opt.step()
+    _sync(device)
+    return (time.perf_counter() - t0) / steps
 
 
 def _profile_counts(prof, device, steps) -> dict:
@@ -254,6 +278,7 @@ def write(args, rows, device) -> None:
             "syncs",
             "memcpys",
             "host reads",
+            "graphed",
             "products %",
             "backward %",
             "precond %",
@@ -275,6 +300,7 @@ def write(args, rows, device) -> None:
                 f"{r['syncs']:.0f}",
                 f"{r['memcpys']:.0f}",
                 r["host_reads"],
+                f"{r['graphed']:.0%}",
             ]
             + [f"{100 * r[f'{p}_share']:.0f}" for p in (*PARTS, "rest")]  # fmt: skip
             for r in rows
@@ -287,9 +313,11 @@ def write(args, rows, device) -> None:
     text = (
         f"# Anatomy of a training-engine step ({device.type})\n\n"
         f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults, float32, "
-        f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} profiled "
-        "steps; per step: launches, syncs and memcpys are CUDA runtime calls, host reads are tensor values handed to "
-        "Python inside the engine step, the split is device time (CPU time on the CPU) as a share of the step. "
+        f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
+        f"(unprofiled: step ms), {args.steps} profiled steps with the same settings (launches, syncs and memcpys: "
+        f"CUDA runtime calls per step, a graph replay one launch) and {args.steps} profiled steps op by op (the "
+        "split: device time, CPU time on the CPU, as a share of the step); host reads are tensor values handed to "
+        "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays. "
         "The floor is (products + 2) passes over a float32 K at the bandwidth "
         f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'}).\n\n" + table + "\n"
     )

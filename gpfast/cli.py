@@ -83,18 +83,53 @@ _NONNEG, _POSITIVE = int_at_least(0), int_at_least(1)
 _DATA_DIR_HELP = "folder holding <name>/data.csv.gz (default $GPFAST_DATA, else the user cache)"
 
 
+#: Each subcommand's line in ``gpfast --help`` and the paragraph that opens its own ``--help``.
+_ABOUT = {
+    "compare": (
+        "stock GPyTorch vs GPyTorch+gpfast kernel vs gpfast.ExactGP on one split",
+        "Train and evaluate stock GPyTorch, GPyTorch with gpfast's kernel, and gpfast.ExactGP on the "
+        "same split with the same initial hyperparameters. Times exclude start-up (a warm-up run goes first).",
+    ),
+    "fit": (
+        "fit gpfast.ExactGP on a CSV file, a UCI split or synthetic data (torchrun for several GPUs)",
+        "Fit gpfast.ExactGP and report the train (and, for a UCI split or synthetic data, predict) "
+        "time, RMSE, NLL (standardised) and peak GPU memory. Times exclude start-up (loading the compiled ops "
+        "and a one-step warm-up fit, reported as startup_s). For several GPUs: torchrun --nproc-per-node=K -m "
+        "gpfast fit --distributed ...",
+    ),
+    "predict": (
+        "predict with a saved model on a CSV file; writes mean and std as CSV",
+        "Predict with a model saved by `gpfast fit --save` (or ExactGP.save) at the rows of a CSV file "
+        "and write one row per input row with the predictive mean and std (of a new noisy observation, in the "
+        "target's units; a model of several targets writes mean_<target> and std_<target> for each). The model's "
+        "input columns are read by name; other columns, such as the target, may be there or not.",
+    ),
+    "datasets": ("list the data sets available and where they are from", None),
+    "download": (
+        "download UCI data sets (checked against pinned SHA-256 sums)",
+        "Download UCI sets from the uci_datasets collection into DIR/<name>/ (the sets shipped with "
+        "gpfast are copied from the package). A failed download leaves nothing behind.",
+    ),
+    "build": ("compile (JIT) and load gpfast's ops", None),
+}
+
+
+def _command(sub, name: str, run) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` (its texts from :data:`_ABOUT`), which calls ``run(args)``; ``args.parser``
+    is this parser, whose ``error`` the checks after parsing call."""
+    summary, description = _ABOUT[name]
+    p = sub.add_parser(name, help=summary, description=description)
+    p.set_defaults(func=run, parser=p)
+    return p
+
+
 def _add_common(p, device_default, device_help, quiet_help="no progress bars") -> None:
     p.add_argument("--device", type=device, metavar="DEVICE", default=device_default, help=device_help)
     p.add_argument("--quiet", action="store_true", help=quiet_help)
 
 
 def _add_compare(sub) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="stock GPyTorch vs GPyTorch+gpfast kernel vs gpfast.ExactGP on one split",
-        description="Train and evaluate stock GPyTorch, GPyTorch with gpfast's kernel, and gpfast.ExactGP on the "
-        "same split with the same initial hyperparameters. Times exclude start-up (a warm-up run goes first).",
-    )
+    p = _command(sub, "compare", commands.cmd_compare)
     p.add_argument("--dataset", required=True, metavar="NAME", help="UCI set name, e.g. yacht, pol, kin40k")
     p.add_argument("--split", type=split_index, default=0, metavar="K", help="fixed train/test split, 0..9 (default 0)")
     p.add_argument("--iters", type=_POSITIVE, default=50, metavar="N", help="Adam steps for every row (default 50)")
@@ -108,7 +143,6 @@ def _add_compare(sub) -> None:
     )
     p.add_argument("--seed", type=_NONNEG, default=0, metavar="SEED", help="random seed (default 0)")
     _add_common(p, "cpu", "cpu, cuda or cuda:<index> (default cpu)")
-    p.set_defaults(func=commands.cmd_compare, parser=p)
 
 
 def _add_fit_data(p) -> None:
@@ -185,14 +219,7 @@ def _add_fit_training(p) -> None:
 
 
 def _add_fit(sub) -> None:
-    p = sub.add_parser(
-        "fit",
-        help="fit gpfast.ExactGP on a CSV file, a UCI split or synthetic data (torchrun for several GPUs)",
-        description="Fit gpfast.ExactGP and report the train (and, for a UCI split or synthetic data, predict) "
-        "time, RMSE, NLL (standardised) and peak GPU memory. Times exclude start-up (loading the compiled ops "
-        "and a one-step warm-up fit, reported as startup_s). For several GPUs: torchrun --nproc-per-node=K -m "
-        "gpfast fit --distributed ...",
-    )
+    p = _command(sub, "fit", commands.cmd_fit)
     _add_fit_data(p)
     _add_fit_training(p)
     p.add_argument(
@@ -208,18 +235,10 @@ def _add_fit(sub) -> None:
     p.add_argument("--out", default=None, metavar="FILE", help="write the result as JSON here (folder created)")
     p.add_argument("--save", default=None, metavar="MODEL", help="save the fitted model here, for gpfast predict")
     _add_common(p, None, "cpu, cuda or cuda:<index> (default: cuda when available)")
-    p.set_defaults(func=commands.cmd_fit, parser=p)
 
 
 def _add_predict(sub) -> None:
-    p = sub.add_parser(
-        "predict",
-        help="predict with a saved model on a CSV file; writes mean and std as CSV",
-        description="Predict with a model saved by `gpfast fit --save` (or ExactGP.save) at the rows of a CSV file "
-        "and write one row per input row with the predictive mean and std (of a new noisy observation, in the "
-        "target's units; a model of several targets writes mean_<target> and std_<target> for each). The model's "
-        "input columns are read by name; other columns, such as the target, may be there or not.",
-    )
+    p = _command(sub, "predict", commands.cmd_predict)
     p.add_argument("--model", required=True, metavar="FILE", help="a saved model")
     p.add_argument("--csv", required=True, metavar="FILE", help="comma-separated, a header row of column names")
     p.add_argument("--out", default=None, metavar="FILE", help="write here (default: stdout; folder created)")
@@ -235,26 +254,18 @@ def _add_predict(sub) -> None:
         "cpu, cuda or cuda:<index> (default: the model's, or the CPU when it has no GPU)",
         "no summary line on stderr",
     )
-    p.set_defaults(func=commands.cmd_predict, parser=p)
 
 
 def _add_data_commands(sub) -> None:
-    p = sub.add_parser("datasets", help="list the data sets available and where they are from")
+    p = _command(sub, "datasets", commands.cmd_datasets)
     p.add_argument("--data-dir", default=None, metavar="DIR", help=_DATA_DIR_HELP)
-    p.set_defaults(func=commands.cmd_datasets, parser=p)
-    p = sub.add_parser(
-        "download",
-        help="download UCI data sets (checked against pinned SHA-256 sums)",
-        description="Download UCI sets from the uci_datasets collection into DIR/<name>/ (the sets shipped with "
-        "gpfast are copied from the package). A failed download leaves nothing behind.",
-    )
+    p = _command(sub, "download", commands.cmd_download)
     p.add_argument("names", nargs="+", metavar="NAME", help="set name(s), e.g. pol kin40k (see gpfast datasets)")
     p.add_argument(
         "--data-dir", default=None, metavar="DIR", help="where to put them (default $GPFAST_DATA, else the user cache)"
     )
     p.add_argument("--overwrite", action="store_true", help="fetch again even when present and intact")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=commands.cmd_download, parser=p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -266,9 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit(sub)
     _add_predict(sub)
     _add_data_commands(sub)
-    p = sub.add_parser("build", help="compile (JIT) and load gpfast's ops")
+    p = _command(sub, "build", commands.cmd_build)
     p.add_argument("--verbose", action="store_true", help="show the compiler's commands and output")
-    p.set_defaults(func=commands.cmd_build, parser=p)
     return parser
 
 

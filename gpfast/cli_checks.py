@@ -188,7 +188,7 @@ def check_fit_args(args) -> None:
     for option in outputs:
         if getattr(args, option):
             not_an_input(getattr(args, option), f"--{option}", {"--csv": args.csv if args.csv else None})
-    defaults = {"d": 8, "test": 10000, "split": 0, "pretrain_iter": 10, "checkpoint_every": 10}
+    defaults = {"d": 8, "test": 10000, "split": 0, "pretrain_iter": 10}
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

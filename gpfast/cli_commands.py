@@ -154,7 +154,8 @@ def _fit_and_report(args, device, rank0: bool) -> int:
     params.update(verbose=rank0 and not args.quiet, distributed=args.distributed, optimizer=args.optimizer)
     pretrain = (args.pretrain_subset, args.pretrain_iter) if args.pretrain_subset is not None else None
     params.update(pretrain=pretrain, tol=args.tol)
-    params.update(checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+    every = args.checkpoint_every
+    params["checkpoint"] = args.checkpoint if args.checkpoint is None or every is None else (args.checkpoint, every)
     params.update(independent_outputs=args.independent_outputs)
     if args.iters is not None:  # else the estimator's own cap: train to convergence, as the Python API does
         params["max_iter"] = args.iters

@@ -35,6 +35,10 @@ def _register_python_parts() -> None:
     def _mm_fake(x1, x2, lengthscale, outputscale, v):
         return x1.new_empty(x1.shape[0], x1.shape[1], v.shape[2])
 
+    @torch.library.register_fake("gpfast::_pivot_block")
+    def _pivot_block_fake(S, d, floor, b):
+        return S.new_empty(b, dtype=torch.long), S.new_empty(S.shape[0], b), S.new_empty(b)
+
     @torch.library.register_fake("gpfast::rbf_matmul_backward")
     def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v, x_grads=True):
         return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)
@@ -374,6 +378,23 @@ def rbf_matmul(x1, x2, lengthscale, outputscale, v, *, check_values: bool = True
     return out.squeeze(-1) if vector else out
 
 
+def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
+    """:func:`rbf_matmul` on CUDA with a named kernel whatever the shape, for tests and benchmarks (no autograd).
+
+    ``kernel`` is ``"cuda_core"`` (what :func:`rbf_matmul` runs) or ``"tc"``, the float32 tensor-core kernel
+    (d <= 32), optionally followed by variant parts ``"_m2"`` (2 row tiles per warp), ``"_nosplit"`` (TF32 operands
+    without the 3xTF32 split: about 3 decimal digits, for timing only), ``"_poly1"`` or ``"_poly2"`` (1 or 2 of
+    every 4 exponentials by polynomial), ``"_flush"`` (every 8 columns' products added to the tile's sum by a
+    float32 addition instead of on the tensor core's accumulator); the variants are compiled for d <= 8 and t in
+    9..16. Shapes as in :func:`rbf_matmul`.
+    """
+    _ensure_loaded()
+    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, True)
+    out = torch.ops.gpfast._rbf_matmul_kernel(x1c, x2c, lc, sc, vc, kernel)
+    out = out.reshape(*batch, x1c.shape[1], vc.shape[2])
+    return out.squeeze(-1) if vector else out
+
+
 def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """``K @ V`` for a stored matrix K (rows, n) and a few right-hand sides V (n, t) or (n,): the training engine's
     stored-K product.
@@ -488,3 +509,20 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
     grads = _mm_bwd_op(G, x1c, x2c, lc, sc, vc, x_grads)
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
+
+
+@torch.no_grad()
+def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kernel: str):
+    """The lengthscale and outputscale gradients of :func:`rbf_matmul_backward` (``x_grads=False``) by a named CUDA
+    kernel, for tests and benchmarks: ``"rows"`` (the float64 row pass), ``"bilinear4"`` or ``"bilinear8"``
+    (tensor cores, float32 only, 4 or 8 warps a block). Arguments as in :func:`rbf_matmul_backward` (d <= 32 and
+    t <= 32); returns ``(glengthscale, goutputscale)``, each of its input's shape.
+    """
+    _ensure_loaded()
+    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
+    if vector and isinstance(grad, torch.Tensor):
+        grad = grad.unsqueeze(-1)
+    G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
+    gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(G, x1c, x2c, lc, sc, vc, kernel)
+    _, _, gl, gs = _grads_to_inputs((None, None, gl, gs), x1, x2, lengthscale, outputscale, batch, False)
+    return gl, gs

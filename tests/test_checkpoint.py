@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 
 from conftest import HAS_CUDA
 from gpfast import ExactGP
@@ -90,7 +91,7 @@ def _interrupted(monkeypatch, path, X, y, after_writes: int, **kw) -> None:
 
     monkeypatch.setattr(ckpt_module.Checkpoint, "write", stopping_write)
     with pytest.raises(_Stop):
-        _fit(X, y, checkpoint=path, checkpoint_every=2, **kw)
+        _fit(X, y, checkpoint=(path, 2), **kw)
     monkeypatch.setattr(ckpt_module.Checkpoint, "write", write)
     assert Path(path).exists()
 
@@ -117,7 +118,7 @@ def announced_write(self):
     if count[0] == after:
         time.sleep(600)  # the parent kills us here, after a complete checkpoint
 C.Checkpoint.write = announced_write
-ExactGP(checkpoint=path, checkpoint_every=2, **kw).fit(X, y)
+ExactGP(checkpoint=(path, 2), **kw).fit(X, y)
 print("finished", flush=True)
 """
 
@@ -171,7 +172,7 @@ def test_fit_killed_by_a_signal_resumes_to_the_uninterrupted_fit(tmp_path, kw, a
     _kill_after_writes(path, after, kw)
     _, state = file_format.read_state(path, format=ckpt_module.CHECKPOINT_FORMAT)
     assert state["current"] is not None and len(state["current"]["loss"]) > 0  # killed inside a run
-    resumed = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw)
+    resumed = _fit(X, y, checkpoint=(path, 2), **kw)
     assert not path.exists()  # removed once the fit succeeded
     _assert_same_fit(resumed, _fit(X, y, **kw), X)
 
@@ -188,7 +189,7 @@ def test_interrupted_fit_resumes_bit_for_bit(monkeypatch, tmp_path, kw, after):
     if after == 5 and kw is GPYTORCH_LBFGS:
         pytest.skip("that fit writes fewer checkpoints")
     _interrupted(monkeypatch, path, X, y, after, **kw)
-    resumed = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw)
+    resumed = _fit(X, y, checkpoint=(path, 2), **kw)
     _assert_same_fit(resumed, _fit(X, y, **kw), X)
     assert not path.exists()
 
@@ -197,7 +198,7 @@ def test_checkpointed_fit_equals_a_plain_one_and_leaves_no_file(tmp_path):
     X, y = _data()
     path = tmp_path / "sub" / "fit.ckpt"
     path.parent.mkdir()
-    gp = _fit(X, y, checkpoint=path, checkpoint_every=1, **ENGINE)
+    gp = _fit(X, y, checkpoint=(path, 1), **ENGINE)
     _assert_same_fit(gp, _fit(X, y, **ENGINE), X)
     assert list(path.parent.iterdir()) == []  # no checkpoint, no temporary files
 
@@ -231,7 +232,7 @@ def test_checkpoint_of_other_data_or_settings_is_refused_and_the_previous_fit_ke
     X2, y2, params = change(X, y)
     gp = _fit(X[:50], y[:50], max_iter=2)
     before = (gp.history_, gp.noise_, gp.n_features_in_)
-    gp.set_params(**{**ENGINE, **params, "checkpoint": path, "checkpoint_every": 2})
+    gp.set_params(**{**ENGINE, **params, "checkpoint": (path, 2)})
     with pytest.raises(ValueError, match=match) as info:
         gp.fit(X2, y2)
     assert str(path) in str(info.value) and "cannot resume from the checkpoint" in str(info.value)
@@ -240,9 +241,9 @@ def test_checkpoint_of_other_data_or_settings_is_refused_and_the_previous_fit_ke
 
 
 @pytest.mark.slow
-def test_verbose_and_checkpoint_every_do_not_count_as_other_settings(written):
+def test_verbose_and_the_steps_between_checkpoints_do_not_count_as_other_settings(written):
     X, y, path = written
-    gp = _fit(X, y, checkpoint=path, checkpoint_every=5, verbose=False, **ENGINE)
+    gp = _fit(X, y, checkpoint=(path, 5), verbose=False, **ENGINE)
     _assert_same_fit(gp, _fit(X, y, **ENGINE), X)
 
 
@@ -282,7 +283,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(monkeypatch, written):
 
     monkeypatch.setattr(file_format.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
-        _fit(X, y, checkpoint=path, checkpoint_every=2, **ENGINE)
+        _fit(X, y, checkpoint=(path, 2), **ENGINE)
     assert path.read_bytes() == before
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # the temporary file was removed
 
@@ -290,8 +291,9 @@ def test_a_failed_write_keeps_the_previous_checkpoint(monkeypatch, written):
 @pytest.mark.parametrize(
     "params, match",
     [
-        ({"checkpoint_every": 0}, "checkpoint_every"),
-        ({"checkpoint_every": 2.0}, "checkpoint_every"),
+        ({"checkpoint": ("fit.ckpt", 0)}, r"invalid checkpoint=\('fit.ckpt', 0\); expected .* every an int >= 1"),
+        ({"checkpoint": ("fit.ckpt", 2.0)}, r"invalid checkpoint=\('fit.ckpt', 2.0\)"),
+        ({"checkpoint": ("fit.ckpt", 2, 3)}, r"invalid checkpoint="),
         ({"checkpoint": 3}, "checkpoint"),
     ],
 )
@@ -299,6 +301,15 @@ def test_bad_checkpoint_arguments(params, match):
     X, y = _data(30)
     with pytest.raises(ValueError, match=match):
         ExactGP(**params).fit(X, y)
+
+
+def test_checkpoint_every_is_part_of_checkpoint_now(tmp_path):
+    with pytest.raises(ValueError, match=r"instead of checkpoint_every=\.\.\., use checkpoint=\(path, every\)"):
+        ExactGP().set_params(checkpoint_every=2)
+    with pytest.raises(TypeError, match="checkpoint_every"):
+        ExactGP(checkpoint_every=2)
+    gp = clone(ExactGP(checkpoint=(tmp_path / "fit.ckpt", 3)))
+    assert gp.get_params()["checkpoint"] == (tmp_path / "fit.ckpt", 3)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -351,7 +362,7 @@ def test_interrupted_cuda_fit_resumes_within_the_cg_tolerance(monkeypatch, tmp_p
     kw = dict(ENGINE, dtype="float32", device="cuda", n_restarts=0, pretrain=None, max_iter=10)
     path = tmp_path / "fit.ckpt"
     _interrupted(monkeypatch, path, X, y, 2, **kw)
-    resumed, plain = _fit(X, y, checkpoint=path, checkpoint_every=2, **kw), _fit(X, y, **kw)
+    resumed, plain = _fit(X, y, checkpoint=(path, 2), **kw), _fit(X, y, **kw)
     np.testing.assert_allclose(resumed.history_, plain.history_, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(resumed.lengthscale_, plain.lengthscale_, rtol=1e-3)
     np.testing.assert_allclose([resumed.noise_, resumed.outputscale_], [plain.noise_, plain.outputscale_], rtol=1e-3)

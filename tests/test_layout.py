@@ -1,4 +1,5 @@
-"""Sizes that keep the library readable: no function in gpfast/ over 80 lines, no module over 600."""
+"""Sizes that keep the library readable: no function in gpfast/ over 80 lines, no module over 600, no more than 20
+arguments to ExactGP."""
 
 import ast
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "gpfast"
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
+MAX_ESTIMATOR_ARGUMENTS = 20
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 
@@ -48,3 +50,13 @@ def test_functions_fit_on_a_screen(path):
 def test_modules_stay_under_the_size_limit(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)}: {lines} lines > {MAX_MODULE_LINES}"
+
+
+def test_the_estimator_takes_at_most_20_arguments():
+    """Each argument of ExactGP is one a user would look for; rarer knobs live in gpfast.CGSettings."""
+    tree = ast.parse((PACKAGE / "estimator" / "exact_gp.py").read_text())
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ExactGP"]
+    (init,) = [node for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__"]
+    names = [a.arg for a in init.args.args + init.args.kwonlyargs][1:]  # without self
+    assert init.args.vararg is None and init.args.kwarg is None  # scikit-learn's get_params reads the signature
+    assert len(names) <= MAX_ESTIMATOR_ARGUMENTS, f"ExactGP takes {len(names)} arguments: {names}"

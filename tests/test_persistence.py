@@ -135,15 +135,25 @@ def test_file_layout_header_and_checksum(saved):
     assert state["format"] == "gpfast.ExactGP"
 
 
-@pytest.mark.filterwarnings("ignore:X does not have valid feature names")
-def test_file_objects_and_feature_names(tmp_path):
-    X, y, Xt = _data()
-    gp = _gp().fit(X, y)
-    gp.feature_names_in_ = np.asarray(["a", "b"], dtype=object)
+def _saved_and_loaded(gp) -> ExactGP:
     buf = io.BytesIO()
     gp.save(buf)
     buf.seek(0)
-    gp2 = ExactGP.load(buf)
+    return ExactGP.load(buf)
+
+
+def test_file_objects(saved):
+    gp, _, Xt, (m, _) = saved
+    np.testing.assert_array_equal(_saved_and_loaded(gp).predict(Xt), m)
+
+
+@pytest.mark.filterwarnings("ignore:X does not have valid feature names")
+def test_feature_names(tmp_path):
+    """Without pandas, tests/test_cli.py keeps the round trip of the names that `gpfast fit --csv` records."""
+    pd = pytest.importorskip("pandas")
+    X, y, Xt = _data()
+    gp = _gp().fit(pd.DataFrame(X, columns=["a", "b"]), y)
+    gp2 = _saved_and_loaded(gp)
     assert list(gp2.feature_names_in_) == ["a", "b"]
     np.testing.assert_array_equal(gp2.predict(Xt), gp.predict(Xt))
 
@@ -184,6 +194,29 @@ def test_old_formats_still_load(fmt):
     # what these files never held is unknown (None), not missing
     assert all(getattr(gp, name) is None for name in ("trainer_", "optimizer_", "converged_", "restart_losses_"))
     assert gp.lengthscale_.shape == (2,) and gp.noise_ > 0
+
+
+@pytest.mark.parametrize("every, expected", [(3, ("old.ckpt", 3)), (10, "old.ckpt")])
+def test_files_with_the_removed_checkpoint_every_load(tmp_path, saved, every, expected):
+    """Files written while ``checkpoint_every`` was an argument of its own load with it folded into
+    ``checkpoint``."""
+    gp, data, Xt, (m, s) = saved
+    _, state = read_state(io.BytesIO(data))
+    state["params"].update(checkpoint="old.ckpt", checkpoint_every=every)
+    path = tmp_path / "gp.pt"
+    write_state(state, path)
+    gp2 = ExactGP.load(path)
+    assert gp2.get_params() == {**gp.get_params(), "checkpoint": expected}
+    m2, s2 = gp2.predict(Xt, return_std=True)
+    np.testing.assert_array_equal(m2, m)
+    np.testing.assert_array_equal(s2, s)
+
+
+def test_checkpoint_with_its_interval_round_trips(tmp_path, saved):
+    gp = pickle.loads(pickle.dumps(saved[0]))  # a copy: the fixture is shared
+    path = tmp_path / "gp.pt"
+    gp.set_params(checkpoint=(tmp_path / "fit.ckpt", 4)).save(path)
+    assert ExactGP.load(path).get_params()["checkpoint"] == (str(tmp_path / "fit.ckpt"), 4)
 
 
 def test_load_cuda_file_without_cuda_falls_back_to_cpu(tmp_path, saved):

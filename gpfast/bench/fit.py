@@ -83,6 +83,8 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
         torch.cuda.reset_peak_memory_stats()
     gp = ExactGP(**params)
     checkpoint = params.get("checkpoint")
+    if isinstance(checkpoint, (tuple, list)):  # (path, every)
+        checkpoint = checkpoint[0]
     resumed = checkpoint is not None and Path(checkpoint).exists()
     t0 = now()
     gp.fit(X, y)

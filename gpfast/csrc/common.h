@@ -65,3 +65,28 @@ inline at::Tensor prescale(const at::Tensor& x, const at::Tensor& lengthscale, i
 }
 
 }  // namespace gpfast
+
+namespace gpfast {
+
+// The greedy pivots of one block of the pivoted Cholesky (gpfast/train/preconditioner.py): S (c, c) the residual
+// covariance among c candidates, d (c,) their remaining diagonal, floor a 0-dim tensor, all float64 on one device;
+// 1 <= b <= c <= kPivotBlockMaxCandidates.
+constexpr int64_t kPivotBlockMaxCandidates = 64;
+
+inline void check_pivot_block(const at::Tensor& S, const at::Tensor& d, const at::Tensor& floor, int64_t b) {
+  const char* op = "_pivot_block";
+  TORCH_CHECK(S.dim() == 2 && S.size(0) == S.size(1), op, ": S must be (c, c), got ", S.sizes());
+  const int64_t c = S.size(0);
+  TORCH_CHECK(c >= 1 && c <= kPivotBlockMaxCandidates, op, ": candidates c must be in [1, ",
+              kPivotBlockMaxCandidates, "], got ", c);
+  TORCH_CHECK(b >= 1 && b <= c, op, ": pivots b must be in [1, c=", c, "], got ", b);
+  TORCH_CHECK(d.dim() == 1 && d.size(0) == c, op, ": d must be (c,) = (", c, ",), got ", d.sizes());
+  TORCH_CHECK(floor.dim() == 0, op, ": floor must be a 0-dim tensor, got ", floor.sizes());
+  for (const at::Tensor* t : {&S, &d, &floor}) {
+    TORCH_CHECK(t->scalar_type() == at::kDouble, op, ": S, d and floor must be float64, got ", t->scalar_type());
+    TORCH_CHECK(t->device() == S.device(), op, ": S, d and floor must share S's device ", S.device(), ", got ",
+                t->device());
+  }
+}
+
+}  // namespace gpfast

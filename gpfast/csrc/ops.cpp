@@ -1,5 +1,8 @@
 // The gpfast op schemas, in one place. CPU and CUDA implementations live in cpu/ and cuda/; the fake
 // (meta) implementations and autograd formulas are registered from Python (gpfast/ops.py).
+#include <string>
+#include <tuple>
+
 #include "common.h"
 
 namespace gpfast {
@@ -19,6 +22,15 @@ at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const
 at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
   check_dense_matmul(K, V, "dense_matmul");
   return at::mm(K, V);
+}
+
+// The CUDA kernels' variants have no CPU counterpart: the CPU backward has one design (cpu/rbf.cpp).
+std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cpu(const at::Tensor&, const at::Tensor& x1,
+                                                              const at::Tensor&, const at::Tensor&,
+                                                              const at::Tensor&, const at::Tensor&,
+                                                              c10::string_view kernel) {
+  TORCH_CHECK(false, "_rbf_matmul_backward_kernel: the kernel '", std::string(kernel),
+              "' runs on CUDA tensors only, got x1 on ", x1.device());
 }
 
 }  // namespace gpfast
@@ -41,16 +53,32 @@ TORCH_LIBRARY(gpfast, m) {
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
-  // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
+  // rbf_covariance on CUDA with the named kernel: "tile", "diff", "expand" or "tc" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
+  // The lengthscale and outputscale gradients of rbf_matmul (no point gradients) on CUDA with the named kernel:
+  // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32; csrc/README.md).
+  m.def(
+      "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
+      " Tensor v, str kernel) -> (Tensor, Tensor)");
+  // rbf_matmul on CUDA with the named kernel: "cuda_core" (what rbf_matmul runs) or the float32 tensor-core kernel,
+  // "tc" with optional variant parts "_m2", "_nosplit", "_poly1", "_poly2", "_flush" (csrc/cuda/rbf_matmul.cu).
+  m.def(
+      "_rbf_matmul_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v, str kernel)"
+      " -> Tensor");
   // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
       "_rbf_cpu_path(str op, Tensor[] args, bool x_grads, bool portable, int column_buffer_mb) -> Tensor[]");
+  // The greedy pivots of one pivoted-Cholesky block (gpfast/train/preconditioner.py): (piv, C, ok) from the
+  // candidates' residual covariance S (c, c), their remaining diagonal d (c,) and a 0-dim floor, all float64.
+  m.def("_pivot_block(Tensor S, Tensor d, Tensor floor, int b) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
   m.impl("rbf_covariance_diag", &gpfast::rbf_covariance_diag);
 }
 
-TORCH_LIBRARY_IMPL(gpfast, CPU, m) { m.impl("dense_matmul", &gpfast::dense_matmul_cpu); }
+TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
+  m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
+  m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
+}

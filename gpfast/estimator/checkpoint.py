@@ -1,11 +1,11 @@
-"""Resumable fits of :class:`gpfast.ExactGP`: ``ExactGP(checkpoint=PATH, checkpoint_every=k)``.
+"""Resumable fits of :class:`gpfast.ExactGP`: ``ExactGP(checkpoint=PATH)`` or ``ExactGP(checkpoint=(PATH, k))``.
 
 A fit is a sequence of optimiser *runs* (for each start of :mod:`~gpfast.estimator.restarts`: the pretraining on
 a subset when asked for, then the run on all the data). The checkpoint file holds:
 
 * ``fingerprint``: the SHA-256 of the training data (X and y as float64 bytes, with their shapes) and the
-  estimator's settings (``get_params()`` without ``checkpoint``, ``checkpoint_every`` and ``verbose``, which do not
-  change the result; ``random_state`` as the resolved seed). A fit resumes only when both match, and otherwise
+  estimator's settings (``get_params()`` without ``checkpoint`` and ``verbose``, which do not change the result;
+  ``random_state`` as the resolved seed). A fit resumes only when both match, and otherwise
   raises ``ValueError`` naming the file and what differs.
 * ``done``: the result of every finished run (its loss history, steps, stopping message, final hyperparameters,
   and the engine's per-step records), so that a resumed fit skips them.
@@ -24,7 +24,8 @@ exactly; then it restores the objective's state and the generators and evaluates
 thus takes the same steps as one never interrupted: bit for bit on the CPU (tests/test_checkpoint.py), and on a
 GPU up to the floating-point nondeterminism of its reductions, well within the CG tolerance.
 
-A checkpoint is written every ``checkpoint_every`` optimiser steps (never while replaying) and at the end of each
+A checkpoint is written every ``k`` optimiser steps (default
+:data:`~gpfast.estimator.params.CHECKPOINT_EVERY`; never while replaying) and at the end of each
 run, with :func:`gpfast.estimator.file_format.write_state`: the format-2 header with a SHA-256 over the contents,
 written to a temporary file in the same folder and renamed over the old one, so that a kill during a write leaves
 the previous checkpoint. A damaged or truncated file raises ``ValueError`` saying so. The file is deleted when the
@@ -45,6 +46,7 @@ import torch
 from gpfast._version import __version__
 from gpfast.estimator import file_format, persistence
 from gpfast.estimator.fitting import FitResult
+from gpfast.estimator.params import Settings
 from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint", "open_for_fit"]
@@ -55,7 +57,7 @@ _logger = logging.getLogger("gpfast.estimator.exact_gp")
 #: The ``format`` entry of a checkpoint's payload (a fitted model's is ``file_format.FORMAT``).
 CHECKPOINT_FORMAT = "gpfast.ExactGP.checkpoint"
 #: Parameters that do not change the fit's result, left out of the settings fingerprint.
-IGNORED_PARAMS = ("checkpoint", "checkpoint_every", "verbose")
+IGNORED_PARAMS = ("checkpoint", "verbose")
 
 
 def fingerprint(est, seed: int | None, X: torch.Tensor, y: torch.Tensor) -> dict:
@@ -256,12 +258,13 @@ class RunLog:
         }
 
 
-def open_for_fit(est, seed: int | None, X: torch.Tensor, y: torch.Tensor, device: torch.device) -> Checkpoint | None:
+def open_for_fit(est, settings: Settings, X: torch.Tensor, y: torch.Tensor) -> Checkpoint | None:
     """The :class:`Checkpoint` of ``est.fit`` on X and y (resumed when one was left), or None without
-    ``est.checkpoint``."""
-    if est.checkpoint is None:
+    ``est.checkpoint`` (``settings``: ``est``'s resolved arguments)."""
+    if settings.checkpoint is None:
         return None
-    ckpt = Checkpoint.open(est.checkpoint, est.checkpoint_every, fingerprint(est, seed, X, y), device)
+    path, every = settings.checkpoint
+    ckpt = Checkpoint.open(path, every, fingerprint(est, settings.seed, X, y), settings.device)
     if ckpt.resumed:
-        _logger.info("gpfast.ExactGP: resuming from the checkpoint %s", est.checkpoint)
+        _logger.info("gpfast.ExactGP: resuming from the checkpoint %s", path)
     return ckpt

@@ -143,16 +143,15 @@ class ExactGP(RegressorMixin, BaseEstimator):
         group (launch with ``torchrun``, call :func:`gpfast.kernels.distributed.init`). Training and prediction
         then use the matrix-free CG solver; every rank ends with the same model. ``device=None`` means this
         rank's GPU (or the CPU with the gloo backend).
-    checkpoint : str, path or None, default=None
-        Make the fit resumable (:mod:`gpfast.estimator.checkpoint`): every ``checkpoint_every`` optimiser steps,
-        and after each optimiser run, the whole training state goes to this file (atomically, with a checksum).
+    checkpoint : str, path, (path, int) or None, default=None
+        Make the fit resumable (:mod:`gpfast.estimator.checkpoint`): every 10 optimiser steps (``(path, every)``:
+        every ``every`` steps; each write holds the engine's probes and warm starts, about ``8 n (2 s + 1)`` bytes
+        in float32, 85 MB at n = 1M), and after each optimiser run, the whole training state goes to the file
+        (atomically, with a checksum).
         A ``fit`` that finds the file there resumes from it when it was written for the same data and settings,
         and otherwise raises ValueError saying what differs; the resumed fit takes the same steps as an
         uninterrupted one (bit for bit on the CPU with a seed). The file is deleted when the fit succeeds.
         Not with ``distributed=True``.
-    checkpoint_every : int, default=10
-        Optimiser steps between checkpoints (each one writes the engine's probes and warm starts: about
-        ``8 n (2 s + 1)`` bytes in float32, 85 MB at n = 1M).
     independent_outputs : bool, default=False
         With y of shape (n, k): ``False`` fits one set of hyperparameters shared by the outputs (scikit-learn's
         semantics, :mod:`~gpfast.estimator.outputs`); ``True`` fits one GP per output, each with its own
@@ -251,7 +250,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
         cg: CGSettings | dict | None = None,
         distributed: bool = False,
         checkpoint=None,
-        checkpoint_every: int = 10,
         independent_outputs: bool = False,
     ):
         self.solver = solver
@@ -273,7 +271,6 @@ class ExactGP(RegressorMixin, BaseEstimator):
         self.cg = cg
         self.distributed = distributed
         self.checkpoint = checkpoint
-        self.checkpoint_every = checkpoint_every
         self.independent_outputs = independent_outputs
 
     def set_params(self, **params):
@@ -330,7 +327,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         inits = _params.initial_values(self, Xt.shape[1], torch.from_numpy(data.x_std), _outputs.init_scale(data.y_std))
         device, free = settings.device, _solver.free_memory_bytes(settings.device)  # looked up here: tests patch it
         plan = self._plan(settings, Xt.shape, free, _outputs.n_outputs(yt))
-        ckpt = _checkpoint.open_for_fit(self, settings.seed, Xt, yt, device)
+        ckpt = _checkpoint.open_for_fit(self, settings, Xt, yt)
         Xs, ys = data.X, data.y
         with seeded(settings.seed, device, fork=ckpt is not None):
             model, space, theta0 = initial_model(Xs, ys, plan, inits, bool(self.ard), settings.distributed)

@@ -17,10 +17,12 @@ from sklearn.utils import check_random_state
 from gpfast.train.settings import CGSettings
 
 __all__ = [
+    "CHECKPOINT_EVERY",
     "MAX_RESTARTS",
     "OPTIMIZERS",
     "REMOVED_ARGUMENTS",
     "Settings",
+    "checkpoint_schedule",
     "initial_values",
     "removed_arguments",
     "resolve",
@@ -32,6 +34,10 @@ OPTIMIZERS = ("auto", "lbfgs", "adam")
 #: Upper bound of ``n_restarts``: each restart is a whole fit, so a larger number is a typo rather than a plan (a
 #: million restarts of even a small fit would run for days).
 MAX_RESTARTS = 1000
+
+#: Optimiser steps between checkpoint writes when ``checkpoint`` is a bare path: each write holds the engine's probes
+#: and warm starts (85 MB at n = 1M in float32), so writing every step would cost more time than it saves.
+CHECKPOINT_EVERY = 10
 
 #: Arguments that ExactGP no longer takes, and where their settings live now.
 REMOVED_ARGUMENTS = {
@@ -48,6 +54,7 @@ REMOVED_ARGUMENTS = {
     "trainer": "cg={'trainer': ...}",
     "pretrain_subset": "pretrain=(n_points, n_steps)",
     "pretrain_iter": "pretrain=(n_points, n_steps)",
+    "checkpoint_every": "checkpoint=(path, every)",
 }
 
 _DTYPES = {
@@ -71,6 +78,7 @@ class Settings:
     cg: CGSettings
     pretrain_n: int | None
     pretrain_steps: int
+    checkpoint: tuple[str | os.PathLike, int] | None
 
 
 def describe(value: Any) -> str:
@@ -99,13 +107,17 @@ def upgrade_params(params: dict) -> dict:
     -------
     dict
         The same settings: ``trainer`` and ``trainer_options`` join ``cg`` (None when every field keeps its
-        default), and ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``. GPyTorch's CG arguments
+        default), ``pretrain_subset`` with ``pretrain_iter`` become ``pretrain``, and ``checkpoint_every`` joins
+        ``checkpoint`` as ``(path, every)`` (dropped when it kept its default). GPyTorch's CG arguments
         (``cg_tolerance``, ``eval_cg_tolerance``, ``max_cg_iterations``, ``preconditioner_size``) are dropped: a
         loaded model predicts by the certified CG posterior, under ``cg``'s ``predict_*`` defaults.
     """
     old = dict(params)
     if not any(name in old for name in REMOVED_ARGUMENTS):
         return old
+    every = old.pop("checkpoint_every", CHECKPOINT_EVERY)
+    if old.get("checkpoint") is not None and every != CHECKPOINT_EVERY:
+        old["checkpoint"] = (old["checkpoint"], every)
     cg = dict(old.pop("trainer_options", None) or {})
     if "trainer" in old:
         cg["trainer"] = old.pop("trainer")
@@ -136,6 +148,42 @@ def removed_arguments(names) -> ValueError:
     """
     where = "; ".join(f"instead of {name}=..., use {REMOVED_ARGUMENTS[name]}" for name in sorted(names))
     return ValueError(f"ExactGP no longer takes {', '.join(sorted(names))}: {where}.")
+
+
+def checkpoint_schedule(value) -> tuple[str | os.PathLike, int] | None:
+    """ExactGP's ``checkpoint`` argument as ``(path, every)``.
+
+    Parameters
+    ----------
+    value : str, os.PathLike, (path, int) or None
+        A file path (written every :data:`CHECKPOINT_EVERY` optimiser steps), a pair ``(path, every)``, or None.
+
+    Returns
+    -------
+    (str or os.PathLike, int) or None
+        The file and the optimiser steps between writes; None without checkpoints.
+
+    Raises
+    ------
+    ValueError
+        For any other value, naming it and what is expected.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return value, CHECKPOINT_EVERY
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and isinstance(value[0], (str, os.PathLike))
+        and _is_int(value[1])
+        and value[1] >= 1
+    ):
+        return value[0], int(value[1])
+    raise ValueError(
+        f"ExactGP: invalid checkpoint={describe(value)}; expected None, a file path, or (path, every) with every an "
+        f"int >= 1 (optimiser steps between writes)."
+    )
 
 
 def resolve(est) -> Settings:
@@ -198,11 +246,8 @@ def resolve(est) -> Settings:
         )
     if est.verbose not in (True, False, 0, 1):
         raise bad("verbose", "True or False")
-    if est.checkpoint is not None and not isinstance(est.checkpoint, (str, os.PathLike)):
-        raise bad("checkpoint", "None or a file path")
-    if not _is_int(est.checkpoint_every) or est.checkpoint_every < 1:
-        raise bad("checkpoint_every", "an int >= 1")
-    if est.checkpoint is not None and est.distributed:
+    checkpoint = checkpoint_schedule(est.checkpoint)
+    if checkpoint is not None and est.distributed:
         raise ValueError("ExactGP: checkpoint is not supported with distributed=True; set checkpoint=None.")
     return Settings(
         optimizer=est.optimizer.lower(),
@@ -213,6 +258,7 @@ def resolve(est) -> Settings:
         cg=cg,
         pretrain_n=int(pretrain[0]) if pretrain is not None else None,
         pretrain_steps=int(pretrain[1]) if pretrain is not None else 0,
+        checkpoint=checkpoint,
     )
 
 

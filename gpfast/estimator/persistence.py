@@ -115,8 +115,10 @@ def plain_params(est) -> dict[str, Any]:
         params["random_state"] = None
     if isinstance(params.get("device"), torch.device):
         params["device"] = str(params["device"])
-    if params.get("checkpoint") is not None:
+    if isinstance(params.get("checkpoint"), os.PathLike):
         params["checkpoint"] = os.fspath(params["checkpoint"])
+    if isinstance(params.get("checkpoint"), (tuple, list)):  # (path, every)
+        params["checkpoint"] = tuple(os.fspath(v) if isinstance(v, os.PathLike) else v for v in params["checkpoint"])
     if dataclasses.is_dataclass(params.get("cg")):
         params["cg"] = dataclasses.asdict(params["cg"])  # a CGSettings, as plain types
     return params
@@ -407,11 +409,27 @@ def _check_state_dict(path, key: str, saved: dict, module: torch.nn.Module) -> N
 
 
 def load(cls, path, device=None):
-    """Rebuild an estimator of class ``cls`` saved with :func:`save`; predictions equal the saved one's.
+    """Rebuild an estimator of class ``cls`` saved with :func:`save`; predictions equal the saved one's. Never runs
+    code from the file.
 
-    ``device``: where to put it (default: the saved ``device`` parameter; a CUDA estimator loads on the CPU, with a
-    warning, when CUDA is unavailable). Raises ``ValueError`` naming the file and what is wrong with it for any
-    damaged, foreign, newer or inconsistent file; never runs code from the file.
+    Parameters
+    ----------
+    cls : type
+        :class:`gpfast.ExactGP` or a subclass.
+    path : str, path or binary file object
+    device : str, torch.device or None, default=None
+        Where to put it. None: the saved ``device`` parameter (a CUDA estimator loads on the CPU, with a warning,
+        when CUDA is unavailable).
+
+    Returns
+    -------
+    cls
+        The fitted estimator.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and what is wrong with it, for any damaged, foreign, newer or inconsistent file.
     """
     _, state = read_state(path)
     if isinstance(state.get("params"), dict):

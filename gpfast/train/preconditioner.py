@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from gpfast import ops  # noqa: F401  (registers torch.ops.gpfast._pivot_block)
+
 __all__ = ["Preconditioner", "pivoted_cholesky"]
 
 
@@ -42,8 +44,13 @@ def pivoted_cholesky(
     about ``rank / block`` row evaluations instead of ``rank``. The greedy rule is the unblocked one restricted to
     the candidates: a pivot can only differ from it when more than ``block`` of the top ``2 * block`` diagonals
     collapse inside one block. A pivot whose remaining diagonal is below ``rel_floor * max(diagonal)`` (K's rank is
-    exhausted) gives a zero column instead of a division by a vanishing pivot. Pivots are chosen by device-side
-    argmax: no step reads a number back to the host.
+    exhausted) gives a zero column instead of a division by a vanishing pivot.
+
+    The pivots of a block depend only on the candidates' c x c residual covariance, so one call of the op
+    ``_pivot_block`` takes them all (a single thread block on a GPU), and the block's columns over all n points
+    then come from one triangular solve with the b x b factor of the pivots:
+    ``L_b^T = G^{-1} R[piv, :]``, G the rows of the candidates' columns at the pivots. A block is about fifteen
+    kernels, none of them per pivot, and nothing is read back to the host.
     """
     n = diagonal.shape[0]
     rank = min(rank, n)
@@ -53,33 +60,36 @@ def pivoted_cholesky(
     m = 0
     while m < rank:
         b = min(block, rank - m)
-        cand = torch.topk(d, min(2 * b, n)).indices  # (c,) candidates, this block's pivots are taken among them
+        cand = torch.topk(d, min(2 * b, n)).indices  # this block's pivots are taken among these candidates
         rows = kernel_rows(cand).to(torch.float64)  # (c, n)
-        m0 = m
-        if m0:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
-            rows = rows - L.index_select(0, cand)[:, :m0] @ L[:, :m0].t()
-        for _ in range(b):
-            p = torch.argmax(d.index_select(0, cand)).reshape(1)  # local index of the next pivot
-            i = cand.index_select(0, p)
-            pivot = d.index_select(0, i)
-            row = rows.index_select(0, p).reshape(-1)
-            if m > m0:  # and after this block's columns so far
-                row = row - L[:, m0:m] @ L.index_select(0, i)[0, m0:m]
-            ok = pivot > floor
-            col = torch.where(ok, row / pivot.clamp_min(floor).sqrt(), torch.zeros_like(row))
-            L[:, m] = col
-            d = (d - col * col).clamp_min_(0.0)
-            d.index_fill_(0, i, 0.0)
-            m += 1
+        if m:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
+            rows = rows - L.index_select(0, cand)[:, :m] @ L[:, :m].t()
+        piv, C, ok = torch.ops.gpfast._pivot_block(rows.index_select(1, cand), d.index_select(0, cand), floor, b)
+        # G = C[piv, :] is lower triangular with G[j, j] = sqrt(pivot_j); a pivot below the floor gets a unit row
+        # and a zero right-hand side, so its column is zero, as in the unblocked rule
+        G = C.index_select(0, piv) * ok.unsqueeze(1)
+        G.diagonal().add_(1.0 - ok)
+        Lb = torch.linalg.solve_triangular(G, rows.index_select(0, piv) * ok.unsqueeze(1), upper=False)  # (b, n)
+        L[:, m : m + b] = Lb.t()
+        d.sub_((Lb * Lb).sum(0)).clamp_min_(0.0)
+        d.index_fill_(0, cand.index_select(0, piv), 0.0)
+        m += b
     return L
 
 
 class Preconditioner:
     """``P = (s / s_build) L L^T + noise I`` with its Woodbury inverse, log-determinant and probe sampler.
 
-    L: (n, k) float64 pivoted Cholesky factor of K at outputscale ``s_build`` (a float or a 0-dim tensor; k = 0
-    gives P = noise I); dtype: the working dtype of the vectors it is applied to. The scales may stay on the device
-    as 0-dim tensors: nothing here reads them back to the host.
+    The scales may stay on the device as 0-dim tensors: nothing here reads them back to the host.
+
+    Parameters
+    ----------
+    L : torch.Tensor of shape (n, k)
+        float64 pivoted Cholesky factor of K at outputscale ``s_build``; k = 0 gives P = noise I.
+    s_build : float or 0-dim torch.Tensor
+        The outputscale that ``L`` was built at.
+    dtype : torch.dtype
+        The working dtype of the vectors it is applied to.
     """
 
     def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype):

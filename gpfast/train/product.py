@@ -97,10 +97,17 @@ def choose_product(
 
 
 class CovarianceProduct:
-    """``K̂ @ V`` for the training points ``x`` (n, d) at the hyperparameters last given to :meth:`update`.
+    """``K̂ @ V`` for the training points at the hyperparameters last given to :meth:`update`. Counts the products
+    it computes in :attr:`products`.
 
-    mode: ``"stored"`` or ``"matrix_free"`` (module docstring); distributed: split the rows over the ranks of an
-    active process group. Counts the products it computes in :attr:`products`.
+    Parameters
+    ----------
+    x : torch.Tensor of shape (n, d)
+        The training points.
+    mode : {"stored", "matrix_free"}
+        Keep K in memory or recompute it in every product (module docstring).
+    distributed : bool, default=False
+        Split the rows over the ranks of an active process group.
     """
 
     def __init__(self, x: torch.Tensor, mode: str, distributed: bool = False):

@@ -99,6 +99,11 @@ class CGSettings:
     cg_iteration_limit : int, default 40
         Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
         ``max_cg_iterations``) up to this.
+    cuda_graph : bool, default True
+        On a GPU, replay each CG iteration after a solve's first as a captured CUDA graph
+        (:class:`gpfast.train.cg.CUDAGraphs`): the same arithmetic with one launch instead of ~25 small ones, whose
+        launch cost otherwise exceeds the products' time at n ~ 10^4. False runs them op by op (to profile single
+        kernels). Not used on the CPU or when the rows are split over several GPUs.
     """
 
     num_probes: int | None = None
@@ -118,6 +123,7 @@ class CGSettings:
     cg_check_every: int | None = None
     max_preconditioner_rank: int = 800
     cg_iteration_limit: int = 40
+    cuda_graph: bool = True
 
     def __post_init__(self) -> None:
         self.check()
@@ -200,8 +206,9 @@ class CGSettings:
                 raise bad(name, "a positive float")
         if self.resample_every is not None and (not is_int(self.resample_every) or self.resample_every < 1):
             raise bad("resample_every", "None or an int >= 1")
-        if self.warm_start not in (True, False):
-            raise bad("warm_start", "True or False")
+        for name in ("warm_start", "cuda_graph"):
+            if getattr(self, name) not in (True, False):
+                raise bad(name, "True or False")
         if self.product not in PRODUCTS:
             raise bad("product", f"one of {PRODUCTS}")
         if not is_real(self.memory_fraction) or not 0 < self.memory_fraction <= 1:

@@ -93,24 +93,6 @@ __device__ __forceinline__ void lds16(const double* p, double (&v)[2]) {
   v[0] = q.x, v[1] = q.y;
 }
 
-// Reduce-scatter over the warp of kCnt values (kCnt a multiple of 32): afterwards this lane holds in v[0 .. kCnt/32)
-// the warp-wide sums of the original values base .. base + kCnt/32 - 1. Pairwise in a fixed order.
-template <int kOff, int kCnt, typename T, int NP>
-__device__ __forceinline__ void dmm_reduce_scatter(T (&v)[NP], int lane, int& base) {
-  if constexpr (kOff >= 1) {
-    constexpr int kHalf = kCnt / 2;
-    const bool upper = (lane & kOff) != 0;
-#pragma unroll
-    for (int k = 0; k < kHalf; ++k) {
-      const T send = upper ? v[k] : v[k + kHalf];
-      const T keep = upper ? v[k + kHalf] : v[k];
-      v[k] = keep + __shfl_xor_sync(kFull, send, kOff);
-    }
-    if (upper) base += kHalf;
-    dmm_reduce_scatter<kOff / 2, kHalf>(v, lane, base);
-  }
-}
-
 template <typename T, int TC, bool kAligned>
 __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmArgs<T> a) {
   constexpr int VEC = dmm_vec<T>();
@@ -201,7 +183,7 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
 #pragma unroll
     for (int k = 0; k < NP; ++k) red[k] = k < N ? acc[k / TC][k % TC] : T(0);
     int base = 0;
-    dmm_reduce_scatter<16, NP>(red, lane, base);
+    reduce_scatter_step<16, NP>(red, lane, base);  // this lane: the sums of red[base .. base + NP / 32)
     T* out = a.out + (s * a.rows) * t;
 #pragma unroll
     for (int k = 0; k < NP / 32; ++k) {

@@ -145,7 +145,9 @@ __device__ __forceinline__ T warp_sum(T v) {
 // Warp reduce-scatter of D values (D a power of two <= 32): afterwards lane l holds the warp-wide sum of
 // v[dim] in v[0], where dim is returned in `dim`. About 2D shuffles instead of 5D for D all-reduces. Written as a
 // compile-time recursion so that every register index is a constant (a loop with a run-time count sent v to
-// local memory: 42 local loads and 22 local stores per row at D = 32).
+// local memory: 42 local loads and 22 local stores per row at D = 32). Called as reduce_scatter_step<16, kCnt> with
+// kCnt a multiple of 32, it leaves each lane the sums of the kCnt / 32 values dim .. dim + kCnt / 32 - 1 in
+// v[0 .. kCnt / 32), pairwise in a fixed order.
 template <int kOff, int kCnt, typename T, int D>
 __device__ __forceinline__ void reduce_scatter_step(T (&v)[D], int lane, int& dim) {
   if constexpr (kOff >= 1) {

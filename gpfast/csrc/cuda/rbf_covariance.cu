@@ -3,6 +3,7 @@
 #include <string>
 
 #include "covariance_forward.cuh"
+#include "covariance_tc.cuh"
 #include "covariance_tile.cuh"
 #include "dispatch.h"
 
@@ -72,9 +73,36 @@ void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   });
 }
 
-// The forward's kernels: the tiled one, and the row-streaming one forming distances by differences or by the norm
-// expansion.
-enum class Forward { kTile, kDiff, kExpand };
+// The tensor-core kernel (covariance_tc.cuh), float32 and d <= 32: strips of kCovTcStrip columns, rows split
+// so that the grid has about 4 blocks per SM.
+void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                   at::Tensor& out) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  TORCH_CHECK(x1.scalar_type() == at::kFloat && d <= 32,
+              "_rbf_covariance_kernel: the tensor-core kernel needs float32 and d <= 32, got ", x1.scalar_type(),
+              " and d=", d);
+  const int64_t strips = ceil_div(m, kCovTcStrip);
+  int64_t rowblocks = std::clamp<int64_t>(ceil_div(4 * sm_count(), strips * B), 1, ceil_div(n, 64));
+  const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), 64) * 64;
+  rowblocks = ceil_div(n, rows_per_block);
+  TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535 && B <= 65535,
+              "_rbf_covariance_kernel: output of shape ", out.sizes(), " is too large for one launch");
+  const bool vec = m % 2 == 0 && aligned(out.data_ptr(), 8);
+  const CovTcArgs a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
+                    out.data_ptr<float>(), n, m, static_cast<int>(d), rows_per_block, vec};
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
+  if (d <= 8)
+    cov_tc_kernel<1><<<grid, kCovTcThreads, 0, current_stream()>>>(a);
+  else if (d <= 16)
+    cov_tc_kernel<2><<<grid, kCovTcThreads, 0, current_stream()>>>(a);
+  else
+    cov_tc_kernel<4><<<grid, kCovTcThreads, 0, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The forward's kernels: the tiled one, the row-streaming one forming distances by differences or by the norm
+// expansion, and the tensor-core one (private op only).
+enum class Forward { kTile, kDiff, kExpand, kTensorCore };
 
 // The kernel each shape gets: row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU
 // by strips of columns; the tiled kernel otherwise. Float32 with d > 8 forms distances by the norm expansion
@@ -96,9 +124,11 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor s = outputscale.contiguous();
   const int D = feature_bucket(d);
   const Forward kernel = forced ? *forced : default_forward(m, D);
-  TORCH_CHECK(kernel == Forward::kTile || D != 0,
+  TORCH_CHECK(kernel == Forward::kTile || kernel == Forward::kTensorCore || D != 0,
               "_rbf_covariance_kernel: the row-streaming kernels need d <= 32, got d=", d);
-  if (kernel == Forward::kTile)
+  if (kernel == Forward::kTensorCore)
+    covariance_tc(p1, p2, ls, s, out);
+  else if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else
     covariance_stream(p1, p2, ls, s, D, kernel == Forward::kExpand, out);
@@ -112,7 +142,7 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   return run_forward(x1, x2, lengthscale, outputscale, nullptr);
 }
 
-// rbf_covariance with a named kernel, "tile", "diff" or "expand", whatever the shape: for tests and benchmarks.
+// rbf_covariance with a named kernel, "tile", "diff", "expand" or "tc", whatever the shape: for tests and benchmarks.
 at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                                   const at::Tensor& outputscale, c10::string_view kernel) {
   Forward forced = Forward::kTile;
@@ -122,9 +152,11 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
     forced = Forward::kDiff;
   else if (kernel == "expand")
     forced = Forward::kExpand;
+  else if (kernel == "tc")
+    forced = Forward::kTensorCore;
   else
-    TORCH_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff' or 'expand', got '", std::string(kernel),
-                "'");
+    TORCH_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff', 'expand' or 'tc', got '",
+                std::string(kernel), "'");
   return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
 

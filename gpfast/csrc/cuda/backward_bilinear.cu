@@ -1,0 +1,58 @@
+// Launcher of the tensor-core (lengthscale, outputscale) backward of K @ V, and the reduction of its per-block
+// sums into gradients. Device code: backward_bilinear.cuh. A translation unit of its own, so that its kernels
+// compile in parallel with the row passes'.
+#include "backward_bilinear.cuh"
+#include "backward_bilinear.h"
+#include "dispatch.h"
+
+namespace gpfast {
+namespace cuda {
+
+std::pair<at::Tensor, at::Tensor> bilinear_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2,
+                                                    const at::Tensor& lengthscale, const at::Tensor& outputscale,
+                                                    const at::Tensor& V, int warps) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
+  TORCH_CHECK(x1.scalar_type() == at::kFloat && d >= 1 && d <= 32 && t >= 1 && t <= 32,
+              "gpfast: the tensor-core backward takes float32 with 1 <= d <= 32 and 1 <= t <= 32, got ",
+              x1.scalar_type(), " with d=", d, " and t=", t);
+  TORCH_CHECK(warps == 4 || warps == 8, "gpfast: the tensor-core backward runs 4 or 8 warps a block, got ", warps);
+  const int D = bilinear_features(static_cast<int>(d)), TK = bilinear_features(static_cast<int>(t));
+  const int64_t rows = int64_t(16) * warps, rowblocks = ceil_div(n, rows);
+  int64_t splits = 1;
+  // about 2 (8 warps) or 3 (4 warps) blocks fit an SM at 150-240 registers a thread
+  const int64_t cols = split_columns(rowblocks * B, m, kBilTile, warps == 4 ? 6 : 3, splits);
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
+              "gpfast backward: shape too large for one launch (B=", B, ", n=", n, ", m=", m, ")");
+  const auto opts = x1.options().dtype(at::kDouble);
+  const at::Tensor part_l = at::empty({splits, rowblocks, B, D}, opts);
+  const at::Tensor part_s = at::empty({splits, rowblocks, B}, opts);
+  BilinearArgs a{};
+  a.x1 = x1.data_ptr<float>();
+  a.x2 = x2.data_ptr<float>();
+  a.ls = lengthscale.data_ptr<float>();
+  a.g = G.data_ptr<float>();
+  a.v = V.data_ptr<float>();
+  a.part_l = part_l.data_ptr<double>();
+  a.part_s = part_s.data_ptr<double>();
+  a.n = n, a.m = m, a.batch = B, a.cols_per_split = cols;
+  a.d = static_cast<int>(d), a.t = static_cast<int>(t);
+  const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
+  with_bucket<8, 16, 24, 32>(D, "feature", [&](auto dc) {
+    with_bucket<8, 16, 24, 32>(TK, "right-hand-side", [&](auto tc) {
+      constexpr int kD = decltype(dc)::value, kTK = decltype(tc)::value;
+      if (warps == 4)
+        bwd_bilinear_kernel<kD, kTK, 4><<<grid, 4 * 32, 0, current_stream()>>>(a);
+      else
+        bwd_bilinear_kernel<kD, kTK, 8><<<grid, 8 * 32, 0, current_stream()>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  // L is in the units of y = z sqrt(log2(e) / 2): d/dl = s L / (l log2(e) / 2); every sum from here on in double
+  const at::Tensor L = part_l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d);
+  const at::Tensor S = part_s.sum(at::IntArrayRef{0, 1});
+  const at::Tensor gl = L * outputscale.to(at::kDouble).unsqueeze(1) / (lengthscale.to(at::kDouble) * kHalfLog2e);
+  return {gl.to(at::kFloat), S.to(at::kFloat)};
+}
+
+}  // namespace cuda
+}  // namespace gpfast

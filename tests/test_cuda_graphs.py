@@ -1,0 +1,125 @@
+"""CUDA-graph replays of CG iterations give the arithmetic of the op-by-op runs. On the CPU a stand-in whose
+"replay" calls the captured function again checks the control flow around the captures (which iterations run op by
+op, which replay, what the results hold); on a GPU the real graphs are compared with op-by-op runs."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import HAS_CUDA, rel_err
+from gpfast import ExactGP
+from gpfast import _reference as ref
+from gpfast.train import CGSettings
+from gpfast.train.cg import CUDAGraphs, pcg
+from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from gpfast.train.product import CovarianceProduct
+
+F64 = torch.float64
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no GPU")]
+
+
+class _ReplayByCall:
+    """CUDAGraphs' interface on any device: capture returns an object whose replay runs the function again."""
+
+    def __init__(self):
+        self.captures = self.replays = 0
+
+    @contextlib.contextmanager
+    def stream(self):
+        yield
+
+    def capture(self, fn):
+        self.captures += 1
+        owner = self
+
+        class _Replay:
+            def replay(self):
+                owner.replays += 1
+                fn()
+
+        return _Replay()
+
+
+def _system(device, dtype, n=300, t=5, seed=None):
+    """(product, preconditioner, B): K̂ = K + noise I of an RBF kernel at high signal-to-noise (CG needs tens of
+    iterations), its rank-20 pivoted-Cholesky preconditioner and right-hand sides."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed)
+    X = torch.randn(n, 3, generator=gen, dtype=F64).to(device=device, dtype=dtype)
+    kw = dict(device=device, dtype=dtype)
+    ls, s, noise = torch.tensor([0.7, 1.1, 0.9], **kw), torch.tensor(1.5, **kw), torch.tensor(1e-3, **kw)
+    prod = CovarianceProduct(X, "stored")
+    prod.update(ls, s, noise)
+    L = pivoted_cholesky(prod.kernel_rows, torch.full((n,), 1.5, dtype=F64, device=device), 20)
+    pc = Preconditioner(L, s, dtype)
+    pc.set_scales(s, noise)
+    B = torch.randn(n, t, generator=gen, dtype=F64).to(**kw)
+    return prod, pc, B
+
+
+def _same_solve(a, b, tol):
+    assert a.iterations == b.iterations and a.products == b.products
+    for x, y in ((a.x, b.x), (a.residual, b.residual), (a.rel_residual, b.rel_residual)):
+        assert rel_err(x, y) <= tol
+    assert rel_err(torch.stack(a.alphas), torch.stack(b.alphas)) <= tol
+    assert rel_err(torch.stack(a.betas), torch.stack(b.betas)) <= tol
+    assert torch.equal(a.broke_down, b.broke_down)
+
+
+@pytest.mark.parametrize("checks", [None, [5, 9], []])
+def test_replayed_pcg_matches_op_by_op(checks):
+    prod, pc, B = _system("cpu", F64)
+    x0 = torch.randn_like(B)
+    plain = pcg(prod.matmul, B, pc.solve, x0, None, 1e-6, 40, check_at=checks)
+    fake = _ReplayByCall()
+    replayed = pcg(prod.matmul, B, pc.solve, x0, None, 1e-6, 40, check_at=checks, graph=fake)
+    _same_solve(plain, replayed, 0.0)  # the same operations in the same order
+    assert replayed.graphed and not plain.graphed
+    assert fake.captures == 1 and fake.replays == replayed.iterations - 1  # the first iteration runs op by op
+    assert float(replayed.betas[-1].abs().max()) == 0.0  # the Lanczos matrix ends with the last step
+    one = pcg(prod.matmul, B, pc.solve, tol=1e-6, max_iter=1, graph=_ReplayByCall())
+    assert one.iterations == 1 and not one.graphed  # nothing to replay
+
+
+def test_cuda_graph_setting_is_checked():
+    with pytest.raises(ValueError, match="cuda_graph"):
+        CGSettings(cuda_graph="yes")
+
+
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA)])
+def test_cuda_graph_pcg_matches_op_by_op(device, dtype, tol):
+    prod, pc, B = _system(device, dtype)
+    x0 = torch.randn_like(B)
+    x0[:, [1, 3, 4]] = 0  # warm starts in columns 0 and 2 only, as the solves are told
+    graphs = CUDAGraphs(B.device)
+    for _ in range(3):  # later solves capture into the memory pool of the earlier ones
+        plain = pcg(prod.matmul, B, pc.solve, x0, [0, 2], 1e-5, 60, check_at=[10, 20, 30])
+        replayed = pcg(prod.matmul, B, pc.solve, x0, [0, 2], 1e-5, 60, check_at=[10, 20, 30], graph=graphs)
+        assert replayed.graphed
+        _same_solve(plain, replayed, tol)
+    if dtype == F64:  # the solve is right, not only repeatable: its true residual, from a dense float64 K
+        A = ref.rbf_covariance(prod.x, prod.x, prod.lengthscale, prod.outputscale) + 1e-3 * torch.eye(
+            B.shape[0], device=device, dtype=F64
+        )
+        true = (B - A @ replayed.x).norm(dim=0) / B.norm(dim=0)
+        assert rel_err(true, replayed.rel_residual) < 1e-6
+
+
+@pytest.mark.filterwarnings("ignore:gpfast's training engine. CG did not reach")
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA)])
+def test_cuda_graph_engine_takes_the_same_steps(device):
+    rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())))
+    X = rng.normal(size=(1500, 4))
+    y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=1500)
+    fits = [
+        ExactGP(solver="cg", dtype="float64", max_iter=12, verbose=False, random_state=0, device=device,
+                cg={"cuda_graph": g, "num_probes": 10}).fit(X, y)
+        for g in (False, True)
+    ]  # fmt: skip
+    assert fits[0].cg_iterations_ == fits[1].cg_iterations_
+    assert np.allclose(fits[0].history_, fits[1].history_, rtol=1e-9, atol=0)
+    assert rel_err(torch.as_tensor(fits[0].lengthscale_), torch.as_tensor(fits[1].lengthscale_)) < 1e-8
