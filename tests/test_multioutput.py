@@ -592,7 +592,7 @@ def test_interrupted_engine_fit_of_several_outputs_resumes_bit_for_bit(monkeypat
     Y = np.stack([y, np.cos(X[:, 0]) + 0.1 * rng.normal(size=80)], 1)
     path = tmp_path / "fit.ckpt"
     _interrupted(monkeypatch, path, X, Y, 2, **ENGINE)
-    resumed = _fit(X, Y, checkpoint=path, checkpoint_every=2, **ENGINE)
+    resumed = _fit(X, Y, checkpoint=(path, 2), **ENGINE)
     plain = _fit(X, Y, **ENGINE)
     assert resumed.trainer_ == "gpfast" and not path.exists()
     for name in ("history_", "restart_losses_", "n_iter_", "cg_iterations_", "history_data_fit_"):
