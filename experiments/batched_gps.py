@@ -87,50 +87,41 @@ def _warm_up(device: str, d: int) -> None:
         ExactGP(device=device, solver="cg", max_iter=2).fit(X, Y).predict(X[:4])
 
 
+def _row(stage: str, method: str, device: str, shape: tuple[int, int], timed: int, seconds: float, fits=()) -> dict:
+    """A result row: ``seconds`` for ``timed`` of the ``shape`` = (n, k) outputs, scaled linearly to all k, and
+    the convergence of the ``fits`` (estimators; one with a list per output for independent outputs)."""
+    (n, k), row = shape, dict(stage=stage, method=method, device=device)
+    row.update(n=n, k=k, outputs_timed=timed, seconds=seconds, seconds_for_k=seconds * k / timed)
+    if fits:
+        n_iter = np.concatenate([np.atleast_1d(g.n_iter_) for g in fits])
+        converged = np.concatenate([np.atleast_1d(g.converged_) for g in fits])
+        row.update(converged=int(converged.sum()), n_iter_mean=float(n_iter.mean()), n_iter_max=int(n_iter.max()))
+    return row
+
+
+def _single_fits(X, Y, device: str, loop: int):
+    """(single ExactGP fits of the first ``loop`` columns of Y, seconds)."""
+    return _timed(lambda: [ExactGP(device=device).fit(X, Y[:, j]) for j in range(loop)], device)
+
+
 def independent_stage(X, Y, Xt, device: str, loop: int, sk_loop: int) -> list[dict]:
     """Stages 1 and 2: the batched fit of every column of Y, and the loops on the first ``loop`` / ``sk_loop``."""
-    n, k = Y.shape
     gp, seconds = _timed(lambda: ExactGP(device=device, independent_outputs=True).fit(X, Y), device)
-    n_iter = np.asarray(gp.n_iter_)
-    rows = [
-        dict(
-            stage="independent",
-            method="gpfast ExactGP(independent_outputs=True), batched",
-            device=device,
-            n=n,
-            k=k,
-            outputs_timed=k,
-            seconds=seconds,
-            seconds_for_k=seconds,
-            converged=int(np.sum(gp.converged_)),
-            n_iter_mean=float(n_iter.mean()),
-            n_iter_max=int(n_iter.max()),
-        )
-    ]
+    rows = [_row("independent", "gpfast ExactGP(independent_outputs=True), batched", device, Y.shape, Y.shape[1],
+                 seconds, [gp])]  # fmt: skip
     batched_mean = gp.predict(Xt)
-    singles, seconds = _timed(lambda: [ExactGP(device=device).fit(X, Y[:, j]) for j in range(loop)], device)
-    gap = max(float(np.abs(batched_mean[:, j] - g.predict(Xt)).max() / Y[:, j].std()) for j, g in enumerate(singles))
-    rows.append(
-        dict(
-            stage="independent",
-            method="loop of gpfast ExactGP fits",
-            device=device,
-            n=n,
-            k=k,
-            outputs_timed=loop,
-            seconds=seconds,
-            seconds_for_k=seconds * k / loop,
-            converged=int(sum(g.converged_ for g in singles)),
-            max_mean_gap_over_std=gap,
-        )
-    )
+    singles, seconds = _single_fits(X, Y, device, loop)
+    rows.append(_row("independent", "loop of gpfast ExactGP fits", device, Y.shape, loop, seconds, singles))
+    gaps = [np.abs(batched_mean[:, j] - g.predict(Xt)).max() / Y[:, j].std() for j, g in enumerate(singles)]
+    rows[-1]["max_mean_gap_over_std"] = float(max(gaps))
     if sk_loop > 0:
-        rows.append(_sklearn_loop(X, Y[:, :sk_loop], k))
+        rows.append(_sklearn_loop(X, Y, sk_loop))
     return rows
 
 
-def _sklearn_loop(X, Y, k: int) -> dict:
-    """scikit-learn's MultiOutputRegressor(GaussianProcessRegressor) with gpfast's model on the columns of Y, CPU."""
+def _sklearn_loop(X, Y, loop: int) -> dict:
+    """scikit-learn's MultiOutputRegressor(GaussianProcessRegressor) with gpfast's model on the first ``loop``
+    columns of Y, on the CPU."""
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
     from sklearn.multioutput import MultiOutputRegressor
@@ -139,55 +130,21 @@ def _sklearn_loop(X, Y, k: int) -> dict:
     sk = MultiOutputRegressor(GaussianProcessRegressor(kernel, normalize_y=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # its ConvergenceWarnings at the kernels' bounds
-        _, seconds = _timed(lambda: sk.fit(X, Y), "cpu")
-    return dict(
-        stage="independent",
-        method="scikit-learn MultiOutputRegressor(GaussianProcessRegressor)",
-        device="cpu",
-        n=X.shape[0],
-        k=k,
-        outputs_timed=Y.shape[1],
-        seconds=seconds,
-        seconds_for_k=seconds * k / Y.shape[1],
-    )
+        _, seconds = _timed(lambda: sk.fit(X, Y[:, :loop]), "cpu")
+    method = "scikit-learn MultiOutputRegressor(GaussianProcessRegressor)"
+    return _row("independent", method, "cpu", Y.shape, loop, seconds)
 
 
 def shared_stage(X, Y, device: str, loop: int) -> list[dict]:
     """Stage 3: the columns of Y under one kernel, trained by gpfast's engine, and single fits of the first
     ``loop`` columns."""
-    n, k = Y.shape
     gp, seconds = _timed(lambda: ExactGP(device=device).fit(X, Y), device)
-    rows = [
-        dict(
-            stage="large n",
-            method=f"gpfast ExactGP, shared hyperparameters ({gp.trainer_} trains, {gp.solver_} predicts)",
-            device=device,
-            n=n,
-            k=k,
-            outputs_timed=k,
-            seconds=seconds,
-            seconds_for_k=seconds,
-            converged=int(gp.converged_),
-            n_iter_mean=float(gp.n_iter_),
-            n_iter_max=int(gp.n_iter_),
-        )
-    ]
-    singles, seconds = _timed(lambda: [ExactGP(device=device).fit(X, Y[:, j]) for j in range(loop)], device)
-    rows.append(
-        dict(
-            stage="large n",
-            method=f"loop of gpfast ExactGP fits ({singles[0].trainer_} trains, {singles[0].solver_} predicts)",
-            device=device,
-            n=n,
-            k=k,
-            outputs_timed=loop,
-            seconds=seconds,
-            seconds_for_k=seconds * k / loop,
-            converged=int(sum(g.converged_ for g in singles)),
-            n_iter_mean=float(np.mean([g.n_iter_ for g in singles])),
-            n_iter_max=int(max(g.n_iter_ for g in singles)),
-        )
-    )
+    how = f"({gp.trainer_} trains, {gp.solver_} predicts)"
+    rows = [_row("large n", f"gpfast ExactGP, shared hyperparameters {how}", device, Y.shape, Y.shape[1], seconds,
+                 [gp])]  # fmt: skip
+    singles, seconds = _single_fits(X, Y, device, loop)
+    how = f"({singles[0].trainer_} trains, {singles[0].solver_} predicts)"
+    rows.append(_row("large n", f"loop of gpfast ExactGP fits {how}", device, Y.shape, loop, seconds, singles))
     return rows
 
 
