@@ -599,3 +599,18 @@ def test_interrupted_engine_fit_of_several_outputs_resumes_bit_for_bit(monkeypat
         assert getattr(resumed, name) == getattr(plain, name), f"{name}, seed {seed}"
     np.testing.assert_array_equal(resumed.theta_, plain.theta_)
     np.testing.assert_array_equal(resumed.predict(Xt), plain.predict(Xt))
+
+
+def test_several_outputs_above_the_exact_cap_report_the_cg_estimate(monkeypatch):
+    """Where no exact factorisation is allowed, the log marginal likelihood of several outputs is GPyTorch's CG
+    estimate summed over them, and predictions come from the CG posterior."""
+    import gpfast.estimator.solver as solver_module
+
+    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=60)
+    gp = _gp(solver="cg", max_iter=2, dtype="float64").fit(X, np.stack([y, np.cos(X[:, 0])], 1))
+    assert (gp.solver_, gp.trainer_, gp.log_marginal_likelihood_method_) == ("cg", "gpfast", "cg_estimate")
+    assert np.isfinite(gp.log_marginal_likelihood_), f"seed {seed}"
+    m, s = gp.predict(Xt, return_std=True)
+    assert m.shape == s.shape == (7, 2) and np.isfinite(m).all() and (s > 0).all()
