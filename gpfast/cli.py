@@ -5,6 +5,7 @@ Examples::
     gpfast --version
     gpfast compare --dataset yacht --iters 50 --device cpu
     gpfast fit --csv houses.csv --target price --save houses.gpfast
+    gpfast fit --csv sensors.csv --target s1 s2 s3 --independent-outputs --save sensors.gpfast
     gpfast predict --model houses.gpfast --csv new_houses.csv --out predictions.csv
     gpfast fit --synthetic 100000 --d 8 --device cuda --out fit.json
     gpfast datasets
@@ -100,8 +101,8 @@ _ABOUT = {
         "predict with a saved model on a CSV file; writes mean and std as CSV",
         "Predict with a model saved by `gpfast fit --save` (or ExactGP.save) at the rows of a CSV file "
         "and write one row per input row with the predictive mean and std (of a new noisy observation, in the "
-        "target's units). The model's input columns are read by name; other columns, such as the target, may be "
-        "there or not.",
+        "target's units; a model of several targets writes mean_<target> and std_<target> for each). The model's "
+        "input columns are read by name; other columns, such as the target, may be there or not.",
     ),
     "datasets": ("list the data sets available and where they are from", None),
     "download": (
@@ -149,7 +150,17 @@ def _add_fit_data(p) -> None:
     src.add_argument("--csv", metavar="FILE", help="your own table: comma-separated, a header row of column names")
     src.add_argument("--dataset", metavar="NAME", help="UCI set name")
     src.add_argument("--synthetic", type=int_at_least(2), metavar="N", help="N synthetic training points")
-    p.add_argument("--target", metavar="COLUMN", help="with --csv: the column to predict")
+    p.add_argument(
+        "--target",
+        nargs="+",
+        metavar="COLUMN",
+        help="with --csv: the column(s) to predict; several share the hyperparameters (scikit-learn's semantics)",
+    )
+    p.add_argument(
+        "--independent-outputs",
+        action="store_true",
+        help="with several --target columns: one GP per column, each with its own hyperparameters, trained together",
+    )
     p.add_argument(
         "--features",
         nargs="+",

@@ -165,7 +165,12 @@ def check_fit_args(args) -> None:
     if args.csv:
         if args.target is None:
             parser.error("--csv needs --target COLUMN: the column to predict")
+        repeated = sorted({c for c in args.target if args.target.count(c) > 1})
+        if repeated:
+            parser.error(f"--target names the column(s) {', '.join(map(repr, repeated))} more than once")
         args.csv = input_file(args.csv, "--csv")
+    if args.independent_outputs and (args.target is None or len(args.target) < 2):
+        parser.error("--independent-outputs applies only with several --target columns (--csv)")
     if args.distributed and args.solver == "cholesky":
         parser.error("--distributed runs the matrix-free CG solver: use --solver auto or cg")
     if args.checkpoint_every is not None and args.checkpoint is None:

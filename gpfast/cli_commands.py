@@ -131,7 +131,8 @@ def _fit_data(args):
     try:
         if args.csv:
             X, y, names = read_training_data(args.csv, args.target, args.features)
-            return X, y, None, None, f"{args.csv} (target {args.target!r})", names
+            targets = args.target[0] if len(args.target) == 1 else args.target
+            return X, y, None, None, f"{args.csv} (target{'s' if y.ndim == 2 else ''} {targets!r})", names
         if args.synthetic:
             data = datasets.synthetic_split(args.synthetic, args.test, args.d, noise=0.1, seed=args.seed)
             description = f"synthetic n={args.synthetic} d={args.d}"
@@ -155,16 +156,20 @@ def _fit_and_report(args, device, rank0: bool) -> int:
     params.update(pretrain=pretrain, tol=args.tol)
     every = args.checkpoint_every
     params["checkpoint"] = args.checkpoint if args.checkpoint is None or every is None else (args.checkpoint, every)
+    params.update(independent_outputs=args.independent_outputs)
     if args.iters is not None:  # else the estimator's own cap: train to convergence, as the Python API does
         params["max_iter"] = args.iters
     try:
         gp, result = timed_fit(params, X, y, X_test, y_test)
     except ValueError as exc:  # the data or a combination of settings ExactGP refuses
         raise UsageError(str(exc)) from None
-    result = {"data": description, **result}
+    # several outputs give arrays (an entry per output): as lists, for the JSON file
+    result = {"data": description, **{k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in result.items()}}
     if names is not None:
         gp.feature_names_in_ = np.asarray(names, dtype=object)  # so that `gpfast predict` finds them by name
-        result.update(features=list(names), target=args.target)
+        result.update(features=list(names), target=args.target[0] if len(args.target) == 1 else args.target)
+        if len(args.target) > 1:
+            gp.target_names_ = list(args.target)  # saved with the model: `gpfast predict` names its columns
     if not rank0:
         return 0
     for k, v in result.items():
@@ -200,10 +205,10 @@ def cmd_predict(args) -> int:
         mean, std = gp.predict(X, return_std=True)
     seconds = time.perf_counter() - t0
     if out is None:
-        write_predictions(sys.stdout, mean, std)
+        write_predictions(sys.stdout, mean, std, getattr(gp, "target_names_", None))
     else:
         with open(out, "w", newline="") as f:
-            write_predictions(f, mean, std)
+            write_predictions(f, mean, std, getattr(gp, "target_names_", None))
     if not args.quiet:
         print(
             f"{PROG} predict: {len(mean)} row(s), mean and std of {model} (inputs {', '.join(names)}) on "

@@ -49,13 +49,14 @@ class CSVTable:
                 f"header; its columns are {_names(self.columns)}."
             )
 
-    def features(self, target: str | None = None, features: Sequence[str] | None = None) -> list[str]:
-        """The input columns: ``features`` when given, else every column but ``target``. Checked to exist, to be
-        distinct and not to include the target."""
-        if target is not None:
-            self.check_columns([target], "target column")
+    def features(self, target: str | Sequence[str] | None = None, features: Sequence[str] | None = None) -> list[str]:
+        """The input columns: ``features`` when given, else every column but the ``target`` column(s). Checked to
+        exist, to be distinct and not to include a target."""
+        targets = [] if target is None else [target] if isinstance(target, str) else list(target)
+        if targets:
+            self.check_columns(targets, "target column")
         if features is None:
-            names = [c for c in self.columns if c != target]
+            names = [c for c in self.columns if c not in targets]
         else:
             names = list(features)
             self.check_columns(names, "feature column")
@@ -64,10 +65,12 @@ class CSVTable:
                 raise ValueError(
                     f"{self.path}: feature column(s) {', '.join(map(repr, repeated))} named more than once."
                 )
-            if target is not None and target in names:
-                raise ValueError(f"{self.path}: the target column {target!r} is also named as a feature.")
+            both = [c for c in targets if c in names]
+            if both:
+                raise ValueError(f"{self.path}: the target column {both[0]!r} is also named as a feature.")
         if not names:
-            raise ValueError(f"{self.path}: no input columns: its only column is the target {target!r}.")
+            only = f"column is the target {targets[0]!r}" if len(targets) == 1 else f"columns are the targets {targets}"
+            raise ValueError(f"{self.path}: no input columns: its only {only}.")
         return names
 
     def numeric(self, names: Sequence[str], hint: str = "fix or drop those rows") -> np.ndarray:
@@ -156,17 +159,20 @@ def read_csv_table(path) -> CSVTable:
 
 
 def read_training_data(
-    path, target: str, features: Sequence[str] | None = None
+    path, target: str | Sequence[str], features: Sequence[str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """The training data of ``gpfast fit --csv``: X of shape (n_rows, d), y of shape (n_rows,) (float64) and the
-    d input column names (``features``, else every column but ``target``). ValueError for any problem, naming
-    the file, line, column and value, and for fewer than 2 rows."""
+    """The training data of ``gpfast fit --csv``: X of shape (n_rows, d), y of shape (n_rows,) for one ``target``
+    column (a name, or a list of one) or (n_rows, k) for k of them (float64), and the d input column names
+    (``features``, else every column but the targets). ValueError for any problem, naming the file, line, column
+    and value, and for fewer than 2 rows."""
     table = read_csv_table(path)
     names = table.features(target=target, features=features)
     if table.n_rows < 2:
         raise ValueError(f"{path} has {table.n_rows} data row(s); fitting a GP needs at least 2.")
     X = table.numeric(names, "fix or drop those rows, or leave the column out with --features")
-    y = table.numeric([target], "fix or drop those rows")[:, 0]
+    targets = [target] if isinstance(target, str) else list(target)
+    y = table.numeric(targets, "fix or drop those rows")
+    y = y[:, 0] if len(targets) == 1 else y
     return X, y, names
 
 
@@ -211,9 +217,18 @@ def _rows(f: IO[str]):
         start = reader.line_num + 1
 
 
-def write_predictions(out: IO[str], mean: np.ndarray, std: np.ndarray) -> None:
-    """Write ``mean,std`` with a header, one row per prediction, each value in full precision (``repr``)."""
+def write_predictions(out: IO[str], mean: np.ndarray, std: np.ndarray, targets: Sequence[str] | None = None) -> None:
+    """Write ``mean,std`` with a header, one row per prediction, each value in full precision (``repr``). Means and
+    stds of shape (m, k), several outputs, give the columns ``mean_<name>,std_<name>`` for each of the k names in
+    ``targets`` (default: the output's index)."""
+    mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["mean", "std"])
-    for m, s in zip(np.asarray(mean, dtype=np.float64).tolist(), np.asarray(std, dtype=np.float64).tolist()):
-        writer.writerow([repr(m), repr(s)])
+    if mean.ndim == 1:
+        writer.writerow(["mean", "std"])
+        for m, s in zip(mean.tolist(), std.tolist()):
+            writer.writerow([repr(m), repr(s)])
+        return
+    names = [str(t) for t in targets] if targets is not None else [str(j) for j in range(mean.shape[1])]
+    writer.writerow([f"{kind}_{name}" for name in names for kind in ("mean", "std")])
+    for m, s in zip(mean.tolist(), std.tolist()):
+        writer.writerow([repr(v) for pair in zip(m, s) for v in pair])

@@ -206,6 +206,21 @@ ERROR_CASES = [
     pytest.param(["fit", "--csv", "{dir}/missing.csv", "--target", "y"], "missing.csv: no such file", id="csv-missing"),
     pytest.param(["fit", "--csv", "{file}"], "--csv needs --target COLUMN", id="csv-no-target"),
     pytest.param(
+        ["fit", "--csv", "{file}", "--target", "y", "z", "y"],
+        "--target names the column(s) 'y' more than once",
+        id="csv-target-twice",
+    ),
+    pytest.param(
+        ["fit", "--csv", "{file}", "--target", "y", "--independent-outputs"],
+        "--independent-outputs applies only with several --target columns",
+        id="independent-one-target",
+    ),
+    pytest.param(
+        ["fit", "--synthetic", "50", "--independent-outputs"],
+        "--independent-outputs applies only with several --target columns",
+        id="independent-synthetic",
+    ),
+    pytest.param(
         ["compare", "--dataset", "yacht", "--lr", "-1", "--out", "{dir}/new"],
         "--lr: must be a positive",
         id="compare-lr",
@@ -370,6 +385,37 @@ def test_csv_fit_then_predict_matches_the_python_api(tmp_path, capsys):
     assert capsys.readouterr().out == pred.read_text()
 
 
+@pytest.mark.parametrize("independent", [False, True])
+def test_csv_fit_of_several_targets_then_predict_per_output(tmp_path, capsys, independent):
+    """``--target A B C`` fits y of shape (n, 3) as the Python API does (shared or independent hyperparameters),
+    saves it, and ``gpfast predict`` writes mean_<target>,std_<target> for each output."""
+    X, y = _table()
+    Xt, _ = _table(seed=1, n=5)
+    Y = np.stack([y, np.cos(X[:, 0]) + 0.1 * X[:, 2], -2.0 * y], 1)
+    rows = [[*map(_cell, x), *map(_cell, t)] for x, t in zip(X, Y)]
+    train = _write_csv(tmp_path / "train.csv", ["a", "b", "c", "p", "q", "r"], rows)
+    new = _write_csv(tmp_path / "new.csv", ["a", "b", "c"], [list(map(_cell, x)) for x in Xt])
+    model, out, pred = tmp_path / "m.gpfast", tmp_path / "fit.json", tmp_path / "p.csv"
+    flag = ["--independent-outputs"] if independent else []
+    argv = ["fit", "--csv", train, "--target", "p", "q", "r", *flag, *FIT_ARGS, "--save", str(model), "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    result = json.loads(out.read_text())
+    assert result["features"] == ["a", "b", "c"] and result["target"] == ["p", "q", "r"]
+    assert result["data"] == f"{train} (targets ['p', 'q', 'r'])"
+    gp = ExactGP(max_iter=8, random_state=3, device="cpu", verbose=False, independent_outputs=independent).fit(X, Y)
+    assert result["noise"] == pytest.approx(gp.noise_.tolist(), rel=1e-12)
+    assert result["n_iter"] == gp.n_iter_  # a count per output with independent outputs
+    capsys.readouterr()
+    assert main(["predict", "--model", str(model), "--csv", new, "--out", str(pred), "--quiet"]) == 0
+    with open(pred) as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["mean_p", "std_p", "mean_q", "std_q", "mean_r", "std_r"] and len(table) == 6
+    values = np.array(table[1:], dtype=np.float64)
+    m_ref, s_ref = gp.predict(Xt, return_std=True)
+    np.testing.assert_allclose(values[:, 0::2], m_ref, rtol=1e-12)
+    np.testing.assert_allclose(values[:, 1::2], s_ref, rtol=1e-12)
+
+
 def test_csv_every_other_column_is_an_input_by_default(tmp_path, capsys):
     X, y = _table(n=12)
     train = _write_csv(tmp_path / "t.csv", ["y", "x0", "x1", "x2"], [[_cell(t), *map(_cell, x)] for x, t in zip(X, y)])
@@ -412,6 +458,9 @@ CSV_CASES = [
     ("a,,y\n1,2,3\n4,5,6\n", ["--target", "y"], "empty column name(s) at position(s) [2]"),
     ("a;b;y\n1;2;3\n4;5;6\n", ["--target", "y"], "a single column holding semicolons; gpfast reads comma-separated"),
     ("y\n1\n2\n", ["--target", "y"], "no input columns: its only column is the target 'y'"),
+    ("y,z\n1,2\n2,3\n", ["--target", "y", "z"], "no input columns: its only columns are the targets ['y', 'z']"),
+    ("a,y\n1,2\n2,3\n", ["--target", "y", "z"], "no target column 'z' in its header"),
+    ("a,y,z\n1,2,3\n2,3,4\n", ["--target", "y", "z", "--features", "a", "z"], "the target column 'z' is also named"),
     ("a,b,y\n1,2,3\n4,5,6\n", ["--target", "y", "--features", "a", "z"], "no feature column 'z'"),
     ("a,b,y\n1,2,3\n4,5,6\n", ["--target", "y", "--features", "a", "y"], "the target column 'y' is also named"),
 ]

@@ -304,30 +304,112 @@ def test_multioutput_with_torch_targets_and_one_column():
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(solver="cg"), r"y has 2 outputs .* exact Cholesky solver only, but solver='cg' gives 'cg'"),
-        (dict(solver="auto", cg={"trainer": "gpfast"}), r"y has 2 outputs .* trainer='gpfast'"),
+        (dict(solver="cg", optimizer="lbfgs"), r"y has 2 outputs .* engine only, .*optimizer='lbfgs'"),
+        (dict(solver="cg", cg={"trainer": "gpytorch"}), r"y has 2 outputs .* gives them to GPyTorch's loop"),
     ],
 )
-def test_multioutput_outside_the_exact_path_is_a_clear_error(params, match):
+def test_multioutput_outside_the_engine_is_a_clear_error(params, match):
     rng, _ = _rng()
     X, y, _ = _data(rng, n=20)
     gp = _gp(**params)
-    assert not gp.__sklearn_tags__().target_tags.multi_output
+    if "cg" in params:
+        assert not gp.__sklearn_tags__().target_tags.multi_output
     with pytest.raises(ValueError, match=match):
         gp.fit(X, np.stack([y, y], 1))
     assert not hasattr(gp, "model_")
 
 
-def test_auto_trains_several_outputs_by_cholesky_above_the_training_cap(monkeypatch):
-    """Above the "auto" rule's training cap one output trains by CG; several train by Cholesky, as the CG paths
-    take one output."""
+def test_auto_trains_several_outputs_as_one_above_the_training_cap(monkeypatch):
+    """Above the "auto" rule's training cap several outputs train by gpfast's engine, as one output does, and
+    predict exactly."""
     import gpfast.estimator.solver as solver_module
 
     monkeypatch.setitem(solver_module.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 10)
     rng, _ = _rng()
     X, y, _ = _data(rng, n=20)
     gp = ExactGP(device="cpu", max_iter=3).fit(X, np.stack([y, y], 1))
-    assert (gp.solver_, gp.train_solver_, gp.trainer_) == ("cholesky", "cholesky", "exact")
+    assert (gp.solver_, gp.train_solver_, gp.trainer_) == ("cholesky", "cg", "gpfast")
+
+
+def _engine_model(X: torch.Tensor, Y: torch.Tensor):
+    """ExactGPModel on X (n, d) with targets Y (n,) or (k, n), at fixed hyperparameters, float64."""
+    import gpytorch
+
+    from gpfast.models import ExactGPModel
+
+    lik = gpytorch.likelihoods.GaussianLikelihood()
+    model = ExactGPModel(X, Y, lik).double()
+    lik.noise = 0.05
+    model.covar_module.base_kernel.lengthscale = torch.linspace(0.7, 1.4, X.shape[1], dtype=torch.float64)
+    model.covar_module.outputscale = 1.2
+    return model
+
+
+def test_engine_step_of_several_outputs_is_the_mean_of_single_steps():
+    """One engine step on k outputs gives the mean of the k single-output steps' losses and gradients (the same
+    probes, drawn from the same seed): data-fit terms averaged, the log-determinant counted once per point."""
+    from gpfast.train import CGSettings, Engine
+
+    rng, seed = _rng()
+    n, d, k = 150, 3, 3
+    X = torch.from_numpy(rng.normal(size=(n, d)))
+    Y = torch.from_numpy(rng.normal(size=(k, n))) + torch.sin(X @ torch.from_numpy(rng.normal(size=(d, k)))).T
+    settings = CGSettings(cg_tolerance=1e-11, max_cg_iterations=1000, product="stored", cg_check_every=1)
+
+    def step(targets):
+        model = _engine_model(X, targets)
+        engine = Engine(settings)
+        torch.manual_seed(seed)
+        loss = float(engine.objective(model)())
+        grads = [p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]
+        return loss, torch.cat(grads), engine.record
+
+    loss, grad, rec = step(Y)
+    singles = [step(Y[j]) for j in range(k)]
+    msg = f"seed {seed}"
+    assert loss == pytest.approx(np.mean([s[0] for s in singles]), rel=1e-9), msg
+    torch.testing.assert_close(grad, torch.stack([s[1] for s in singles]).mean(0), rtol=1e-7, atol=1e-9, msg=msg)
+    assert rec.data_fit[0] == pytest.approx(np.mean([s[2].data_fit[0] for s in singles]), rel=1e-9), msg
+    assert rec.log_det_estimate[0] == pytest.approx(singles[0][2].log_det_estimate[0], rel=1e-9), msg
+
+
+def test_cg_fit_of_repeated_columns_is_the_fit_of_one():
+    """solver="cg": a fit of [y, y] takes the engine steps of a fit of y (the loss is per point and output) and
+    predicts what it predicts, for both outputs."""
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=60)
+    kw = dict(solver="cg", max_iter=15, random_state=int(rng.integers(2**31)), dtype="float64")
+    one = _gp(**kw).fit(X, y)
+    two = _gp(**kw).fit(X, np.stack([y, y], 1))
+    assert two.trainer_ == one.trainer_ == "gpfast" and two.n_iter_ == one.n_iter_
+    np.testing.assert_allclose(two.history_, one.history_, rtol=1e-9, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(two.theta_, one.theta_, rtol=1e-8, atol=1e-10, err_msg=f"seed {seed}")
+    m1, s1 = one.predict(Xt, return_std=True)
+    m2, s2 = two.predict(Xt, return_std=True)
+    for j in range(2):
+        np.testing.assert_allclose(m2[:, j], m1, atol=1e-6 * y.std(), err_msg=f"seed {seed}")
+        np.testing.assert_allclose(s2[:, j], s1, rtol=1e-8, err_msg=f"seed {seed}")
+
+
+def test_cg_predictions_of_several_outputs_match_cholesky():
+    """The CG posterior of k = 3 outputs at the Cholesky fit's hyperparameters: means within 0.5% of std(y_j) and
+    stds within 2% of the exact ones (the CG posterior certifies 1e-5 std(y) and 1% of each variance)."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=80, n_test=9)
+    Y = _outputs(rng, X, 3)
+    init = dict(noise_init=0.05, outputscale_init=1.0, lengthscale_init=X.std(0), max_iter=0)
+    exact = _gp(**init).fit(X, Y)
+    cg = _gp(solver="cg", **init).fit(X, Y)
+    assert cg.solver_ == "cg" and exact.solver_ == "cholesky"
+    np.testing.assert_allclose(cg.theta_, exact.theta_, rtol=1e-6)  # the CG model holds them in float32
+    me, se = exact.predict(Xt, return_std=True)
+    mc, sc = cg.predict(Xt, return_std=True)
+    assert mc.shape == sc.shape == (9, 3)
+    assert (np.abs(mc - me) < 5e-3 * Y.std(0)).all(), f"seed {seed}"
+    np.testing.assert_allclose(sc, se, rtol=2e-2, err_msg=f"seed {seed}")
+    _, cov = cg.predict(Xt, return_cov=True)
+    assert cov.shape == (9, 9, 3)
+    np.testing.assert_allclose(np.sqrt(np.diagonal(cov, axis1=0, axis2=1)).T, sc, rtol=2e-2, err_msg=f"seed {seed}")
 
 
 def test_save_load_with_several_outputs(tmp_path):
@@ -348,8 +430,11 @@ def test_save_load_with_several_outputs(tmp_path):
 # independent_outputs=True: one GP per output, trained together
 # ----------------------------------------------------------------------------------------------------------
 def test_independent_outputs_equal_single_fits():
-    """Each output takes the L-BFGS steps of its own single fit (none held back or pushed on by the others) and
-    predicts what that fit predicts: the issue's bar is 1% of std(y); the same steps give agreement to rounding."""
+    """Each output makes the runs of its own single fit (none held back or pushed on by the others): the first run,
+    and the low-noise run where that one ends at a low noise. A single run takes the same L-BFGS steps and
+    predicts what the single fit predicts, to rounding (the issue's bar is 1% of std(y)). A low-noise run goes
+    towards the noise floor, where the loss is flat to its rounding and the two paths, whose evaluations differ
+    by rounding, can end apart: there the first runs agree and the batched fit is never worse than its first."""
     rng, seed = _rng()
     X, _, Xt = _data(rng, n=40)
     Y = _outputs(rng, X, 3)
@@ -359,22 +444,27 @@ def test_independent_outputs_equal_single_fits():
     _, c = gp.predict(Xt, return_cov=True)
     assert m.shape == s.shape == (7, 3) and c.shape == (7, 7, 3)
     assert gp.theta_.shape == (3, 5) and gp.lengthscale_.shape == (3, 3)
-    lml_sum = 0.0
     for j in range(3):
         one = _gp().fit(X, Y[:, j])
         msg = f"seed {seed}, output {j}"
+        runs = gp.restart_losses_[j]
+        assert len(runs) == len(one.restart_losses_), msg
+        assert runs[0] == pytest.approx(one.restart_losses_[0], rel=1e-7), msg
+        np.testing.assert_allclose(np.sqrt(np.diagonal(c[..., j])), s[:, j], rtol=1e-10, err_msg=msg)
+        if len(runs) == 2:
+            assert min(runs) <= runs[0] and gp.history_[j][-1] == pytest.approx(min(runs), rel=1e-12), msg
+            continue
         assert gp.n_iter_[j] == one.n_iter_ and gp.converged_[j] == one.converged_, msg
         m1, s1 = one.predict(Xt, return_std=True)
         # the same steps from evaluations that differ by rounding (batched, and not through GPyTorch's softplus
         # parameters): 1e-4 of std(y) leaves room for a flat direction of the likelihood, 100 times inside the bar
         np.testing.assert_allclose(m[:, j], m1, atol=1e-4 * Y[:, j].std(), err_msg=msg)
         np.testing.assert_allclose(s[:, j], s1, rtol=1e-4, err_msg=msg)
-        np.testing.assert_allclose(np.sqrt(np.diagonal(c[..., j])), s[:, j], rtol=1e-10, err_msg=msg)
         np.testing.assert_allclose(gp.lengthscale_[j], one.lengthscale_, rtol=1e-3, err_msg=msg)
         for name in ("outputscale_", "noise_", "constant_mean_"):
             assert getattr(gp, name)[j] == pytest.approx(getattr(one, name), rel=1e-3, abs=1e-6), msg
-        lml_sum += one.log_marginal_likelihood_
-    assert gp.log_marginal_likelihood_ == pytest.approx(lml_sum, rel=1e-8, abs=1e-6), f"seed {seed}"
+    kept = sum(min(runs) for runs in gp.restart_losses_)  # each output's loss per point at its kept run
+    assert gp.log_marginal_likelihood_ == pytest.approx(-40 * kept, rel=1e-9), f"seed {seed}"
     assert gp.log_marginal_likelihood(gp.theta_) == pytest.approx(gp.log_marginal_likelihood_, rel=1e-10)
 
 
@@ -399,8 +489,6 @@ def test_independent_outputs_lml_gradient_samples_and_pickle():
         _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
     back = pickle.loads(pickle.dumps(gp))
     np.testing.assert_array_equal(back.predict(Xt), gp.predict(Xt))
-    with pytest.raises(NotImplementedError, match="independent_outputs=True has no save format"):
-        gp.save("unused.pt")
     shared = gp.set_params(independent_outputs=False).fit(X, Y)  # a refit leaves nothing of the independent fit
     assert shared.theta_.shape == (3,) and shared.model_ is not None
 
@@ -423,9 +511,106 @@ def test_independent_outputs_arguments_are_checked(params, match):
     assert not hasattr(gp, "model_")
 
 
+def test_independent_outputs_above_the_cholesky_cap_is_a_clear_error(monkeypatch):
+    import gpfast.estimator.solver as solver_module
+
+    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
+    rng, _ = _rng()
+    X, y, _ = _data(rng, n=20)
+    with pytest.raises(ValueError, match=r"n=20 is above the Cholesky cap of solver='auto' on cpu \(10\)"):
+        _gp(solver="auto", independent_outputs=True).fit(X, np.stack([y, -y], 1))
+    gp = _gp(solver="cholesky", independent_outputs=True, max_iter=2).fit(X, np.stack([y, -y], 1))
+    assert gp.theta_.shape == (2, 5)
+
+
 def test_independent_outputs_with_one_output_is_an_ordinary_fit():
     rng, _ = _rng()
     X, y, Xt = _data(rng, n=20)
     a = _gp(max_iter=5).fit(X, y)
     b = _gp(max_iter=5, independent_outputs=True).fit(X, y)
     np.testing.assert_array_equal(b.predict(Xt), a.predict(Xt))
+
+
+def test_independent_outputs_save_and_load(tmp_path):
+    """A saved fit with independent_outputs=True loads with the same predictions, likelihood and attributes."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=25, n_test=5)
+    Y = _outputs(rng, X, 3)
+    gp = _gp(independent_outputs=True, max_iter=4).fit(X, Y)
+    gp.save(tmp_path / "gp.pt")
+    back = ExactGP.load(tmp_path / "gp.pt")
+    assert back.model_ is None and back.independent_outputs is True
+    for a, b in zip(gp.predict(Xt, return_cov=True), back.predict(Xt, return_cov=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}")
+    for name in ("theta_", "lengthscale_", "outputscale_", "noise_", "constant_mean_", "y_mean_", "y_std_"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(gp, name), err_msg=name)
+    for name in ("n_iter_", "converged_", "history_", "log_marginal_likelihood_"):
+        assert getattr(back, name) == getattr(gp, name), name
+    theta = gp.theta_ + 0.1
+    assert back.log_marginal_likelihood(theta) == gp.log_marginal_likelihood(theta)
+
+
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("independent_theta", torch.zeros(3, 5, dtype=torch.float64), r"independent_theta must be a tensor of shape"),
+        ("independent_theta", torch.full((2, 6), float("nan")), "independent_theta must hold finite floats"),
+        ("n_iter_", [2], "history_ and n_iter_ must be lists of 2 entries"),
+        ("n_iter_", lambda s: [s["n_iter_"][0], 99], r"n_iter_\[1\] = 99 but history_\[1\] has \d+ entries"),
+        (
+            "model_state_dict",
+            {"x": torch.zeros(1)},
+            "a fit with independent_outputs=True has no GPyTorch model, but the file holds",
+        ),
+        ("params", "shared", "it holds independent_theta .* but params has no such setting"),
+    ],
+)
+def test_independent_outputs_inconsistent_files(tmp_path, key, value, expected):
+    from gpfast.estimator.persistence import read_state, write_state
+
+    rng, _ = _rng()
+    X, _, _ = _data(rng, n=15)
+    gp = _gp(independent_outputs=True, max_iter=2).fit(X, _outputs(rng, X, 2))
+    gp.save(tmp_path / "gp.pt")
+    _, state = read_state(tmp_path / "gp.pt")
+    if key == "params":
+        state["params"] = {**state["params"], "independent_outputs": False}
+    else:
+        state[key] = value(state) if callable(value) else value
+    write_state(state, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=f"cannot load .*bad.pt.*: its contents are inconsistent: {expected}"):
+        ExactGP.load(tmp_path / "bad.pt")
+
+
+def test_interrupted_engine_fit_of_several_outputs_resumes_bit_for_bit(monkeypatch, tmp_path):
+    """The engine's state of several outputs (k data columns beside the probes) goes into the checkpoint and back:
+    a fit stopped after its second checkpoint resumes to the uninterrupted fit, bit for bit on the CPU."""
+    from test_checkpoint import ENGINE, _fit, _interrupted
+
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=80)
+    Y = np.stack([y, np.cos(X[:, 0]) + 0.1 * rng.normal(size=80)], 1)
+    path = tmp_path / "fit.ckpt"
+    _interrupted(monkeypatch, path, X, Y, 2, **ENGINE)
+    resumed = _fit(X, Y, checkpoint=(path, 2), **ENGINE)
+    plain = _fit(X, Y, **ENGINE)
+    assert resumed.trainer_ == "gpfast" and not path.exists()
+    for name in ("history_", "restart_losses_", "n_iter_", "cg_iterations_", "history_data_fit_"):
+        assert getattr(resumed, name) == getattr(plain, name), f"{name}, seed {seed}"
+    np.testing.assert_array_equal(resumed.theta_, plain.theta_)
+    np.testing.assert_array_equal(resumed.predict(Xt), plain.predict(Xt))
+
+
+def test_several_outputs_above_the_exact_cap_report_the_cg_estimate(monkeypatch):
+    """Where no exact factorisation is allowed, the log marginal likelihood of several outputs is GPyTorch's CG
+    estimate summed over them, and predictions come from the CG posterior."""
+    import gpfast.estimator.solver as solver_module
+
+    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=60)
+    gp = _gp(solver="cg", max_iter=2, dtype="float64").fit(X, np.stack([y, np.cos(X[:, 0])], 1))
+    assert (gp.solver_, gp.trainer_, gp.log_marginal_likelihood_method_) == ("cg", "gpfast", "cg_estimate")
+    assert np.isfinite(gp.log_marginal_likelihood_), f"seed {seed}"
+    m, s = gp.predict(Xt, return_std=True)
+    assert m.shape == s.shape == (7, 2) and np.isfinite(m).all() and (s > 0).all()

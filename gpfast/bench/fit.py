@@ -14,6 +14,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gpfast.bench.timing import WARM_UP_POINTS, warm_up
@@ -100,12 +101,19 @@ def timed_fit(params: dict, X, y, X_test=None, y_test=None):
         result["resumed"] = resumed  # train_s covers this call only; step_s_total every step, resumed or not
     result.update(
         peak_gb=torch.cuda.max_memory_allocated() / 1e9 if on_cuda else None,
-        final_loss=gp.history_[-1] if gp.history_ else None,
+        final_loss=_final_loss(gp.history_),
         log_marginal_likelihood=gp.log_marginal_likelihood_,
         noise=gp.noise_,
         outputscale=gp.outputscale_,
     )
     return gp, result
+
+
+def _final_loss(history: list):
+    """The last training loss, or a list of each output's for a fit with independent outputs (a history each)."""
+    if history and isinstance(history[0], list):
+        return [h[-1] if h else None for h in history]
+    return history[-1] if history else None
 
 
 def _fit_result(gp, X, params: dict, t_start: float, t0: float, t1: float) -> dict:
@@ -123,7 +131,7 @@ def _fit_result(gp, X, params: dict, t_start: float, t0: float, t1: float) -> di
         "device": str(gp.device_),
         "startup_s": t0 - t_start,
         "train_s": t1 - t0,
-        "s_per_iter": (t1 - t0) / max(gp.n_iter_, 1),
+        "s_per_iter": (t1 - t0) / max(max(np.atleast_1d(gp.n_iter_)), 1),  # independent outputs: the longest run
     }
     if gp.step_seconds_ is not None:
         result["step_s_total"] = float(sum(gp.step_seconds_))

@@ -37,7 +37,7 @@ from gpfast.estimator import outputs as _outputs
 from gpfast.estimator import params as _params
 from gpfast.estimator import sampling as _sampling
 from gpfast.estimator import persistence, prediction
-from gpfast.estimator.inputs import standardization, validate_training, validate_X
+from gpfast.estimator.inputs import standardized, validate_training, validate_X
 from gpfast.estimator.restarts import starting_points
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.solver import FitPlan, plan_fit, pretrain_points
@@ -159,7 +159,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         stopping on its own test (:mod:`~gpfast.estimator.independent`; small n: k float64 n x n matrices must
         fit in memory). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_`` (k, n_features),
         ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and ``history_`` lists
-        with an entry per output, ``model_`` None, and :meth:`save` is not available (pickle works).
+        with an entry per output, and ``model_`` None (:meth:`save` writes the rows of theta instead).
 
     Attributes
     ----------
@@ -294,7 +294,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         ----------
         X : array-like or torch.Tensor of shape (n_samples, n_features)
         y : array-like or torch.Tensor of shape (n_samples,), (n_samples, 1) or (n_samples, n_outputs)
-            Several outputs share the hyperparameters (:mod:`~gpfast.estimator.outputs`, exact solver only), or
+            Several outputs share the hyperparameters (:mod:`~gpfast.estimator.outputs`, either solver), or
             each has its own with ``independent_outputs=True``.
 
         Returns
@@ -323,14 +323,12 @@ class ExactGP(RegressorMixin, BaseEstimator):
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
         Xt, yt = validate_training(self, X, y)
-        x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(self.standardize))
-        inits = _params.initial_values(self, Xt.shape[1], x_std.cpu(), _outputs.init_scale(y_std))
+        data = standardized(Xt, yt, bool(self.standardize), settings.device)
+        inits = _params.initial_values(self, Xt.shape[1], torch.from_numpy(data.x_std), _outputs.init_scale(data.y_std))
         device, free = settings.device, _solver.free_memory_bytes(settings.device)  # looked up here: tests patch it
         plan = self._plan(settings, Xt.shape, free, _outputs.n_outputs(yt))
         ckpt = _checkpoint.open_for_fit(self, settings, Xt, yt)
-        Xs = ((Xt - x_mean) / x_std).to(device)
-        y_center, y_scale = (torch.as_tensor(v, dtype=torch.float64, device=yt.device) for v in (y_mean, y_std))
-        ys = ((yt - y_center) / y_scale).to(device)
+        Xs, ys = data.X, data.y
         with seeded(settings.seed, device, fork=ckpt is not None):
             model, space, theta0 = initial_model(Xs, ys, plan, inits, bool(self.ard), settings.distributed)
             if self.max_iter > 0 or plan.pretrain is not None or "noise" in space.outside(theta0):
@@ -354,13 +352,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         if ckpt is not None:
             ckpt.remove()
         return dict(
-            device_=device,
-            X_train_=Xs,
-            y_train_=ys,
-            x_mean_=x_mean.cpu().numpy(),
-            x_std_=x_std.cpu().numpy(),
-            y_mean_=y_mean,
-            y_std_=y_std,
+            **data.attributes(),
             model_=model,
             likelihood_=model.likelihood,
             solver_=plan.solver,
@@ -568,7 +560,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         Parameters
         ----------
         path : str, path or binary file object
-            A fit with ``independent_outputs=True`` raises NotImplementedError (pickle it instead).
+            Fits with several outputs, independent or not, are saved too.
         """
         persistence.save(self, path)
 

@@ -231,14 +231,14 @@ def _loss_and_gradient(closure: Objective, model: ExactGPModel, space: Hyperpara
 
 def mll_estimate(model: ExactGPModel) -> float:
     """GPyTorch's CG/Lanczos estimate of the marginal log likelihood per data point at the current hyperparameters,
-    under the caller's GPyTorch settings."""
+    under the caller's GPyTorch settings; targets (k, n) of k outputs give the sum of their k estimates."""
     likelihood = model.likelihood
     model.train()
     likelihood.train()
     mll = gpytorch.mlls.ExactMarginalLogLikelihood(likelihood, model)
     try:
         with torch.no_grad(), solver_settings("cg"):
-            value = float(mll(model(model.train_inputs[0]), model.train_targets))
+            value = float(mll(model(model.train_inputs[0]), model.train_targets).sum())
     finally:
         model.eval()
         likelihood.eval()

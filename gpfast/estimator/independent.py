@@ -8,7 +8,9 @@ hyperparameters, for small n.
 * **Optimiser.** Each output runs its own L-BFGS-B (:func:`~gpfast.estimator.optimize.minimize_lbfgs`, the rule of a
   single fit) in a thread of its own; the threads only wait for evaluations, which the calling thread gathers and
   makes in one batched call for every output waiting. An output that has converged stops asking and leaves the
-  batch: none is held back, or pushed on, by the others, and each takes the steps its own fit would take.
+  batch: none is held back, or pushed on, by the others, and each takes the steps its own fit would take. As in a
+  single fit on the exact path, the first run keeps the noise above the first run's floor, and the outputs that
+  end it at a low noise run again from the low-noise start (:mod:`~gpfast.estimator.restarts`), keeping the better.
 * **Posterior.** :class:`IndependentPosterior` factors the k matrices once (batched) and predicts every output.
 """
 
@@ -29,8 +31,9 @@ from gpfast.estimator import params as _params
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.fitting import clipped_start, engine_attributes
 from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
-from gpfast.estimator.inputs import standardization, validate_training
+from gpfast.estimator.inputs import standardized, validate_training
 from gpfast.estimator.optimize import minimize_lbfgs
+from gpfast.estimator.restarts import first_run_space, low_noise_start
 from gpfast.models import ExactGPModel
 from gpfast.standardize import column_stats
 
@@ -106,22 +109,34 @@ def minimize_lockstep(evaluate, theta0: np.ndarray, space: HyperparameterSpace, 
 
     ``evaluate(rows, thetas)`` gets the indices of the outputs waiting and their thetas (len(rows), p + 3) and
     returns their losses and gradients (as :func:`batched_loss`). Returns the k :class:`OptimizeResult`.
+
+    Each output's thread waits on an event of its own, and only the last of a round to post (or to finish) wakes
+    the calling thread: a round wakes each thread once, where one shared condition would wake all k for every post
+    (k^2 wake-ups, which dominated fits of a thousand outputs).
     """
     k = theta0.shape[0]
-    cond = threading.Condition()
+    lock = threading.Lock()
+    round_ready = threading.Event()
+    answered = [threading.Event() for _ in range(k)]
     waiting: dict[int, np.ndarray] = {}
     answers: dict[int, tuple] = {}
     running = set(range(k))
     results: list = [None] * k
     failure: list[BaseException] = []
 
+    def post(j=None, theta=None):
+        with lock:
+            if j is not None:
+                waiting[j] = theta
+            if running <= set(waiting):
+                round_ready.set()
+
     def fun_of(j):
         def fun(theta):
-            with cond:
-                waiting[j] = np.array(theta, dtype=np.float64)
-                cond.notify_all()
-                cond.wait_for(lambda: j in answers)
-                answer = answers.pop(j)
+            post(j, np.array(theta, dtype=np.float64))
+            answered[j].wait()
+            answered[j].clear()
+            answer = answers.pop(j)
             if isinstance(answer, BaseException):
                 raise answer
             return answer
@@ -134,16 +149,17 @@ def minimize_lockstep(evaluate, theta0: np.ndarray, space: HyperparameterSpace, 
         except BaseException as exc:  # handed to the calling thread, which raises the first one
             failure.append(exc)
         finally:
-            with cond:
+            with lock:
                 running.discard(j)
-                cond.notify_all()
+            post()
 
     threads = [threading.Thread(target=run, args=(j,), daemon=True) for j in range(k)]
     for th in threads:
         th.start()
     while True:
-        with cond:
-            cond.wait_for(lambda: running <= set(waiting))
+        round_ready.wait()
+        with lock:  # every running thread now waits for its answer: nothing changes these until they get it
+            round_ready.clear()
             if not running:
                 break
             rows = sorted(waiting)
@@ -153,9 +169,9 @@ def minimize_lockstep(evaluate, theta0: np.ndarray, space: HyperparameterSpace, 
             batch = {j: (float(losses[i]), grads[i]) for i, j in enumerate(rows)}
         except BaseException as exc:
             batch = {j: exc for j in rows}
-        with cond:
-            answers.update(batch)
-            cond.notify_all()
+        answers.update(batch)
+        for j in rows:
+            answered[j].set()
     for th in threads:
         th.join()
     if failure:
@@ -221,6 +237,14 @@ def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
                 f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
                 f"batch; it does not take {name}={value!r} (expected {' or '.join(map(repr, allowed))})."
             )
+    cap = _solver.AUTO_CHOLESKY_MAX_N.get(settings.device.type, _solver.AUTO_CHOLESKY_MAX_N["cpu"])
+    if est.solver == "auto" and n > cap:
+        raise ValueError(
+            f"ExactGP: independent_outputs=True factors a float64 n x n covariance per output, and n={n} is above "
+            f"the Cholesky cap of solver='auto' on {settings.device.type} ({cap}). Fit them with shared "
+            f"hyperparameters (independent_outputs=False: gpfast's engine trains every output in one CG solve), "
+            f"one at a time, or pass solver='cholesky' where {k} such factorisations fit in memory."
+        )
     need = _MATRICES_PER_OUTPUT * k * 8 * n * n
     free = _solver.free_memory_bytes(settings.device)
     if need > free:
@@ -240,21 +264,12 @@ def fit_estimator(est, X, y) -> dict:
         return est._fit(X, y)
     n, d = Xt.shape
     check_settings(est, settings, yt.shape[1], n)
-    x_mean, x_std, y_mean, y_std = standardization(Xt, yt, bool(est.standardize))
-    inits = _params.initial_values(est, d, x_std.cpu(), 1.0)  # standardised: fractions of each output's variance
-    device = settings.device
-    Xs = ((Xt - x_mean) / x_std).to(device)
-    ys = ((yt - torch.from_numpy(y_mean).to(yt.device)) / torch.from_numpy(y_std).to(yt.device)).to(device)
-    fitted = fit(est, Xs, ys, inits)
-    x_mean, x_std = x_mean.cpu().numpy(), x_std.cpu().numpy()
+    data = standardized(Xt, yt, bool(est.standardize), settings.device)
+    # standardised initial values: fractions of each output's variance
+    inits = _params.initial_values(est, d, torch.from_numpy(data.x_std), 1.0)
+    fitted = fit(est, data.X, data.y, inits)
     return dict(
-        device_=device,
-        X_train_=Xs,
-        y_train_=ys,
-        x_mean_=x_mean,
-        x_std_=x_std,
-        y_mean_=y_mean,
-        y_std_=y_std,
+        **data.attributes(),
         model_=None,
         likelihood_=None,
         solver_="cholesky",
@@ -263,11 +278,10 @@ def fit_estimator(est, X, y) -> dict:
         optimizer_="lbfgs",
         product_=None,
         pretrain_history_=[],
-        restart_losses_=[],
         _cg_posterior=None,
         **engine_attributes(None),  # the engine's records: it did not train
         **fitted,
-        **hyperparameter_attributes(fitted["_independent_theta"], x_std, y_mean, y_std),
+        **hyperparameter_attributes(fitted["_independent_theta"], data.x_std, data.y_mean, data.y_std),
     )
 
 
@@ -285,13 +299,13 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
     theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
     if est.max_iter > 0:
         theta0 = clipped_start(space, theta0)
-    start = np.tile(theta0, (k, 1))
 
     def evaluate(rows, thetas):
         return batched_loss(Xs, targets[rows], thetas, p)
 
+    restart_losses: list = []
     if est.max_iter > 0:
-        runs = minimize_lockstep(evaluate, start, space, n, int(est.max_iter), est.tol)
+        runs, restart_losses = _train(evaluate, theta0, space, n, k, int(est.max_iter), est.tol)
         theta = np.stack([r.theta for r in runs])
         stopped = [j for j, r in enumerate(runs) if not r.converged]
         if stopped and est.tol != 0:
@@ -303,7 +317,7 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
                 stacklevel=4,
             )
     else:
-        runs, theta = [], start
+        runs, theta = [], np.tile(theta0, (k, 1))
     posterior = IndependentPosterior(Xs, targets, theta, p)
     lml = posterior.log_marginal_likelihood()
     return dict(
@@ -312,10 +326,34 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
         history_=[r.history for r in runs],
         n_iter_=[r.n_iter for r in runs],
         converged_=[r.converged for r in runs],
+        restart_losses_=restart_losses,
         log_marginal_likelihood_=float(lml.sum()),
         log_marginal_likelihood_method_="cholesky",
         _messages=[r.message for r in runs],
     )
+
+
+def _train(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, k: int, max_iter: int, tol):
+    """Each output's runs as a single fit's on the exact path (:func:`gpfast.estimator.fitting.run_plan`): the first
+    from ``theta0`` inside the first run's box, then, for the outputs whose first run ended at a low noise, one from
+    the low-noise start in the whole box (:mod:`gpfast.estimator.restarts`), all outputs of a run in lockstep. Each
+    output keeps its better run (the first on ties). Returns the k kept runs and each output's final losses, in
+    the order of its runs."""
+    runs = minimize_lockstep(evaluate, np.tile(theta0, (k, 1)), first_run_space(space, "cholesky"), n, max_iter, tol)
+    losses = [[float(r.loss)] for r in runs]
+    starts = {j: low_noise_start(space, theta0, r.theta, "cholesky") for j, r in enumerate(runs)}
+    again = [j for j, start in starts.items() if start is not None]
+    if again:
+
+        def evaluate_again(rows, thetas):
+            return evaluate([again[i] for i in rows], thetas)
+
+        second = minimize_lockstep(evaluate_again, np.stack([starts[j] for j in again]), space, n, max_iter, tol)
+        for j, r in zip(again, second):
+            losses[j].append(float(r.loss))
+            if r.loss < runs[j].loss:
+                runs[j] = r
+    return runs, losses
 
 
 def log_marginal_likelihood(X, Y, theta_fitted: np.ndarray, n_lengthscales: int, theta, eval_gradient: bool):

@@ -5,6 +5,7 @@ on their device."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ from sklearn.utils.validation import check_array, validate_data
 from gpfast.estimator.outputs import target_statistics
 from gpfast.standardize import column_stats
 
-__all__ = ["InputInfo", "check_finite", "standardization", "validate_X", "validate_y"]
+__all__ = ["InputInfo", "TrainingData", "check_finite", "standardized", "validate_X", "validate_y"]
 
 
 class InputInfo:
@@ -178,8 +179,29 @@ def _first_index(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
 
 
-def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
-    """The training statistics by the one standardisation rule (:mod:`gpfast.standardize`).
+@dataclass(frozen=True)
+class TrainingData:
+    """A fit's training data in standardised units and the statistics that map them back, as :func:`standardized`
+    gives them: ``X`` (n, d) and ``y`` (n,) or (n, k), float64 on ``device``; ``x_mean``, ``x_std`` float64 arrays
+    (d,); ``y_mean``, ``y_std`` floats, or arrays (k,) for several outputs."""
+
+    X: torch.Tensor
+    y: torch.Tensor
+    x_mean: np.ndarray
+    x_std: np.ndarray
+    y_mean: float | np.ndarray
+    y_std: float | np.ndarray
+    device: torch.device
+
+    def attributes(self) -> dict:
+        """The estimator's fitted attributes that hold them: ``X_train_``, ``y_train_``, ``x_mean_``, ``x_std_``,
+        ``y_mean_``, ``y_std_`` and ``device_``."""
+        names = ("X_train_", "y_train_", "x_mean_", "x_std_", "y_mean_", "y_std_", "device_")
+        return dict(zip(names, (self.X, self.y, self.x_mean, self.x_std, self.y_mean, self.y_std, self.device)))
+
+
+def standardized(X: torch.Tensor, y: torch.Tensor, standardize: bool, device: torch.device) -> TrainingData:
+    """The training data standardised by the one rule (:mod:`gpfast.standardize`), on the fit's ``device``.
 
     Constant columns of X, and constant outputs of y, are centred but not scaled, with a warning (for the caller's
     caller: ``ExactGP.fit``).
@@ -188,21 +210,22 @@ def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
     ----------
     X : torch.Tensor of shape (n, d)
     y : torch.Tensor of shape (n,) or (n, k)
-    standardize : bool, default=True
+        Validated, float64.
+    standardize : bool
         False: the identity (means 0, standard deviations 1).
+    device : torch.device
+        Where the fit runs.
 
     Returns
     -------
-    x_mean, x_std : torch.Tensor of shape (d,)
-        float64, on X's device.
-    y_mean, y_std : float, or numpy.ndarray of shape (k,) for several outputs
-        Each output's own (:func:`gpfast.estimator.outputs.target_statistics`).
+    TrainingData
+        ``y_mean``, ``y_std``: each output's own (:func:`gpfast.estimator.outputs.target_statistics`).
     """
     n, d = X.shape
     y_mean, y_std = target_statistics(y, standardize)
     if not standardize:
-        zeros = torch.zeros(d, dtype=torch.float64, device=X.device)
-        return zeros, torch.ones_like(zeros), y_mean, y_std
+        x_mean = torch.zeros(d, dtype=torch.float64, device=X.device)
+        return _training_data(X, y, x_mean, torch.ones_like(x_mean), y_mean, y_std, device)
     xs = column_stats(X)
     const_cols = torch.nonzero(xs.constant).reshape(-1).tolist()
     if const_cols:
@@ -212,4 +235,10 @@ def standardization(X: torch.Tensor, y: torch.Tensor, standardize: bool = True):
             UserWarning,
             stacklevel=4,
         )
-    return xs.mean, xs.std, y_mean, y_std
+    return _training_data(X, y, xs.mean, xs.std, y_mean, y_std, device)
+
+
+def _training_data(X, y, x_mean, x_std, y_mean, y_std, device) -> TrainingData:
+    y_center, y_scale = (torch.as_tensor(v, dtype=torch.float64, device=y.device) for v in (y_mean, y_std))
+    Xs, ys = ((X - x_mean) / x_std).to(device), ((y - y_center) / y_scale).to(device)
+    return TrainingData(Xs, ys, x_mean.cpu().numpy(), x_std.cpu().numpy(), y_mean, y_std, device)

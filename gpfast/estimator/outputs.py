@@ -10,15 +10,16 @@
 * The GPyTorch model holds the targets as (k, n), GPyTorch's layout for a batch of targets under one kernel.
 * Predictions: means and standard deviations (m, k); covariances (m, m, k), one per output, as scikit-learn returns
   them. The posterior covariance in standardised units is shared, so each output's is a scaled copy.
-* Only the exact path fits several outputs: the CG solver and gpfast's training engine take one right-hand side,
-  so a fit that would use them raises ValueError saying what to change.
+* Both solvers fit several outputs, by the rule that picks them for one. gpfast's training engine solves the k
+  data columns and its probes in one batched PCG (the data-fit term and its gradient averaged over the outputs,
+  the log-determinant shared), and the CG posterior solves the k mean columns with one shared variance. GPyTorch's
+  CG loop (``cg={"trainer": "gpytorch"}``, or the ``"auto"`` trainer under L-BFGS) and ``distributed=True`` take
+  one output: a fit that would use them raises ValueError saying what to change.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,12 +27,9 @@ import torch
 from gpfast.standardize import column_stats
 from gpfast.train.settings import CGSettings
 
-if TYPE_CHECKING:  # solver.plan_fit applies this module's rule, so solver imports it
-    from gpfast.estimator.solver import SolverChoice
-
 __all__ = [
+    "check_distributed",
     "check_trainer",
-    "exact_choice",
     "hyperparameter_attributes",
     "init_scale",
     "model_targets",
@@ -86,31 +84,22 @@ def init_scale(y_std) -> float:
     return float(y_std) if np.ndim(y_std) == 0 else 1.0
 
 
-def exact_choice(choice: SolverChoice, k: int, requested: str) -> SolverChoice:
-    """The solver choice for ``k`` outputs: unchanged for one; for several, exact training as well as exact
-    predictions (the ``"auto"`` rule's CG training above its training cap becomes Cholesky training), or
-    ValueError when the rule gives CG predictions."""
-    if k == 1:
-        return choice
-    if choice.solver != "cholesky":
+def check_distributed(k: int, distributed: bool) -> None:
+    """ValueError for several outputs with ``distributed=True`` (its row split carries one output)."""
+    if k > 1 and distributed:
         raise ValueError(
-            f"ExactGP: y has {k} outputs and several outputs are fitted with the exact Cholesky solver only, but "
-            f"solver={requested!r} gives 'cg' here ({choice.reason}). Use solver='cholesky' where an n x n float64 "
-            f"factorisation fits in memory, or fit the outputs one at a time."
+            f"ExactGP: y has {k} outputs, but distributed=True fits one output; fit the outputs one at a time, or "
+            f"on one device (distributed=False)."
         )
-    if choice.train_solver == "cholesky":
-        return choice
-    return dataclasses.replace(
-        choice, train_solver="cholesky", reason=f"{choice.reason}; {k} outputs: trained by Cholesky"
-    )
 
 
-def check_trainer(trainer: str, k: int) -> None:
-    """ValueError unless several outputs are trained by the exact objective (the engine takes one output)."""
-    if k > 1 and trainer != "exact":
+def check_trainer(trainer: str, k: int, optimizer: str) -> None:
+    """ValueError when several outputs would be trained by GPyTorch's CG loop, which takes one output."""
+    if k > 1 and trainer == "gpytorch":
         raise ValueError(
-            f"ExactGP: y has {k} outputs and several outputs are trained with the exact float64 objective only, but "
-            f"cg trainer='{trainer}' takes the steps by CG on one output. Use cg={{'trainer': 'auto'}}."
+            f"ExactGP: y has {k} outputs and their CG training steps are taken by gpfast's engine only, but this "
+            f"fit gives them to GPyTorch's loop (optimizer={optimizer!r} with CG training). Use optimizer='adam' "
+            f"(or 'auto'), cg={{'trainer': 'gpfast'}}, or solver='cholesky' where it fits."
         )
 
 
@@ -128,12 +117,13 @@ def hyperparameter_attributes(hyp: dict[str, torch.Tensor], x_std, y_mean, y_std
 
 
 def multi_output_tag(est) -> bool:
-    """scikit-learn's ``multi_output`` target tag of ``est``: several outputs are fitted on the exact path only."""
+    """scikit-learn's ``multi_output`` target tag of ``est``: several outputs are fitted but by GPyTorch's CG loop
+    and over distributed ranks."""
     try:
         trainer = CGSettings.from_value(est.cg).trainer
     except ValueError:  # a bad cg is reported by fit; tags never raise
         trainer = None
-    return est.solver != "cg" and trainer != "gpfast" and not est.distributed
+    return trainer != "gpytorch" and not est.distributed
 
 
 def to_original_units(res, y_mean, y_std, return_std: bool, return_cov: bool):

@@ -163,10 +163,6 @@ def save(est, path) -> None:
     folders are created.
     """
     check_is_fitted(est)
-    if getattr(est, "_independent_theta", None) is not None:
-        raise NotImplementedError(
-            "ExactGP.save: a fit with independent_outputs=True has no save format yet; pickle the estimator."
-        )
 
     def cpu(t):
         return t.detach().cpu()
@@ -179,26 +175,45 @@ def save(est, path) -> None:
         "n_features_in_": int(est.n_features_in_),
         "feature_names_in_": [str(c) for c in est.feature_names_in_] if hasattr(est, "feature_names_in_") else None,
         "device_": str(est.device_),
-        "dtype_": str(est.model_.covar_module.raw_outputscale.dtype).replace("torch.", ""),
         "x_mean_": torch.from_numpy(np.asarray(est.x_mean_, dtype=np.float64)),
         "x_std_": torch.from_numpy(np.asarray(est.x_std_, dtype=np.float64)),
         "y_mean_": _target_stat(est.y_mean_),
         "y_std_": _target_stat(est.y_std_),
         "X_train_": cpu(est.X_train_),
         "y_train_": cpu(est.y_train_),
-        "model_state_dict": {k: cpu(v) for k, v in est.model_.state_dict().items()},
-        "likelihood_state_dict": {k: cpu(v) for k, v in est.likelihood_.state_dict().items()},
         "solver_": est.solver_,
         "train_solver_": est.train_solver_,
-        "history_": [float(v) for v in est.history_],
         "pretrain_history_": [float(v) for v in est.pretrain_history_],
-        "n_iter_": int(est.n_iter_),
         "log_marginal_likelihood_": float(est.log_marginal_likelihood_),
         "log_marginal_likelihood_method_": est.log_marginal_likelihood_method_,
     }
+    state.update(_model_entries(est))
     # every other fitted attribute, by name: the file keeps what fit recorded, whatever that grows to
     state["fitted"], state["fitted_arrays"] = fitted_attributes(est)
     write_state(state, path)
+
+
+def _model_entries(est) -> dict[str, Any]:
+    """The entries that hold what was trained: the GPyTorch model's state dicts, its dtype and the run's history;
+    or, for a fit with ``independent_outputs=True`` (no GPyTorch model), ``independent_theta`` (k, p + 3) (the rows
+    of :class:`~gpfast.estimator.hyperparameters.HyperparameterSpace`, standardised units) with empty state dicts,
+    and a history and iteration count per output."""
+    theta = getattr(est, "_independent_theta", None)
+    if theta is not None:
+        return {
+            "independent_theta": torch.from_numpy(np.asarray(theta, dtype=np.float64).copy()),
+            "model_state_dict": {},
+            "likelihood_state_dict": {},
+            "history_": [[float(v) for v in h] for h in est.history_],
+            "n_iter_": [int(v) for v in est.n_iter_],
+        }
+    return {
+        "dtype_": str(est.model_.covar_module.raw_outputscale.dtype).replace("torch.", ""),
+        "model_state_dict": {k: v.detach().cpu() for k, v in est.model_.state_dict().items()},
+        "likelihood_state_dict": {k: v.detach().cpu() for k, v in est.likelihood_.state_dict().items()},
+        "history_": [float(v) for v in est.history_],
+        "n_iter_": int(est.n_iter_),
+    }
 
 
 def _target_stat(v):
@@ -283,11 +298,13 @@ def _check_state(path, state: dict, param_names) -> None:
     for key in ("solver_", "train_solver_"):
         if key in state and state[key] not in _SOLVERS:
             raise bad(f"{key} must be one of {_SOLVERS}, got {state[key]!r}")
-    for key in ("history_", "pretrain_history_"):
-        if key in state and (not isinstance(state[key], list) or not all(_is_float(v) for v in state[key])):
-            raise bad(f"{key} must be a list of floats, got {_kind(state[key])}")
-    if not _is_int(state["n_iter_"]) or state["n_iter_"] != len(state["history_"]):
-        raise bad(f"n_iter_ = {state['n_iter_']!r} but history_ has {len(state['history_'])} entries (one per step)")
+    key = "pretrain_history_"
+    if key in state and (not isinstance(state[key], list) or not all(_is_float(v) for v in state[key])):
+        raise bad(f"{key} must be a list of floats, got {_kind(state[key])}")
+    if "independent_theta" in state:
+        _check_independent(state, params, bad)
+    else:
+        _check_run(state["history_"], state["n_iter_"], "", bad)
     _check_fitted(state, bad)
     method = state["log_marginal_likelihood_method_"]
     if not isinstance(method, str):
@@ -300,6 +317,39 @@ def _check_state(path, state: dict, param_names) -> None:
             raise bad(f"{name} holds NaN or infinite values")
     if not bool(torch.isfinite(torch.as_tensor(state["y_mean_"], dtype=torch.float64)).all()):
         raise bad(f"y_mean_ must be finite, got {_kind(state['y_mean_'])}")
+
+
+def _check_run(history, n_iter, which: str, bad) -> None:
+    """One optimiser run's ``history_`` (a list of floats, one per step) and ``n_iter_`` agree; ``which`` names
+    the output in messages."""
+    if not isinstance(history, list) or not all(_is_float(v) for v in history):
+        raise bad(f"history_{which} must be a list of floats, got {_kind(history)}")
+    if not _is_int(n_iter) or n_iter != len(history):
+        raise bad(f"n_iter_{which} = {n_iter!r} but history_{which} has {len(history)} entries (one per step)")
+
+
+def _check_independent(state: dict, params: dict, bad) -> None:
+    """The entries of a fit with ``independent_outputs=True``: theta (k, p + 3) for the k outputs of y_train_ and
+    p lengthscales (d with ARD, else 1), finite; no GPyTorch model; a history and iteration count per output."""
+    theta, y, d = state["independent_theta"], state["y_train_"], state["n_features_in_"]
+    if not params.get("independent_outputs", False):
+        raise bad("it holds independent_theta (a fit with independent_outputs=True) but params has no such setting")
+    k = y.shape[-1] if y.dim() == 2 else 1
+    p = d if params.get("ard", True) else 1
+    if y.dim() != 2 or not torch.is_tensor(theta) or tuple(theta.shape) != (k, p + 3):
+        raise bad(
+            f"independent_theta must be a tensor of shape ({k}, {p + 3}), one row of {p} log lengthscale(s), log "
+            f"outputscale, log noise and mean per output of y_train_ {tuple(y.shape)}, got {_kind(theta)}"
+        )
+    if not (theta.is_floating_point() and bool(torch.isfinite(theta).all())):
+        raise bad(f"independent_theta must hold finite floats, got {_kind(theta)}")
+    if state["model_state_dict"] or state["likelihood_state_dict"]:
+        raise bad("a fit with independent_outputs=True has no GPyTorch model, but the file holds its state dicts")
+    history, n_iter = state["history_"], state["n_iter_"]
+    if not isinstance(history, list) or not isinstance(n_iter, list) or not len(history) == len(n_iter) == k:
+        raise bad(f"history_ and n_iter_ must be lists of {k} entries (one per output), got {_kind(history)}")
+    for j in range(k):
+        _check_run(history[j], n_iter[j], f"[{j}]", bad)
 
 
 def _check_fitted(state: dict, bad) -> None:
@@ -412,29 +462,38 @@ def load(cls, path, device=None):
         raise _bad(
             path, f"its contents are inconsistent: dtype_ = {dtype_!r} but params['dtype'] = {params.get('dtype')!r}."
         )
-    device_, dtype = settings.device, settings.dtype
+    device_ = settings.device
     X_train = state["X_train_"].to(device=device_, dtype=torch.float64)
     y_train = state["y_train_"].to(device=device_, dtype=torch.float64)
+    if "independent_theta" in state:  # no GPyTorch model: the posterior is factored again on the first predict
+        est.__setstate__(_fitted(state, device_, X_train, y_train, None))
+        est._independent_theta = state["independent_theta"].to(torch.float64).numpy().copy()
+        return est
+    model = _model(path, state, settings, X_train, y_train)
+    est.__setstate__(_fitted(state, device_, X_train, y_train, model))  # as unpickling does
+    if "fitted" not in state:  # the hyperparameters in the units of X and y, derived as fit derives them
+        est._set_hyperparameter_attributes(hyperparameters_float64(model))
+    return est
+
+
+def _model(path, state: dict, settings, X_train: torch.Tensor, y_train: torch.Tensor) -> ExactGPModel:
+    """The GPyTorch model of a checked ``state``, in eval mode, on the device and in the dtype of ``settings``."""
     likelihood = gpytorch.likelihoods.GaussianLikelihood()
     model = ExactGPModel(
-        X_train.to(dtype),
-        model_targets(y_train).to(dtype),
+        X_train.to(settings.dtype),
+        model_targets(y_train).to(settings.dtype),
         likelihood,
-        ard=bool(params.get("ard", True)),
+        ard=bool(state["params"].get("ard", True)),
         distributed=settings.distributed,
     )
-    model = model.to(device=device_, dtype=dtype)  # before loading, so float64 values are not rounded
+    model = model.to(device=settings.device, dtype=settings.dtype)  # before loading, so float64 values are not rounded
     _check_state_dict(path, "model_state_dict", state["model_state_dict"], model)
     _check_state_dict(path, "likelihood_state_dict", state["likelihood_state_dict"], likelihood)
     model.load_state_dict(state["model_state_dict"])
     likelihood.load_state_dict(state["likelihood_state_dict"])
     model.eval()
     likelihood.eval()
-
-    est.__setstate__(_fitted(state, device_, X_train, y_train, model))  # as unpickling does
-    if "fitted" not in state:  # the hyperparameters in the units of X and y, derived as fit derives them
-        est._set_hyperparameter_attributes(hyperparameters_float64(model))
-    return est
+    return model
 
 
 def _fitted(state: dict, device_: torch.device, X_train: torch.Tensor, y_train: torch.Tensor, model) -> dict:
@@ -450,12 +509,12 @@ def _fitted(state: dict, device_: torch.device, X_train: torch.Tensor, y_train: 
         y_mean_=_target_stat_loaded(state["y_mean_"]),
         y_std_=_target_stat_loaded(state["y_std_"]),
         model_=model,
-        likelihood_=model.likelihood,
+        likelihood_=model.likelihood if model is not None else None,
         solver_=state["solver_"],
         train_solver_=state.get("train_solver_", state["solver_"]),
         history_=list(state["history_"]),
         pretrain_history_=list(state.get("pretrain_history_", [])),
-        n_iter_=int(state["n_iter_"]),
+        n_iter_=state["n_iter_"],
         log_marginal_likelihood_=float(state["log_marginal_likelihood_"]),
         log_marginal_likelihood_method_=state["log_marginal_likelihood_method_"],
     )

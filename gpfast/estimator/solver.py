@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gpfast.estimator.outputs import check_trainer, exact_choice
+from gpfast.estimator.outputs import check_distributed, check_trainer
 from gpfast.kernels import distributed as _dist
 from gpfast.train.product import choose_product
 from gpfast.train.settings import CGSettings
@@ -231,8 +231,8 @@ def plan_fit(
     distributed : bool, default=False
         The products are split over the ranks of ``torch.distributed`` (forces CG).
     n_outputs : int, default=1
-        Columns of y. Several are fitted on the exact path only (:mod:`~gpfast.estimator.outputs`): trained by
-        Cholesky whatever the training cap, and ValueError where the rule or the arguments ask for CG.
+        Columns of y, fitted by the same rule (:mod:`~gpfast.estimator.outputs`); ValueError where several would
+        be trained by GPyTorch's CG loop or split over distributed ranks.
 
     Returns
     -------
@@ -244,7 +244,8 @@ def plan_fit(
         When ``solver="cholesky"`` does not fit in memory.
     """
     cg = cg or CGSettings()
-    choice = exact_choice(choose_solver(n, device, free_memory, solver, distributed), n_outputs, solver)
+    check_distributed(n_outputs, distributed)
+    choice = choose_solver(n, device, free_memory, solver, distributed)
     train_solver = "cg" if cg.trainer == "gpfast" else choice.train_solver
     if optimizer == "auto":
         optimizer = "lbfgs" if train_solver == "cholesky" else "adam"
@@ -261,11 +262,11 @@ def plan_fit(
         return RunPlan(m, "cg", "gpfast", replace(cg, product=product))
 
     full = run(n, choice.train_solver)
-    check_trainer(full.trainer, n_outputs)
+    check_trainer(full.trainer, n_outputs, optimizer)
     pretrain = None
     if pretrain_n is not None:
-        sub = exact_choice(choose_solver(pretrain_n, device, free_memory, solver, distributed), n_outputs, solver)
-        pretrain = run(pretrain_n, sub.train_solver)
+        pretrain = run(pretrain_n, choose_solver(pretrain_n, device, free_memory, solver, distributed).train_solver)
+        check_trainer(pretrain.trainer, n_outputs, optimizer)
     return FitPlan(choice.solver, choice.exact_feasible, optimizer, dtype, train_dtype, full, pretrain, choice.reason)
 
 

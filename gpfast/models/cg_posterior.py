@@ -64,8 +64,9 @@ class CGPosterior:
     ----------
     X : (n, d) tensor
         Training inputs (standardised units), on the device the solves run on.
-    y : (n,) tensor
-        Training targets.
+    y : (n,) or (n, k) tensor
+        Training targets: one output, or k outputs under the same kernel (their means are solved together, and
+        they share the variance).
     lengthscale : (d,) or (1,) tensor
     outputscale, noise, mean : float
         Kernel output scale ``s``, noise variance and constant prior mean.
@@ -97,10 +98,10 @@ class CGPosterior:
 
     Attributes
     ----------
-    alpha : (n,) float64 tensor
+    alpha : (n,) or (n, k) float64 tensor
         ``A^{-1} (y - mean)``.
     mean_error : float
-        Certified bound on the error of every predicted mean (standardised units).
+        Certified bound on the error of every predicted mean (standardised units; the largest over the outputs).
     variance_error : (m,) float64 tensor or None
         Half-widths of the certified variance intervals of the last :meth:`predict` call.
     iterations : int
@@ -156,10 +157,10 @@ class CGPosterior:
         self.precond64.set_scales(self.s, self.noise)
         self.precond = Preconditioner(L, self.s, dtype)
         self.precond.set_scales(self.s, self.noise)
-        r = y.to(device=X.device, dtype=torch.float64).reshape(-1, 1) - self.mean
+        r = y.to(device=X.device, dtype=torch.float64).reshape(self.n, -1) - self.mean
         self.alpha, _, _, gap = self._solve(r, lambda q_lo: torch.full_like(q_lo, self.mean_atol**2 / self.s))
         self.mean_error = math.sqrt(self.s * float(gap.clamp_min(0).max()))
-        self.alpha = self.alpha.reshape(-1)
+        self.alpha = self.alpha.reshape(y.shape)
 
     def _product_modes(self, device: torch.device, requested: str | None) -> tuple[str, str]:
         """(working, float64) product modes: K is stored when it takes at most a quarter of the free memory."""
@@ -269,7 +270,7 @@ class CGPosterior:
         return q_lo, q_hi
 
     def predict(self, X_test: torch.Tensor, return_var: bool = False, include_noise: bool = False):
-        """Mean (m,) and, with ``return_var``, the variance (m,) at X_test (m, d), float64.
+        """Mean (m,) (or (m, k) for k outputs) and, with ``return_var``, the variance (m,) at X_test (m, d), float64.
 
         Each variance is the middle of its certified interval: first the bounds that need no solve
         (:meth:`_quick_bounds`), then, for the points where those are too wide, the refined CG solve.
@@ -278,9 +279,9 @@ class CGPosterior:
         """
         x = X_test.to(device=self.x64.device, dtype=torch.float64)
         m = x.shape[0]
-        mean = torch.empty(m, dtype=torch.float64, device=x.device)
-        var = torch.empty_like(mean) if return_var else None
-        err = torch.empty_like(mean) if return_var else None
+        mean = torch.empty((m, *self.alpha.shape[1:]), dtype=torch.float64, device=x.device)
+        var = torch.empty(m, dtype=torch.float64, device=x.device) if return_var else None
+        err = torch.empty_like(var) if return_var else None
         extra = self.noise if include_noise else 0.0
         tiny = 1e-14 * (self.s + extra)
 
@@ -308,8 +309,8 @@ class CGPosterior:
         return mean, var
 
     def predict_covariance(self, X_test: torch.Tensor, include_noise: bool = False):
-        """Mean (m,) and full covariance (m, m) at X_test (m, d), float64 (all m test points are solved together,
-        so m is what the memory allows).
+        """Mean (m,) (or (m, k) for k outputs) and full covariance (m, m) at X_test (m, d), float64 (all m test
+        points are solved together, so m is what the memory allows).
 
         With ``r_i = b_i - A y_i``: ``b_i^T A^{-1} b_j = y_i^T b_j + r_i^T y_j + r_i^T A^{-1} r_j``, and the last
         term is at most ``sqrt(gap_i gap_j)`` (Cauchy-Schwarz in the ``A^{-1}`` inner product), so every entry

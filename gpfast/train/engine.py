@@ -11,7 +11,10 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
    the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
-   on the host at two iterations at most, placed by the last step's count (:func:`_checks`).
+   on the host at two iterations at most, placed by the last step's count (:func:`_checks`). Targets (k, n), k
+   outputs under one kernel, give k data columns [r_1 ... r_k, z_1 ... z_s] in the same solve; the loss and its
+   gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once), so
+   that k equal outputs train as one.
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
    parameters through their constraints. A non-finite gradient raises FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
@@ -72,12 +75,12 @@ class EngineRecord:
 
     cg_iterations, products: CG iterations and products with K̂ (iterations, plus the warm start's initial
     residual); cg_residuals: the residual that the tolerance is checked against at the end of the solve
-    (the data column's relative residual or the probe columns' mean one, whichever is larger);
-    data_fit: 1/2 r^T K̂^{-1} r / n; log_det_estimate: estimate of 1/2 log|K̂| / n (so that the loss is
-    data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes' standard error of the
-    first step's stochastic-Lanczos value (the later values add the path integral's error); step_seconds: wall
-    time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were drawn anew at this
-    step; graphed: the step's CG iterations after the first were CUDA-graph replays
+    (the data columns' largest relative residual or the probe columns' mean one, whichever is larger);
+    data_fit: 1/2 r^T K̂^{-1} r / n (averaged over the outputs); log_det_estimate: estimate of 1/2 log|K̂| / n
+    (so that the loss is data_fit + log_det_estimate + 1/2 log(2 pi)); log_det_standard_error: the probes'
+    standard error of the first step's stochastic-Lanczos value (the later values add the path integral's error);
+    step_seconds: wall time of each step; rebuilt, resampled: the preconditioner was rebuilt / the probes were
+    drawn anew at this step; graphed: the step's CG iterations after the first were CUDA-graph replays
     (:attr:`CGSettings.cuda_graph`); broke_down: some CG column met a non-positive curvature. product: "stored"
     or "matrix_free" and why; preconditioner_rank: k; num_probes: s; final_step_error: when the last solve missed
     its tolerance, the largest change that solving it to the tolerance made to a hyperparameter's gradient, in
@@ -152,10 +155,10 @@ class Engine:
         cfg = self.settings
         _parameters(model)  # type check before any work
         X, y = model.train_inputs[0], model.train_targets
-        if X.dim() != 2 or y.dim() != 1:
+        if X.dim() != 2 or y.dim() not in (1, 2) or y.shape[-1] != X.shape[0]:
             raise ValueError(
-                f"gpfast's training engine needs train inputs (n, d) and targets (n,), got "
-                f"{tuple(X.shape)} and {tuple(y.shape)}"
+                f"gpfast's training engine needs train inputs (n, d) and targets (n,) or (k, n) (k outputs under "
+                f"one kernel), got {tuple(X.shape)} and {tuple(y.shape)}"
             )
         n = X.shape[0]
         distributed = bool(getattr(model.covar_module.base_kernel, "distributed", False))
@@ -208,20 +211,24 @@ class Engine:
             state.z_rng = generator_state(X.device)
             state.Z = _rademacher(n, state.s, X, product.split is not None)
             state.drawn_at = step
-        B, x0, warm = self._right_hand_sides(state, pc, y - mu, first, resample)
+        k = 1 if y.dim() == 1 else y.shape[0]  # outputs: the first k columns of the solve
+        B, x0, warm = self._right_hand_sides(state, pc, (y - mu).reshape(k, n).T, first, resample)
         cap = state.cap
         estimate = None if (first or resample) else state.estimate
         checks = _checks(estimate, cap, cfg.cg_check_every)
-        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=_measure, check_at=checks,
+        measure = _measure if k == 1 else lambda rel: _measure(rel, k)
+        res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks,
                   graph=state.graphs)  # fmt: skip
-        s_cols = slice(1, 1 + state.s)
-        alpha, U, Z = res.x[:, 0], res.x[:, s_cols], state.Z
+        A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
+        alpha = A[:, 0] if k == 1 else A
         grad = hutchinson_gradient(product, alpha, U, Z)
-        r = B[:, 0]
-        data_fit_t = 0.5 * (r.dot(alpha) + alpha.dot(res.residual[:, 0])) / n
-        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, _measure(res.rel_residual), res.broke_down.any()]
+        if k == 1:
+            data_fit_t = 0.5 * (B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])) / n
+        else:  # per point and output, so that the loss of k equal outputs is that of one
+            data_fit_t = 0.5 * ((B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()) / (n * k)
+        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, measure(res.rel_residual), res.broke_down.any()]
         if first:  # the stochastic-Lanczos inputs ride along in the same read
-            ZP = B[:, 1 + state.s :]
+            ZP = B[:, k + state.s :]
             parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]
         host = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).tolist()  # the step's one read
         p = ls.numel() + 3
@@ -229,7 +236,7 @@ class Engine:
         if not all(math.isfinite(v) for v in host[p : 2 * p + 2]):
             raise FloatingPointError(_non_finite_message(step, hyper, g_host, max_res))
         if first:
-            cols = list(range(1 + state.s, B.shape[1]))
+            cols = list(range(k + state.s, B.shape[1]))
             it, t = res.iterations, B.shape[1]
             lanczos = np.asarray(host[2 * p + 3 :], dtype=np.float64)
             alphas, betas = lanczos[: it * t].reshape(it, t), lanczos[it * t : 2 * it * t].reshape(it, t)
@@ -239,7 +246,7 @@ class Engine:
         else:  # trapezoid rule on the loss, with the data-fit part of the integral replaced by the exact change
             dloss = 0.5 * float(np.dot(np.add(state.g, g_host), np.subtract(hyper, state.hyper)))
             log_det = state.log_det + dloss - (data_fit - state.data_fit)
-        state.x, state.B = res.x[:, : 1 + state.s], B[:, : 1 + state.s]
+        state.x, state.B = res.x[:, : k + state.s], B[:, : k + state.s]
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
         state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res.iterations, checks, max_res)
@@ -259,13 +266,14 @@ class Engine:
                          "res": f"{max_res:.1e}"}  # fmt: skip
         return torch.tensor(data_fit + log_det + _HALF_LOG_2PI, dtype=torch.float64)
 
-    def _right_hand_sides(self, state: _State, pc: Preconditioner, r: torch.Tensor, first: bool, resample: bool):
-        """(B, x0, warm) of the step's solve: [r, Z] (and on the first step s probes with covariance P)."""
-        n, dev = r.shape[0], r.device
-        blocks = [r.unsqueeze(1), state.Z]
+    def _right_hand_sides(self, state: _State, pc: Preconditioner, R: torch.Tensor, first: bool, resample: bool):
+        """(B, x0, warm) of the step's solve: [R, Z] for the k data columns R (n, k) (and on the first step s probes
+        with covariance P)."""
+        n, dev, k = R.shape[0], R.device, R.shape[1]
+        blocks = [R, state.Z]
         if first:  # Gaussian probes with covariance P, for the stochastic-Lanczos log-determinant
             W1 = torch.randn(pc.k, state.s, dtype=torch.float64, device=dev)
-            W2 = torch.randn(n, state.s, dtype=r.dtype, device=dev)
+            W2 = torch.randn(n, state.s, dtype=R.dtype, device=dev)
             if self.product.split is not None:
                 torch.distributed.broadcast(W1, 0)
                 torch.distributed.broadcast(W2, 0)
@@ -275,8 +283,8 @@ class Engine:
             return B, None, None
         if resample:
             x0 = torch.zeros_like(B)
-            x0[:, 0] = state.x[:, 0]
-            return B, x0, [0]
+            x0[:, :k] = state.x[:, :k]
+            return B, x0, list(range(k))
         return B, state.x, None
 
     # ------------------------------------------------------------------------------------------------------------
@@ -302,11 +310,13 @@ class Engine:
         if state.B is None or product is None or state.pc is None:
             return float("nan")
         limit = max(10 * cfg.cg_iteration_limit, _RESOLVE_MIN_ITERATIONS)
+        k = state.B.shape[1] - state.s  # the data columns, one per output
+        measure = _measure if k == 1 else lambda rel: _measure(rel, k)
         res = pcg(product.matmul, state.B, state.pc.solve, state.x, None, cfg.cg_tolerance, limit,
-                  measure=_measure, check_at=range(10, limit, 10), graph=state.graphs)  # fmt: skip
-        if float(_measure(res.rel_residual)) > cfg.cg_tolerance:
+                  measure=measure, check_at=range(10, limit, 10), graph=state.graphs)  # fmt: skip
+        if float(measure(res.rel_residual)) > cfg.cg_tolerance:
             return float("inf")
-        grad = hutchinson_gradient(product, res.x[:, 0], res.x[:, 1:], state.Z)
+        grad = hutchinson_gradient(product, res.x[:, 0] if k == 1 else res.x[:, :k], res.x[:, k:], state.Z)
         g = np.asarray((grad.vector() / product.n).tolist())
         scale = np.sqrt(np.asarray(state.g2) / (1.0 - ADAM_BETA2**state.g2_steps))
         return float(np.max(np.abs(g - np.asarray(state.g)) / np.maximum(scale, np.finfo(np.float64).tiny)))
@@ -504,11 +514,13 @@ def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
     )
 
 
-def _measure(rel: torch.Tensor) -> torch.Tensor:
-    """The residual compared with ``cg_tolerance``: the data column's relative residual or the probe columns' mean
-    one (as GPyTorch's mBCG averages over columns), whichever is larger. The data column carries the data-fit
-    term and its gradient; a probe's solve error only adds to the Hutchinson noise, which averages over probes."""
-    return torch.maximum(rel[0], rel[1:].mean()) if rel.numel() > 1 else rel[0]
+def _measure(rel: torch.Tensor, k: int = 1) -> torch.Tensor:
+    """The residual compared with ``cg_tolerance``: the largest relative residual of the k data columns or the
+    probe columns' mean one (as GPyTorch's mBCG averages over columns), whichever is larger. The data columns
+    carry the data-fit term and its gradient; a probe's solve error only adds to the Hutchinson noise, which
+    averages over probes."""
+    data = rel[0] if k == 1 else rel[:k].max()
+    return torch.maximum(data, rel[k:].mean()) if rel.numel() > k else data
 
 
 def generator_state(device: torch.device) -> dict:

@@ -54,10 +54,17 @@ def hutchinson_gradient(
     product: CovarianceProduct, alpha: torch.Tensor, U: torch.Tensor, W: torch.Tensor
 ) -> NaturalGradient:
     """The module's estimate from alpha (n,), the probe solves U (n, s) and their partners W = P^{-1} Z (n, s):
-    one fused backward for lengthscale and outputscale, no forward product."""
+    one fused backward for lengthscale and outputscale, no forward product.
+
+    With k outputs under one kernel, alpha (n, k) holds a column per output and the estimate is of the average of
+    their k negative log likelihoods: the data terms are averaged, the trace (the log-determinant's part, the
+    same for every output) is not."""
     s = U.shape[1]
-    G = torch.cat([alpha.unsqueeze(1) * -0.5, U * (0.5 / s)], dim=1)
-    V = torch.cat([alpha.unsqueeze(1), W], dim=1)
+    A = alpha.reshape(alpha.shape[0], -1)
+    k = A.shape[1]
+    G = torch.cat([A * (-0.5 / k), U * (0.5 / s)], dim=1)
+    V = torch.cat([A, W], dim=1)
     gl, gs = product.backward(G, V)
-    noise = -0.5 * alpha.dot(alpha) + (0.5 / s) * (U * W).sum()
-    return NaturalGradient(gl, gs, noise, -alpha.sum())
+    data = alpha.dot(alpha) if alpha.dim() == 1 else (A * A).sum() / k
+    noise = -0.5 * data + (0.5 / s) * (U * W).sum()
+    return NaturalGradient(gl, gs, noise, -A.sum() / k)
