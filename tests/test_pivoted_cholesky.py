@@ -50,13 +50,21 @@ def _kernel_problem(n, d, lengthscale, device, seed):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n, d, lengthscale, rank", [(500, 3, 0.8, 100), (300, 2, 3.0, 200), (257, 6, 1.5, 37)])
 def test_blocked_build_follows_the_greedy_rule(device, n, d, lengthscale, rank):
-    """Same pivots and columns as the step-by-step rule, also where K's numerical rank (smooth, 2 features,
-    lengthscale 3) runs out before the requested rank and the remaining columns are zero."""
+    """On the CPU, the same pivots and columns as the step-by-step rule, also where K's numerical rank (smooth, 2
+    features, lengthscale 3) runs out before the requested rank and the remaining columns are zero. On a GPU the
+    order of torch.topk among equal diagonals differs from the CPU's (every diagonal equals the outputscale at the
+    first block, so the first pivot is a tie), so there the factor must be as good, not the same: its trace error
+    tr(K - L L^T) within 20% of the rule's (or both at rounding level), and K - L L^T >= 0. Bound from the worst of
+    30 random orders of the points on the CPU: 1.073 at (500, 3) and (257, 6); 7e-7 at rounding level at (300, 2)."""
     rows, K, diag = _kernel_problem(n, d, lengthscale, device, seed=n + d)
     got = pivoted_cholesky(rows, diag, rank).cpu()
     want = _greedy_reference(K, rank)
-    assert rel_err(got, want) < 1e-8
-    assert float((K - got @ got.t()).diagonal().min()) > -1e-9  # an exact partial Cholesky: K - L L^T >= 0
+    if device == "cpu":
+        assert rel_err(got, want) < 1e-8
+    else:
+        trace_got, trace_want = (float((K - L @ L.t()).diagonal().sum()) for L in (got, want))
+        assert trace_got <= 1.2 * trace_want + 1e-8 * n, (trace_got, trace_want)
+    assert float(torch.linalg.eigvalsh(K - got @ got.t()).min()) > -1e-9  # an exact partial Cholesky
 
 
 def _spd(c, rank, seed, device):
@@ -81,10 +89,12 @@ def test_pivot_block_op(device, c, b, rank):
     resid = S - C @ C.t()
     taken = piv[good]
     assert float(resid.index_select(0, taken).abs().max()) < 1e-10 * float(S.abs().max())
-    if device == "cuda":  # the kernel takes the CPU's steps
+    if device == "cuda":  # the kernel takes the CPU's steps while S has rank left; after that (ok = 0) the
+        # remaining diagonals are rounding noise, whose order the GPU's fused multiply-adds may change
         cpu = torch.ops.gpfast._pivot_block(S.cpu(), d.cpu(), floor.cpu(), b)
-        assert torch.equal(cpu[0], piv.cpu()) and torch.equal(cpu[2], ok.cpu())
-        assert rel_err(cpu[1], C.cpu()) < 1e-12
+        keep = good.cpu()
+        assert torch.equal(cpu[2], ok.cpu()) and torch.equal(cpu[0][keep], piv.cpu()[keep])
+        assert rel_err(cpu[1][:, keep], C.cpu()[:, keep]) < 1e-12
 
 
 @pytest.mark.parametrize(
