@@ -1,7 +1,7 @@
 // CUDA launchers for rbf_matmul (K @ V without storing K). Device code: matmul_forward.cuh.
 #include <algorithm>
 
-#include "dispatch.h"
+#include "kv_dispatch.h"
 #include "matmul_forward.cuh"
 
 namespace gpfast {
@@ -43,33 +43,26 @@ at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
   at::Tensor result;
-  AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_matmul_cuda", [&] {
-    with_feature_bucket(D, [&](auto dc) {
-      with_rhs_bucket(TC, [&](auto tc) {
-        constexpr int kD = decltype(dc)::value, kTC = decltype(tc)::value;
-        if constexpr (sizeof(scalar_t) == 8 && (kTC == 12 || kTC == 16)) {
-          TORCH_CHECK(false, "gpfast: internal error, no float64 kernel for ", kTC, " columns");
-        } else {
-          constexpr int kTM = kv_rows_per_thread<scalar_t, kD, kTC>();
-          const int64_t rowblocks = ceil_div(n, int64_t(kKvThreads) * kTM);
-          TORCH_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " too large");
-          int64_t splits = 1;
-          const int64_t cols = split_columns(rowblocks * B * t_chunks, m, kKvTile, 6, splits);
-          TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
-          at::Tensor part = at::empty({splits, B, n, t}, x1.options());
-          KvFwdArgs<scalar_t> a{p1.data_ptr<scalar_t>(), p2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
-                                s.data_ptr<scalar_t>(),  V.data_ptr<scalar_t>(),  part.data_ptr<scalar_t>(),
-                                n,                       m,                       B,
-                                static_cast<int>(d),     static_cast<int>(t),     static_cast<int>(t_chunks),
-                                cols};
-          const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits),
-                          static_cast<unsigned>(B * t_chunks));
-          kv_fwd_kernel<scalar_t, kD, kTC, kTM, sizeof(scalar_t) == 4><<<grid, kKvThreads, 0, current_stream()>>>(a);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-          result = splits == 1 ? part[0] : part.sum(0);
-        }
-      });
-    });
+  with_kv_buckets(x1.scalar_type(), D, TC, [&](auto zero, auto dc, auto tc) {
+    using scalar_t = decltype(zero);
+    constexpr int kD = decltype(dc)::value, kTC = decltype(tc)::value;
+    constexpr int kTM = kv_rows_per_thread<scalar_t, kD, kTC>();
+    const int64_t rowblocks = ceil_div(n, int64_t(kKvThreads) * kTM);
+    TORCH_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " too large");
+    int64_t splits = 1;
+    const int64_t cols = split_columns(rowblocks * B * t_chunks, m, kKvTile, 6, splits);
+    TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
+    at::Tensor part = at::empty({splits, B, n, t}, x1.options());
+    KvFwdArgs<scalar_t> a{p1.data_ptr<scalar_t>(), p2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
+                          s.data_ptr<scalar_t>(),  V.data_ptr<scalar_t>(),  part.data_ptr<scalar_t>(),
+                          n,                       m,                       B,
+                          static_cast<int>(d),     static_cast<int>(t),     static_cast<int>(t_chunks),
+                          cols};
+    const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits),
+                    static_cast<unsigned>(B * t_chunks));
+    kv_fwd_kernel<scalar_t, kD, kTC, kTM, sizeof(scalar_t) == 4><<<grid, kKvThreads, 0, current_stream()>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    result = splits == 1 ? part[0] : part.sum(0);
   });
   return result;
 }
