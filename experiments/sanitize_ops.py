@@ -4,7 +4,8 @@ Covers: the covariance forward's kernels, by default and each forced through the
 ``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
 and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits;
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
-t > 32); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K. Usage:
+t > 32); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block pivots
+(``_pivot_block``). Usage:
 ``python -m experiments.sanitize_ops`` (or ``python experiments/sanitize_ops.py``) under
 ``compute-sanitizer --tool memcheck|racecheck``.
 """
@@ -67,6 +68,11 @@ def run_all():
             for x_grads in (True, False):
                 torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
                 torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
+    # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
+    for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
+        A = torch.randn(c, rank, device=dev, dtype=torch.float64)
+        S = A @ A.t()
+        torch.ops.gpfast._pivot_block(S, S.diagonal().clone(), torch.tensor(1e-10, device=dev, dtype=S.dtype), b)
     torch.cuda.synchronize()
 
 
