@@ -330,6 +330,8 @@ class Engine:
             rec.final_step_error = self._final_step_error()
         if self.product is not None:
             self.product.release()
+        if state is not None:
+            state.graphs = None  # its newest graph holds a memory pool of the solve's temporaries
         if rec.final_step_error > STEP_ERROR_LIMIT:  # nan (met, or nothing to re-solve) compares False
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(
