@@ -1,5 +1,7 @@
 """Many independent GPs on the same inputs, trained together: one exact GP per output, each with its own
-hyperparameters, for small n.
+hyperparameters, for small n. With ``solver="cg"``, and with ``solver="auto"`` above the Cholesky cap or where the
+k factorisations do not fit (:func:`engine_trains`), gpfast's engine trains them instead
+(:mod:`~gpfast.estimator.independent_cg`).
 
 * **Objective.** For outputs ``j`` the covariances ``K_j`` (k, n, n) come from one call of the fused op with a batch
   of lengthscales and outputscales (:func:`gpfast.ops.rbf_covariance`, differentiable), and the k exact negative
