@@ -17,13 +17,9 @@ __all__ = ["minimize_lockstep"]
 def minimize_lockstep(
     evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, max_iter: int, tol=None, minimize=None
 ):
-    """One :func:`minimize_lbfgs` per row of ``theta0`` (k, p + 3), with batched evaluations.
-
-    ``minimize(fun, theta0_row, j)``, if given, replaces it: any optimiser of output ``j`` that calls ``fun``
-    (``space``, ``n``, ``max_iter`` and ``tol`` are then left to it).
-
-    ``evaluate(rows, thetas)`` gets the indices of the outputs waiting and their thetas (len(rows), p + 3) and
-    returns their losses and gradients (as :func:`batched_loss`). Returns the k :class:`OptimizeResult`.
+    """One :func:`minimize_lbfgs` per row of ``theta0`` (k, p + 3), or ``minimize(fun, theta0_row, j)`` if given,
+    with batched evaluations. ``evaluate(rows, thetas)`` gets the indices of the outputs waiting and their thetas
+    (len(rows), p + 3) and returns their losses and gradients (k,), (k, p + 3). Returns the k OptimizeResults.
 
     Each output's thread waits on an event of its own, and only the last of a round to post (or to finish) wakes
     the calling thread: a round wakes each thread once, where one shared condition would wake all k for every post
