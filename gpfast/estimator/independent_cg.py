@@ -163,7 +163,12 @@ def _train(est, plan: _solver.FitPlan, Xs: torch.Tensor, Ys: torch.Tensor, inits
         _loss_and_gradient(c, m, s, f"output {j}, {where}") for j, (c, m, s) in enumerate(zip(closures, models, spaces))
     ]
 
+    training = set(range(k))
+
     def evaluate(rows, thetas):
+        for j in training - set(rows):  # every output still training waits in each round: these have stopped
+            batch.finish_output(j)
+        training.intersection_update(rows)
         out = [funs[j](theta) for j, theta in zip(rows, thetas)]
         return np.array([o[0] for o in out]), np.stack([o[1] for o in out])
 

@@ -42,6 +42,7 @@ class BatchedEngine:
         if n_outputs < 1:
             raise ValueError(f"BatchedEngine: n_outputs must be at least 1, got {n_outputs}")
         self.engines = [Engine(settings, free_memory) for _ in range(n_outputs)]
+        self.records: list[EngineRecord | None] = [None] * n_outputs
         self._streams: list[dict] | None = None
         self._device: torch.device | None = None
 
@@ -69,7 +70,13 @@ class BatchedEngine:
         step.postfix = closure.postfix
         return step
 
+    def finish_output(self, j: int) -> EngineRecord:
+        """End output j's run when it leaves the batch (:meth:`Engine.finish`: release its stored K at once, so that
+        the outputs still training have the memory, and warn when its last solve missed); returns its record."""
+        if self.records[j] is None:
+            self.records[j] = self.engines[j].finish()
+        return self.records[j]
+
     def finish(self) -> list[EngineRecord]:
-        """End every output's run (:meth:`Engine.finish`: release its stored K, warn when its last solve missed)
-        and return the k records."""
-        return [engine.finish() for engine in self.engines]
+        """End the run of every output still in the batch (:meth:`finish_output`) and return the k records."""
+        return [self.finish_output(j) for j in range(len(self.engines))]
