@@ -496,7 +496,6 @@ def test_independent_outputs_lml_gradient_samples_and_pickle():
 @pytest.mark.parametrize(
     "params, match",
     [
-        (dict(solver="cg"), r"independent_outputs=True .* does not take solver='cg'"),
         (dict(n_restarts=2), r"does not take n_restarts=2"),
         (dict(optimizer="adam"), r"does not take optimizer='adam'"),
         (dict(independent_outputs="yes"), r"invalid independent_outputs='yes'; expected True or False"),
@@ -511,16 +510,75 @@ def test_independent_outputs_arguments_are_checked(params, match):
     assert not hasattr(gp, "model_")
 
 
-def test_independent_outputs_above_the_cholesky_cap_is_a_clear_error(monkeypatch):
+def test_independent_outputs_above_the_cholesky_cap_equal_their_single_fits(monkeypatch):
+    """Above the cap, each output trained by its own engine in the batch equals its single fit with solver='cg' on
+    that column alone and the same seed: predictions within 1% of std(y_j), and the same number of Adam steps,
+    which differ between the outputs (each stops on its own test)."""
     import gpfast.estimator.solver as solver_module
 
-    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
+    monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 100)
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=300, n_test=20)
+    Y = _outputs(rng, X, 3)
+    gp = _gp(solver="auto", independent_outputs=True, random_state=seed).fit(X, Y)
+    assert (gp.solver_, gp.trainer_, gp.optimizer_, gp.log_marginal_likelihood_method_) == (
+        "cg",
+        "gpfast",
+        "adam",
+        "cg_estimate",
+    )
+    mean, std = gp.predict(Xt, return_std=True)
+    assert mean.shape == std.shape == (20, 3) and gp.theta_.shape == (3, 5)
+    for j in range(3):
+        single = _gp(solver="cg", random_state=seed).fit(X, Y[:, j])
+        m, s = single.predict(Xt, return_std=True)
+        scale = Y[:, j].std()
+        assert np.abs(mean[:, j] - m).max() < 0.01 * scale, f"output {j}, seed {seed}"
+        assert np.abs(std[:, j] - s).max() < 0.01 * scale, f"output {j}, seed {seed}"
+        assert gp.n_iter_[j] == single.n_iter_ and gp.converged_[j] == single.converged_, f"output {j}, seed {seed}"
+        assert len(gp.cg_iterations_[j]) == single.n_iter_
+
+
+def test_independent_outputs_stop_on_their_own_test(monkeypatch):
+    """An output that converges leaves the batch: beside an output of high frequency and little noise, each takes
+    its single fit's steps (count and losses), neither held back nor pushed on by the other."""
+    rng, seed = _rng()
+    X, y, Xt = _data(rng, n=300)
+    Y = np.stack([y, np.sin(8 * (X[:, 0] - X[:, 0].mean()) / X[:, 0].std()) + 0.01 * rng.normal(size=300)], 1)
+    gp = _gp(solver="cg", independent_outputs=True, random_state=seed, max_iter=300).fit(X, Y)
+    for j in range(2):
+        single = _gp(solver="cg", random_state=seed, max_iter=300).fit(X, Y[:, j])
+        assert gp.n_iter_[j] == single.n_iter_ and gp.history_[j] == pytest.approx(single.history_, rel=1e-4), (
+            f"output {j}, seed {seed}"
+        )
+
+
+def test_independent_outputs_on_the_engine_save_and_load(tmp_path):
+    """A fit trained by the engine saves its rows of theta and loads with the same CG predictions."""
+    rng, seed = _rng()
+    X, _, Xt = _data(rng, n=120, n_test=5)
+    gp = _gp(solver="cg", independent_outputs=True, random_state=seed, max_iter=15).fit(X, _outputs(rng, X, 2))
+    gp.save(tmp_path / "gp.pt")
+    back = ExactGP.load(tmp_path / "gp.pt")
+    assert back.solver_ == "cg" and back.model_ is None
+    for a, b in zip(gp.predict(Xt, return_std=True), back.predict(Xt, return_std=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"seed {seed}")
+    np.testing.assert_array_equal(back.theta_, gp.theta_)
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(optimizer="lbfgs"), r"gpfast's engine under Adam; it does not take optimizer='lbfgs'"),
+        (dict(cg={"trainer": "gpytorch"}), r"does not take cg trainer='gpytorch'"),
+        (dict(n_restarts=1), r"does not take n_restarts=1"),
+    ],
+)
+def test_independent_outputs_on_the_engine_refuse_what_they_do_not_support(params, match):
     rng, _ = _rng()
-    X, y, _ = _data(rng, n=20)
-    with pytest.raises(ValueError, match=r"n=20 is above the Cholesky cap of solver='auto' on cpu \(10\)"):
-        _gp(solver="auto", independent_outputs=True).fit(X, np.stack([y, -y], 1))
-    gp = _gp(solver="cholesky", independent_outputs=True, max_iter=2).fit(X, np.stack([y, -y], 1))
-    assert gp.theta_.shape == (2, 5)
+    X, y, _ = _data(rng, n=30)
+    with pytest.raises(ValueError, match=match):
+        _gp(solver="cg", independent_outputs=True, **params).fit(X, np.stack([y, -y], 1))
 
 
 def test_independent_outputs_with_one_output_is_an_ordinary_fit():

@@ -1,5 +1,7 @@
 """Many independent GPs on the same inputs, trained together: one exact GP per output, each with its own
-hyperparameters, for small n.
+hyperparameters, for small n. With ``solver="cg"``, and with ``solver="auto"`` above the Cholesky cap or where the
+k factorisations do not fit (:func:`engine_trains`), gpfast's engine trains them instead
+(:mod:`~gpfast.estimator.independent_cg`).
 
 * **Objective.** For outputs ``j`` the covariances ``K_j`` (k, n, n) come from one call of the fused op with a batch
   of lengthscales and outputscales (:func:`gpfast.ops.rbf_covariance`, differentiable), and the k exact negative
@@ -17,7 +19,6 @@ hyperparameters, for small n.
 from __future__ import annotations
 
 import math
-import threading
 import warnings
 
 import gpytorch
@@ -28,11 +29,12 @@ from sklearn.exceptions import ConvergenceWarning
 
 from gpfast import ops
 from gpfast.estimator import params as _params
+from gpfast.estimator import independent_cg
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.fitting import clipped_start, engine_attributes
 from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
 from gpfast.estimator.inputs import standardized, validate_training
-from gpfast.estimator.optimize import minimize_lbfgs
+from gpfast.estimator.lockstep import minimize_lockstep
 from gpfast.estimator.restarts import first_run_space, low_noise_start
 from gpfast.models import ExactGPModel
 from gpfast.standardize import column_stats
@@ -104,81 +106,6 @@ def batched_loss(X: torch.Tensor, Y: torch.Tensor, theta: np.ndarray, n_lengthsc
     return nll.detach().cpu().numpy(), grad.cpu().numpy()
 
 
-def minimize_lockstep(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, max_iter: int, tol=None):
-    """One :func:`minimize_lbfgs` per row of ``theta0`` (k, p + 3), with batched evaluations.
-
-    ``evaluate(rows, thetas)`` gets the indices of the outputs waiting and their thetas (len(rows), p + 3) and
-    returns their losses and gradients (as :func:`batched_loss`). Returns the k :class:`OptimizeResult`.
-
-    Each output's thread waits on an event of its own, and only the last of a round to post (or to finish) wakes
-    the calling thread: a round wakes each thread once, where one shared condition would wake all k for every post
-    (k^2 wake-ups, which dominated fits of a thousand outputs).
-    """
-    k = theta0.shape[0]
-    lock = threading.Lock()
-    round_ready = threading.Event()
-    answered = [threading.Event() for _ in range(k)]
-    waiting: dict[int, np.ndarray] = {}
-    answers: dict[int, tuple] = {}
-    running = set(range(k))
-    results: list = [None] * k
-    failure: list[BaseException] = []
-
-    def post(j=None, theta=None):
-        with lock:
-            if j is not None:
-                waiting[j] = theta
-            if running <= set(waiting):
-                round_ready.set()
-
-    def fun_of(j):
-        def fun(theta):
-            post(j, np.array(theta, dtype=np.float64))
-            answered[j].wait()
-            answered[j].clear()
-            answer = answers.pop(j)
-            if isinstance(answer, BaseException):
-                raise answer
-            return answer
-
-        return fun
-
-    def run(j):
-        try:
-            results[j] = minimize_lbfgs(fun_of(j), theta0[j], space, n, max_iter, tol, f"L-BFGS-B, output {j}")
-        except BaseException as exc:  # handed to the calling thread, which raises the first one
-            failure.append(exc)
-        finally:
-            with lock:
-                running.discard(j)
-            post()
-
-    threads = [threading.Thread(target=run, args=(j,), daemon=True) for j in range(k)]
-    for th in threads:
-        th.start()
-    while True:
-        round_ready.wait()
-        with lock:  # every running thread now waits for its answer: nothing changes these until they get it
-            round_ready.clear()
-            if not running:
-                break
-            rows = sorted(waiting)
-            thetas = np.stack([waiting.pop(j) for j in rows])
-        try:
-            losses, grads = evaluate(rows, thetas)
-            batch = {j: (float(losses[i]), grads[i]) for i, j in enumerate(rows)}
-        except BaseException as exc:
-            batch = {j: exc for j in rows}
-        answers.update(batch)
-        for j in rows:
-            answered[j].set()
-    for th in threads:
-        th.join()
-    if failure:
-        raise failure[0]
-    return results
-
-
 class IndependentPosterior:
     """Exact posteriors of k independent GPs on the same standardised inputs ``X`` (n, d) with targets ``Y``
     (k, n) and hyperparameters ``theta`` (k, p + 3): ``K_j + noise_j I = L_j L_j^T``, factored once (batched)."""
@@ -219,6 +146,16 @@ class IndependentPosterior:
         return mean.T, var.T
 
 
+def engine_trains(est, settings: _params.Settings, k: int, n: int) -> bool:
+    """Whether the k outputs of ``est``'s fit at n points train by gpfast's engine
+    (:mod:`~gpfast.estimator.independent_cg`) rather than by batched Cholesky: with ``solver="cg"``, and with
+    ``solver="auto"`` above the Cholesky cap of the device or where the k factorisations do not fit in memory."""
+    if est.solver != "auto":
+        return est.solver == "cg"
+    cap = _solver.AUTO_CHOLESKY_MAX_N.get(settings.device.type, _solver.AUTO_CHOLESKY_MAX_N["cpu"])
+    return n > cap or _MATRICES_PER_OUTPUT * k * 8 * n * n > _solver.free_memory_bytes(settings.device)
+
+
 def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
     """ValueError naming the first argument of ``est`` that the batched fit of ``k`` outputs does not take, or the
     memory it lacks (``settings``: ``est``'s resolved arguments)."""
@@ -237,14 +174,6 @@ def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
                 f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
                 f"batch; it does not take {name}={value!r} (expected {' or '.join(map(repr, allowed))})."
             )
-    cap = _solver.AUTO_CHOLESKY_MAX_N.get(settings.device.type, _solver.AUTO_CHOLESKY_MAX_N["cpu"])
-    if est.solver == "auto" and n > cap:
-        raise ValueError(
-            f"ExactGP: independent_outputs=True factors a float64 n x n covariance per output, and n={n} is above "
-            f"the Cholesky cap of solver='auto' on {settings.device.type} ({cap}). Fit them with shared "
-            f"hyperparameters (independent_outputs=False: gpfast's engine trains every output in one CG solve), "
-            f"one at a time, or pass solver='cholesky' where {k} such factorisations fit in memory."
-        )
     need = _MATRICES_PER_OUTPUT * k * 8 * n * n
     free = _solver.free_memory_bytes(settings.device)
     if need > free:
@@ -263,6 +192,10 @@ def fit_estimator(est, X, y) -> dict:
     if yt.dim() == 1:
         return est._fit(X, y)
     n, d = Xt.shape
+    if engine_trains(est, settings, yt.shape[1], n):
+        fitted = independent_cg.fit_estimator(est, settings, Xt, yt)
+        theta = fitted["_independent_theta"]
+        return {**fitted, **hyperparameter_attributes(theta, fitted["x_std_"], fitted["y_mean_"], fitted["y_std_"])}
     check_settings(est, settings, yt.shape[1], n)
     data = standardized(Xt, yt, bool(est.standardize), settings.device)
     # standardised initial values: fractions of each output's variance
@@ -386,7 +319,12 @@ def hyperparameter_attributes(theta: np.ndarray, x_std: np.ndarray, y_mean: np.n
 
 def posterior_of(est) -> IndependentPosterior:
     """The fitted estimator's posterior, factored again when unpickling has dropped it."""
-    if getattr(est, "_posterior", None) is None:
+    if getattr(est, "_posterior", None) is None and est.solver_ == "cg":
+        settings = _params.resolve(est)
+        theta = est._independent_theta
+        y = est.y_train_
+        est._posterior = independent_cg.IndependentCGPosterior(est.X_train_, y, theta, settings.dtype, settings.cg)
+    elif getattr(est, "_posterior", None) is None:
         theta = est._independent_theta
         est._posterior = IndependentPosterior(est.X_train_, est.y_train_.T.contiguous(), theta, theta.shape[1] - 3)
     return est._posterior
