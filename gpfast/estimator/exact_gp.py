@@ -155,11 +155,13 @@ class ExactGP(RegressorMixin, BaseEstimator):
     independent_outputs : bool, default=False
         With y of shape (n, k): ``False`` fits one set of hyperparameters shared by the outputs (scikit-learn's
         semantics, :mod:`~gpfast.estimator.outputs`); ``True`` fits one GP per output, each with its own
-        hyperparameters, all trained together by batched float64 Cholesky factorisations, each output's L-BFGS
-        stopping on its own test (:mod:`~gpfast.estimator.independent`; small n: k float64 n x n matrices must
-        fit in memory). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_`` (k, n_features),
-        ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and ``history_`` lists
-        with an entry per output, and ``model_`` None (:meth:`save` writes the rows of theta instead).
+        hyperparameters, trained together, each output stopping on its own test: below the Cholesky cap by
+        batched float64 Cholesky factorisations and one L-BFGS per output (:mod:`~gpfast.estimator.independent`),
+        above it (or with ``solver="cg"``) by one training engine and Adam per output
+        (:mod:`~gpfast.estimator.independent_cg`). Then ``theta_`` is (k, n_lengthscales + 2), ``lengthscale_``
+        (k, n_features), ``outputscale_``, ``noise_``, ``constant_mean_`` (k,), ``n_iter_``, ``converged_`` and
+        ``history_`` lists with an entry per output, and ``model_`` None (:meth:`save` writes the rows of theta
+        instead).
 
     Attributes
     ----------

@@ -163,17 +163,15 @@ def check_settings(est, settings: _params.Settings, k: int, n: int) -> None:
         "solver": (est.solver, ("auto", "cholesky")),
         "optimizer": (est.optimizer, ("auto", "lbfgs")),
         "cg trainer": (settings.cg.trainer, ("auto",)),
-        "n_restarts": (est.n_restarts, (0,)),
-        "pretrain": (est.pretrain, (None,)),
-        "checkpoint": (est.checkpoint, (None,)),
-        "distributed": (est.distributed, (False,)),
+        **_params.one_run_settings(est),
     }
-    for name, (value, allowed) in unsupported.items():
-        if value not in allowed:
-            raise ValueError(
-                f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
-                f"batch; it does not take {name}={value!r} (expected {' or '.join(map(repr, allowed))})."
-            )
+    _params.refuse_unsupported(
+        unsupported,
+        lambda name, value, expected: (
+            f"ExactGP: independent_outputs=True trains every output by L-BFGS on its exact likelihood in one "
+            f"batch; it does not take {name}={value!r} (expected {expected})."
+        ),
+    )
     need = _MATRICES_PER_OUTPUT * k * 8 * n * n
     free = _solver.free_memory_bytes(settings.device)
     if need > free:

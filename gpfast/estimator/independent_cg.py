@@ -70,19 +70,16 @@ def check_settings(est, settings: _params.Settings) -> None:
     unsupported = {
         "optimizer": (est.optimizer, ("auto", "adam")),
         "cg trainer": (settings.cg.trainer, ("auto", "gpfast")),
-        "n_restarts": (est.n_restarts, (0,)),
-        "pretrain": (est.pretrain, (None,)),
-        "checkpoint": (est.checkpoint, (None,)),
-        "distributed": (est.distributed, (False,)),
+        **_params.one_run_settings(est),
     }
-    for name, (value, allowed) in unsupported.items():
-        if value not in allowed:
-            raise ValueError(
-                f"ExactGP: independent_outputs=True with solver={est.solver!r} at this n trains every output by "
-                f"gpfast's engine under Adam; it does not take {name}={value!r} (expected "
-                f"{' or '.join(map(repr, allowed))}). Fit the outputs one at a time for that setting, or with shared "
-                f"hyperparameters (independent_outputs=False)."
-            )
+    _params.refuse_unsupported(
+        unsupported,
+        lambda name, value, expected: (
+            f"ExactGP: independent_outputs=True with solver={est.solver!r} at this n trains every output by "
+            f"gpfast's engine under Adam; it does not take {name}={value!r} (expected {expected}). Fit the outputs "
+            f"one at a time for that setting, or with shared hyperparameters (independent_outputs=False)."
+        ),
+    )
 
 
 def fit_estimator(est, settings: _params.Settings, Xt: torch.Tensor, yt: torch.Tensor) -> dict:

@@ -372,3 +372,23 @@ def initial_values(est, d: int, x_std: torch.Tensor, y_std: float) -> dict[str, 
             ls_t = torch.from_numpy(np.broadcast_to(ls.reshape(-1), (d,)).copy())
             out["lengthscale"] = (ls_t / x_std).reshape(1, d)
     return out
+
+
+def refuse_unsupported(unsupported: dict, message) -> None:
+    """Raise ValueError for the first entry ``name: (value, allowed)`` of ``unsupported`` whose value is not among
+    ``allowed``, with the text ``message(name, value, expected)`` (expected: the allowed values, joined by "or")."""
+    for name, (value, allowed) in unsupported.items():
+        if value not in allowed:
+            raise ValueError(message(name, value, " or ".join(map(repr, allowed))))
+
+
+def one_run_settings(est) -> dict:
+    """The estimator's arguments that the fits of several independent outputs take only at their defaults (no
+    restarts, pretraining, checkpoints or several GPUs), as ``name: (value, allowed)`` for
+    :func:`refuse_unsupported`."""
+    return {
+        "n_restarts": (est.n_restarts, (0,)),
+        "pretrain": (est.pretrain, (None,)),
+        "checkpoint": (est.checkpoint, (None,)),
+        "distributed": (est.distributed, (False,)),
+    }
