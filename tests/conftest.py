@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -19,3 +20,10 @@ def poison_allocator(device: str, nbytes: int) -> None:
 def rel_err(out, ref):
     out, ref = out.double(), ref.double()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def fresh_rng():
+    """A fresh random generator each run and its seed, which goes in assertion messages so a failure can be
+    replayed."""
+    seed = int(np.random.SeedSequence().entropy % 2**32)
+    return np.random.default_rng(seed), seed

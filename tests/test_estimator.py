@@ -17,6 +17,8 @@ from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+from conftest import fresh_rng
+
 import gpfast
 import gpfast.estimator.solver as est_mod
 from gpfast.estimator import ExactGP
@@ -25,12 +27,6 @@ from posterior_helpers import exact_prediction
 
 F64 = torch.float64
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _rng():
-    """A fresh random generator each run; the seed goes in assertion messages so a failure can be replayed."""
-    seed = int(np.random.SeedSequence().entropy % 2**32)
-    return np.random.default_rng(seed), seed
 
 
 def _toy(rng, n=40, d=3, n_test=25):
@@ -87,7 +83,7 @@ def _fixed(rng, X, y, ard=True, dtype="float64"):
 @pytest.mark.parametrize("ard", [True, False])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_fixed_hyperparameters_match_sklearn(ard, dtype):
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt, _ = _toy(rng)
     gp = _fixed(rng, X, y, ard=ard, dtype=dtype)
     msg = f"seed {seed}"
@@ -142,7 +138,7 @@ def test_fixed_hyperparameters_match_sklearn(ard, dtype):
 # variance solves: columns of K_* near 0 stall CG's relative residual above the tolerance
 @pytest.mark.filterwarnings("ignore:CG terminated")
 def test_fixed_hyperparameters_cg_close_to_cholesky():
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=60)
     kw = dict(max_iter=0, lengthscale_init=X.std(0), noise_init=0.05 * y.var(), cg={"predict_cg_tolerance": 1e-6})
     a = _gp(solver="cholesky", **kw).fit(X, y)
@@ -240,7 +236,7 @@ def _assert_unchanged(gp, snap):
 
 @pytest.fixture
 def fitted():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, yt = _toy(rng, n=30)
     gp = _gp(max_iter=3, random_state=0).fit(X, y)
     return gp, X, y, Xt
@@ -354,7 +350,7 @@ def test_predict_before_fit():
 
 
 def test_constant_column_warns_and_fits():
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt, _ = _toy(rng, n=40, d=4)
     X[:, 1] = 7.0
     X[:, 3] = -2.0
@@ -388,7 +384,7 @@ def test_too_large_for_cholesky_is_a_clear_error(fitted, monkeypatch):
 
 
 def test_auto_solver_choice(monkeypatch):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=30)
     assert _gp(max_iter=1).fit(X, y).solver_ == "cholesky"
     # an explicit CG solver still reports the exact LML when the auto rule would allow a Cholesky
@@ -408,7 +404,7 @@ def test_free_memory_is_positive():
 # ----------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])
 def test_random_state_reproducible(solver):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=80)
     state = torch.random.get_rng_state()
     kw = dict(solver=solver, max_iter=8, pretrain=(30, 4), random_state=3)
@@ -423,7 +419,7 @@ def test_random_state_reproducible(solver):
 
 
 def test_numpy_and_torch_in_and_out():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, yt = _toy(rng, n=40)
     gp_np = _gp(max_iter=5, random_state=0).fit(X, y)
     gp_t = _gp(max_iter=5, random_state=0).fit(torch.from_numpy(X), torch.from_numpy(y))
@@ -447,7 +443,7 @@ def test_numpy_and_torch_in_and_out():
 
 
 def test_column_y_is_accepted_with_sklearn_warning():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=30)
     a = _gp(random_state=0).fit(X, y)
     for y2 in (y.reshape(-1, 1), torch.from_numpy(y).reshape(-1, 1)):
@@ -457,7 +453,7 @@ def test_column_y_is_accepted_with_sklearn_warning():
 
 
 def test_hyperparameters_in_original_units():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=40)
     a = _gp(max_iter=10, random_state=0).fit(X, y)
     b = _gp(max_iter=10, random_state=0).fit(X * 10.0 + 3.0, y * 5.0 - 1.0)
@@ -471,7 +467,7 @@ def test_hyperparameters_in_original_units():
 
 
 def test_tol_stops_early_and_lbfgs_runs():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, yt = _toy(rng, n=40)
     gp = _gp(optimizer="adam", max_iter=200, tol=1e-2, random_state=0).fit(X, y)  # 2 windows of 10 at least
     assert 20 <= gp.n_iter_ < 200 and len(gp.history_) == gp.n_iter_ and gp.converged_
@@ -481,7 +477,7 @@ def test_tol_stops_early_and_lbfgs_runs():
 
 
 def test_pretrain_subset_larger_than_n_is_skipped():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _, _ = _toy(rng, n=20)
     with pytest.warns(UserWarning, match=r"pretrain=\(50, 10\): its 50 points >= n_samples=20"):
         gp = _gp(pretrain=(50, 10), random_state=0).fit(X, y)
@@ -489,7 +485,7 @@ def test_pretrain_subset_larger_than_n_is_skipped():
 
 
 def test_verbose_output(capsys):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _, _ = _toy(rng, n=20)
     _gp(verbose=False).fit(X, y)
     out = capsys.readouterr()
@@ -527,7 +523,7 @@ def test_pickle_round_trip(fitted):
 @cuda
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])
 def test_cuda_matches_cpu(solver):
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt, yt = _toy(rng, n=200)
     kw = dict(solver=solver, max_iter=20, dtype="float64", random_state=0)
     cpu = _gp(**kw).fit(X, y)
@@ -552,7 +548,7 @@ def test_cuda_matches_cpu(solver):
 @pytest.mark.cuda
 @cuda
 def test_cuda_default_device_and_save_load(tmp_path):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=100)
     gp = ExactGP(max_iter=5, verbose=False, random_state=0).fit(X, y)
     assert gp.device_.type == "cuda"
@@ -565,7 +561,7 @@ def test_cuda_default_device_and_save_load(tmp_path):
 
 
 def test_auto_trains_with_cg_above_the_training_cap_but_predicts_exactly(monkeypatch):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=40)
     monkeypatch.setitem(est_mod.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 20)
     gp = _gp(max_iter=2).fit(X, y)
@@ -619,7 +615,7 @@ def test_plan_fit_decides_for_the_full_data_and_the_subset_alike():
 
 
 def test_the_plan_is_recorded_on_the_estimator(monkeypatch):
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, _, _ = _toy(rng, n=40)
     monkeypatch.setitem(est_mod.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 30)
     gp = _gp(max_iter=2, pretrain=(20, 2), random_state=0).fit(X, y)
@@ -634,7 +630,7 @@ def test_the_plan_is_recorded_on_the_estimator(monkeypatch):
 # the CG settings: one object, given as a CGSettings or a dict of its fields
 # ----------------------------------------------------------------------------------------------------------
 def test_cg_settings_as_object_or_dict_fit_the_same():
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt, _ = _toy(rng, n=40)
     kw = dict(solver="cg", max_iter=3, random_state=1)
     a = _gp(cg=gpfast.CGSettings(max_cg_iterations=7, predict_cg_tolerance=1e-4), **kw).fit(X, y)

@@ -9,18 +9,12 @@ import torch
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
 
-from conftest import DEVICES
+from conftest import DEVICES, fresh_rng
 from gpfast.estimator import ExactGP
 from gpfast.estimator.hyperparameters import LENGTHSCALE_BOUNDS, NOISE_CEILING, NOISE_FLOORS, OUTPUTSCALE_BOUNDS
 
 # short fits (a few optimiser steps) are enough for what these tests check
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-
-
-def _rng():
-    """A fresh random generator each run; the seed goes in assertion messages so a failure can be replayed."""
-    seed = int(np.random.SeedSequence().entropy % 2**32)
-    return np.random.default_rng(seed), seed
 
 
 def _data(rng, n=40, d=3, n_test=7):
@@ -51,7 +45,7 @@ def test_lml_matches_sklearn_value_and_gradient():
     """At the initial hyperparameters (constant mean 0 in standardised units, scikit-learn's normalize_y model),
     value and gradient at random theta equal scikit-learn's, whose theta is [log constant, log lengthscales in X's
     units, log noise]."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, _ = _data(rng)
     gp = _gp(max_iter=0).fit(X, y)
     kernel = ConstantKernel(1.0) * RBF(np.ones(3)) + WhiteKernel(1.0)
@@ -68,7 +62,7 @@ def test_lml_matches_sklearn_value_and_gradient():
 
 @pytest.mark.parametrize("ard", [True, False])
 def test_lml_gradient_by_finite_differences(ard):
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, _ = _data(rng, n=30)
     gp = _gp(max_iter=5, ard=ard).fit(X, y)
     assert gp.theta_.shape == ((3 if ard else 1) + 2,)
@@ -80,7 +74,7 @@ def test_lml_gradient_by_finite_differences(ard):
 
 
 def test_theta_is_the_fitted_hyperparameters():
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, _ = _data(rng)
     gp = _gp(max_iter=1000).fit(X * 7.0, y * 3.0 - 5.0)
     assert gp.converged_, f"seed {seed}"
@@ -102,7 +96,7 @@ def test_theta_is_the_fitted_hyperparameters():
 
 
 def test_lml_arguments_are_checked():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _ = _data(rng, n=20)
     gp = _gp(max_iter=0).fit(X, y)
     with pytest.raises(ValueError, match="eval_gradient=True needs a theta, got theta=None"):
@@ -122,7 +116,7 @@ def test_lml_arguments_are_checked():
 @pytest.mark.parametrize("device", DEVICES)
 def test_lml_gradient_on_device_matches_float64_cpu(device):
     """On the GPU the gradient flows through the fused backward of rbf_covariance; it matches the CPU's."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, _ = _data(rng, n=200, d=4)
     gp = _gp(max_iter=3, device=device).fit(X, y)
     theta = gp.theta_ + rng.normal(0, 0.3, 6)
@@ -147,9 +141,19 @@ def _assert_moments(samples, mean, cov, msg):
     np.testing.assert_array_less(np.abs(np.cov(samples) - cov), 5 * se, err_msg=msg)
 
 
+def _assert_output_samples(gp, Xt, rng, seed):
+    """sample_y of a fit of two outputs on the four points Xt: shape (4, 2, N), and each output's moments those
+    of predict(return_cov=True)."""
+    mean, cov = gp.predict(Xt, return_cov=True)
+    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)))
+    assert samples.shape == (4, 2, 20000)
+    for j in range(2):
+        _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
+
+
 @pytest.mark.parametrize("include_noise", [True, False])
 def test_sample_y_moments_match_predict(include_noise):
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng, n=30, n_test=5)
     Xt[1] = Xt[0] + 1e-3  # nearby points: a nearly singular latent covariance
     gp = _gp(max_iter=10).fit(X, y)
@@ -160,7 +164,7 @@ def test_sample_y_moments_match_predict(include_noise):
 
 
 def test_sample_y_shapes_seeds_and_types():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt = _data(rng, n=20, n_test=4)
     gp = _gp(max_iter=3).fit(X, y)
     assert gp.sample_y(Xt).shape == (4, 1)
@@ -188,7 +192,7 @@ def test_fit_of_repeated_and_rescaled_columns_is_the_fit_of_one():
     """[y, y, 3 y + 1]: each output standardised on its own makes the three identical in standardised units, so the
     fit is that of y (same hyperparameters, same steps), the log likelihood three times y's, and each column's
     predictions those of y in its units."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng)
     msg = f"seed {seed}"
     a = _gp().fit(X, y)
@@ -218,7 +222,7 @@ def test_fit_of_repeated_and_rescaled_columns_is_the_fit_of_one():
 def test_fixed_hyperparameters_match_sklearn_multioutput(ard):
     """At fixed hyperparameters, means, stds, covariances and the summed log likelihood equal those of
     scikit-learn's GaussianProcessRegressor with normalize_y=True on the same (n, k) targets."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng)
     Y = _outputs(rng, X, 3)
     ls = X.std(0) * rng.uniform(0.5, 2.0, 3) if ard else float(rng.uniform(0.5, 2.0))
@@ -252,7 +256,7 @@ def test_optimised_fit_matches_sklearn_multioutput():
     to ~6% of std(y) in the predictions on such data), so the comparison is in two parts: (1) gpfast's optimum is at
     least scikit-learn's (a mean of 0 is one of its models; both optimisers stop at a relative ftol of 2.2e-9);
     (2) scikit-learn given gpfast's fitted hyperparameters and mean predicts what gpfast predicts."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=60)
     Y = _outputs(rng, X, 3)
     gp = _gp().fit(X, Y)
@@ -274,7 +278,7 @@ def test_optimised_fit_matches_sklearn_multioutput():
 
 
 def test_multioutput_lml_gradient_and_samples():
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=30, n_test=4)
     Y = _outputs(rng, X, 2)
     gp = _gp(max_iter=10).fit(X, Y)
@@ -283,17 +287,13 @@ def test_multioutput_lml_gradient_and_samples():
     value, grad = gp.log_marginal_likelihood(theta, eval_gradient=True)
     fd = _central_differences(gp.log_marginal_likelihood, theta)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8 * max(abs(value), 1.0), err_msg=f"seed {seed}")
-    mean, cov = gp.predict(Xt, return_cov=True)
-    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)))
-    assert samples.shape == (4, 2, 20000)
-    for j in range(2):
-        _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
+    _assert_output_samples(gp, Xt, rng, seed)
     t = gp.sample_y(torch.from_numpy(Xt), 5, random_state=3)
     assert torch.is_tensor(t) and t.shape == (4, 2, 5)
 
 
 def test_multioutput_with_torch_targets_and_one_column():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt = _data(rng, n=25, n_test=3)
     Y = np.stack([y, -y], 1)
     a = _gp(max_iter=5).fit(X, Y)
@@ -311,7 +311,7 @@ def test_multioutput_with_torch_targets_and_one_column():
     ],
 )
 def test_multioutput_outside_the_engine_is_a_clear_error(params, match):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _ = _data(rng, n=20)
     gp = _gp(**params)
     if "cg" in params:
@@ -327,7 +327,7 @@ def test_auto_trains_several_outputs_as_one_above_the_training_cap(monkeypatch):
     import gpfast.estimator.solver as solver_module
 
     monkeypatch.setitem(solver_module.AUTO_TRAIN_CHOLESKY_MAX_N, "cpu", 10)
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _ = _data(rng, n=20)
     gp = ExactGP(device="cpu", max_iter=3).fit(X, np.stack([y, y], 1))
     assert (gp.solver_, gp.train_solver_, gp.trainer_) == ("cholesky", "cg", "gpfast")
@@ -352,7 +352,7 @@ def test_engine_step_of_several_outputs_is_the_mean_of_single_steps():
     probes, drawn from the same seed): data-fit terms averaged, the log-determinant counted once per point."""
     from gpfast.train import CGSettings, Engine
 
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     n, d, k = 150, 3, 3
     X = torch.from_numpy(rng.normal(size=(n, d)))
     Y = torch.from_numpy(rng.normal(size=(k, n))) + torch.sin(X @ torch.from_numpy(rng.normal(size=(d, k)))).T
@@ -378,7 +378,7 @@ def test_engine_step_of_several_outputs_is_the_mean_of_single_steps():
 def test_cg_fit_of_repeated_columns_is_the_fit_of_one():
     """solver="cg": a fit of [y, y] takes the engine steps of a fit of y (the loss is per point and output) and
     predicts what it predicts, for both outputs."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng, n=60)
     kw = dict(solver="cg", max_iter=15, random_state=int(rng.integers(2**31)), dtype="float64")
     one = _gp(**kw).fit(X, y)
@@ -396,7 +396,7 @@ def test_cg_fit_of_repeated_columns_is_the_fit_of_one():
 def test_cg_predictions_of_several_outputs_match_cholesky():
     """The CG posterior of k = 3 outputs at the Cholesky fit's hyperparameters: means within 0.5% of std(y_j) and
     stds within 2% of the exact ones (the CG posterior certifies 1e-5 std(y) and 1% of each variance)."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=80, n_test=9)
     Y = _outputs(rng, X, 3)
     init = dict(noise_init=0.05, outputscale_init=1.0, lengthscale_init=X.std(0), max_iter=0)
@@ -415,7 +415,7 @@ def test_cg_predictions_of_several_outputs_match_cholesky():
 
 
 def test_save_load_with_several_outputs(tmp_path):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, _, Xt = _data(rng, n=25, n_test=5)
     Y = _outputs(rng, X, 3)
     gp = _gp(max_iter=5).fit(X, Y)
@@ -437,7 +437,7 @@ def test_independent_outputs_equal_single_fits():
     predicts what the single fit predicts, to rounding (the issue's bar is 1% of std(y)). A low-noise run goes
     towards the noise floor, where the loss is flat to its rounding and the two paths, whose evaluations differ
     by rounding, can end apart: there the first runs agree and the batched fit is never worse than its first."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=40)
     Y = _outputs(rng, X, 3)
     Y[:, 1] = 0.3 * np.cos(3 * X[:, 0] / X[:, 0].std()) + 0.05 * rng.normal(size=40)  # a faster-varying output
@@ -473,7 +473,7 @@ def test_independent_outputs_equal_single_fits():
 def test_independent_outputs_lml_gradient_samples_and_pickle():
     import pickle
 
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=25, n_test=4)
     Y = _outputs(rng, X, 2)
     gp = _gp(independent_outputs=True, max_iter=5, ard=False).fit(X, Y)
@@ -484,11 +484,7 @@ def test_independent_outputs_lml_gradient_samples_and_pickle():
     flat = lambda t: gp.log_marginal_likelihood(t.reshape(2, 3))  # noqa: E731
     fd = _central_differences(flat, theta.ravel()).reshape(2, 3)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8 * max(abs(value), 1.0), err_msg=f"seed {seed}")
-    mean, cov = gp.predict(Xt, return_cov=True)
-    samples = gp.sample_y(Xt, n_samples=20000, random_state=int(rng.integers(2**31)))
-    assert samples.shape == (4, 2, 20000)
-    for j in range(2):
-        _assert_moments(samples[:, j], mean[:, j], cov[..., j], f"seed {seed}, output {j}")
+    _assert_output_samples(gp, Xt, rng, seed)
     back = pickle.loads(pickle.dumps(gp))
     np.testing.assert_array_equal(back.predict(Xt), gp.predict(Xt))
     shared = gp.set_params(independent_outputs=False).fit(X, Y)  # a refit leaves nothing of the independent fit
@@ -504,7 +500,7 @@ def test_independent_outputs_lml_gradient_samples_and_pickle():
     ],
 )
 def test_independent_outputs_arguments_are_checked(params, match):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _ = _data(rng, n=20)
     gp = _gp(**{"independent_outputs": True, **params})
     with pytest.raises(ValueError, match=match):
@@ -519,7 +515,7 @@ def test_independent_outputs_above_the_cholesky_cap_equal_their_single_fits(monk
     import gpfast.estimator.solver as solver_module
 
     monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 100)
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=300, n_test=20)
     Y = _outputs(rng, X, 3)
     gp = _gp(solver="auto", independent_outputs=True, random_state=seed).fit(X, Y)
@@ -544,7 +540,7 @@ def test_independent_outputs_above_the_cholesky_cap_equal_their_single_fits(monk
 def test_independent_outputs_stop_on_their_own_test(monkeypatch):
     """An output that converges leaves the batch: beside an output of high frequency and little noise, each takes
     its single fit's steps (count and losses), neither held back nor pushed on by the other."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng, n=300)
     Y = np.stack([y, np.sin(8 * (X[:, 0] - X[:, 0].mean()) / X[:, 0].std()) + 0.01 * rng.normal(size=300)], 1)
     gp = _gp(solver="cg", independent_outputs=True, random_state=seed, max_iter=300).fit(X, Y)
@@ -557,7 +553,7 @@ def test_independent_outputs_stop_on_their_own_test(monkeypatch):
 
 def test_independent_outputs_on_the_engine_save_and_load(tmp_path):
     """A fit trained by the engine saves its rows of theta and loads with the same CG predictions."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=120, n_test=5)
     gp = _gp(solver="cg", independent_outputs=True, random_state=seed, max_iter=15).fit(X, _outputs(rng, X, 2))
     gp.save(tmp_path / "gp.pt")
@@ -577,14 +573,14 @@ def test_independent_outputs_on_the_engine_save_and_load(tmp_path):
     ],
 )
 def test_independent_outputs_on_the_engine_refuse_what_they_do_not_support(params, match):
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, _ = _data(rng, n=30)
     with pytest.raises(ValueError, match=match):
         _gp(solver="cg", independent_outputs=True, **params).fit(X, np.stack([y, -y], 1))
 
 
 def test_independent_outputs_with_one_output_is_an_ordinary_fit():
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, y, Xt = _data(rng, n=20)
     a = _gp(max_iter=5).fit(X, y)
     b = _gp(max_iter=5, independent_outputs=True).fit(X, y)
@@ -593,7 +589,7 @@ def test_independent_outputs_with_one_output_is_an_ordinary_fit():
 
 def test_independent_outputs_save_and_load(tmp_path):
     """A saved fit with independent_outputs=True loads with the same predictions, likelihood and attributes."""
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, _, Xt = _data(rng, n=25, n_test=5)
     Y = _outputs(rng, X, 3)
     gp = _gp(independent_outputs=True, max_iter=4).fit(X, Y)
@@ -628,7 +624,7 @@ def test_independent_outputs_save_and_load(tmp_path):
 def test_independent_outputs_inconsistent_files(tmp_path, key, value, expected):
     from gpfast.estimator.persistence import read_state, write_state
 
-    rng, _ = _rng()
+    rng, _ = fresh_rng()
     X, _, _ = _data(rng, n=15)
     gp = _gp(independent_outputs=True, max_iter=2).fit(X, _outputs(rng, X, 2))
     gp.save(tmp_path / "gp.pt")
@@ -647,7 +643,7 @@ def test_interrupted_engine_fit_of_several_outputs_resumes_bit_for_bit(monkeypat
     a fit stopped after its second checkpoint resumes to the uninterrupted fit, bit for bit on the CPU."""
     from test_checkpoint import ENGINE, _fit, _interrupted
 
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng, n=80)
     Y = np.stack([y, np.cos(X[:, 0]) + 0.1 * rng.normal(size=80)], 1)
     path = tmp_path / "fit.ckpt"
@@ -667,7 +663,7 @@ def test_several_outputs_above_the_exact_cap_report_the_cg_estimate(monkeypatch)
     import gpfast.estimator.solver as solver_module
 
     monkeypatch.setitem(solver_module.AUTO_CHOLESKY_MAX_N, "cpu", 10)
-    rng, seed = _rng()
+    rng, seed = fresh_rng()
     X, y, Xt = _data(rng, n=60)
     gp = _gp(solver="cg", max_iter=2, dtype="float64").fit(X, np.stack([y, np.cos(X[:, 0])], 1))
     assert (gp.solver_, gp.trainer_, gp.log_marginal_likelihood_method_) == ("cg", "gpfast", "cg_estimate")
