@@ -42,6 +42,20 @@ log() { echo "== $* ($(date +%T))"; }
 # CMD on GPU $G with the smaller of CAP and what is left of the budget, appending to LOG; under 15 s left it is
 # skipped (rc 124), so that the whole stage stays inside one call.
 budget_start() { B_BUDGET=$1; B_T0=$SECONDS; }
+# Stages with a results folder: stage_begin NAME BUDGET [BUILD_CAP] starts the budget, builds for sm_90 (log
+# $OUT/NAME_build.log; the architecture is part of the build's cache key, so the tests and benchmarks reuse it) and
+# makes $res = $OUT/NAME_results; stage_end NAME packs $res into NAME_results.tar.gz (one file: the transfer limits
+# count files) and says the stage's time.
+stage_begin() {
+  budget_start "$2"
+  export TORCH_CUDA_ARCH_LIST=9.0
+  res="$OUT/$1_results"; mkdir -p "$res"
+  brun "${3:-240}" "$OUT/$1_build.log" python -m gpfast.build || { tail -40 "$OUT/$1_build.log"; exit 1; }
+  echo "build done at $(( SECONDS - B_T0 )) s"
+}
+stage_end() { tar czf "$OUT/$1_results.tar.gz" -C "$OUT" "$1_results" && rm -rf "$res"; echo "$1: $(( SECONDS - B_T0 )) s"; }
+# The UCI rows' common arguments: split 0, 50 Adam steps at lr 0.1, the data carried to .data/uci.
+UCI=(python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet)
 brun() {
   local cap=$1 logf=$2 left=$(( B_BUDGET - (SECONDS - B_T0) )); shift 2
   [ "$left" -lt "$cap" ] && cap=$left
@@ -333,120 +347,98 @@ PYEOF
       # n = 100k, rows c (the engine) and "exact" (the same 50 Adam steps with exact gradients) on pol, elevators,
       # bike and kin40k, then step_anatomy on the seven sets. Files in $OUT: accuracy_*.log and
       # accuracy_results.tar.gz (unpack into experiments/results).
-      budget_start ${ACCURACY_BUDGET:-560}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/accuracy_results"; mkdir -p "$res"
-      brun 240 "$OUT/accuracy_build.log" python -m gpfast.build || { tail -40 "$OUT/accuracy_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s"
+      stage_begin accuracy ${ACCURACY_BUDGET:-560}
       brun 60 "$OUT/accuracy_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_train.py \
         tests/test_cg_posterior.py tests/test_dense_matmul.py; echo "tests rc=$?"; tail -3 "$OUT/accuracy_tests.log"
       brun 100 "$OUT/accuracy_cgpred.log" python -m experiments.cg_prediction --agree 100000 --points 400 --out "$res"
       echo "cg_prediction rc=$?"; grep -E "^\| " "$OUT/accuracy_cgpred.log" | tail -4
-      brun 200 "$OUT/accuracy_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --datasets pol elevators bike kin40k --rows gpfast exact \
+      brun 200 "$OUT/accuracy_uci.log" "${UCI[@]}" \
+        --datasets pol elevators bike kin40k --rows gpfast exact \
         --stem uci_pol_elevators_bike_kin40k_c_exact --out "$res"; echo "uci rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k) " "$OUT/accuracy_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,20
       brun 120 "$OUT/accuracy_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/accuracy_anatomy.log" | tail -9
-      tar czf "$OUT/accuracy_results.tar.gz" -C "$OUT" accuracy_results && rm -rf "$res"
-      echo "accuracy: $(( SECONDS - B_T0 )) s" ;;
+      stage_end accuracy ;;
     engine)
       # The engine's CUDA graphs and its final re-solve, in one call of at most ENGINE_BUDGET seconds (default 570):
       # build, the CUDA tests of the graphs, the engine and the CG posterior, row c on the seven sets, step_anatomy
       # on the seven sets, then row "exact" on protein (about 4 s a step). Files in $OUT: engine_*.log and
       # engine_results.tar.gz (unpack into experiments/results).
-      budget_start ${ENGINE_BUDGET:-570}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/engine_results"; mkdir -p "$res"
-      brun 240 "$OUT/engine_build.log" python -m gpfast.build || { tail -40 "$OUT/engine_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s"
+      stage_begin engine ${ENGINE_BUDGET:-570}
       brun 90 "$OUT/engine_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
         tests/test_train.py tests/test_cg_posterior.py; echo "tests rc=$?"; tail -3 "$OUT/engine_tests.log"
-      brun 150 "$OUT/engine_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      brun 150 "$OUT/engine_uci.log" "${UCI[@]}" \
+        --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/engine_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
       brun 130 "$OUT/engine_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/engine_anatomy.log" | tail -9
-      brun 260 "$OUT/engine_exact.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --datasets protein --rows exact --stem uci_protein_exact --out "$res"
+      brun 260 "$OUT/engine_exact.log" "${UCI[@]}" \
+        --datasets protein --rows exact --stem uci_protein_exact --out "$res"
       echo "exact protein rc=$?"; grep -E "^\| protein" "$OUT/engine_exact.log" | cut -d'|' -f2,5,7,9,12,13
-      tar czf "$OUT/engine_results.tar.gz" -C "$OUT" engine_results && rm -rf "$res"
-      echo "engine: $(( SECONDS - B_T0 )) s" ;;
+      stage_end engine ;;
     tensor_cores)
       # The tensor-core kernels and the one-launch pivot blocks, in one call of at most TC_BUDGET seconds (default
       # 585): build, every CUDA test, row c on the seven sets (the engine with the tensor-core backward and the
       # pivot kernel), the bilinear backward's sweep, step_anatomy (3 steps a pass), then the K @ V / forward sweep.
       # Files in $OUT: tc_*.log and tc_results.tar.gz (unpack into experiments/results).
-      budget_start ${TC_BUDGET:-585}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/tc_results"; mkdir -p "$res"
-      brun 240 "$OUT/tc_build.log" python -m gpfast.build || { tail -40 "$OUT/tc_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s"
+      stage_begin tc ${TC_BUDGET:-585}
       brun 130 "$OUT/tc_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests; echo "tests rc=$?"
       grep -E "^(FAILED|ERROR)" "$OUT/tc_tests.log" | head -30; tail -2 "$OUT/tc_tests.log"
-      brun 120 "$OUT/tc_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      brun 120 "$OUT/tc_uci.log" "${UCI[@]}" \
+        --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/tc_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
       echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/tc_uci.log")"
-      brun 60 "$OUT/tc_bilinear.log" python -m experiments.bench_bilinear --reps 10; echo "bench_bilinear rc=$?"
-      grep -E "^\| " "$OUT/tc_bilinear.log" | tail -22
+      # the two sweeps are the tensor-core branches' scripts (bwd, tcfwd): skipped where they are not merged
+      if [ -f experiments/bench_bilinear.py ]; then
+        brun 60 "$OUT/tc_bilinear.log" python -m experiments.bench_bilinear --reps 10; echo "bench_bilinear rc=$?"
+        grep -E "^\| " "$OUT/tc_bilinear.log" | tail -22
+      fi
       brun 90 "$OUT/tc_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --steps 3 \
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/tc_anatomy.log" | tail -9
-      brun 100 "$OUT/tc_sweep.log" python -m experiments.bench_tensor_cores --first-only; echo "bench_tensor_cores rc=$?"
-      grep -E "^\| " "$OUT/tc_sweep.log" | tail -30
+      if [ -f experiments/bench_tensor_cores.py ]; then
+        brun 100 "$OUT/tc_sweep.log" python -m experiments.bench_tensor_cores --first-only
+        echo "bench_tensor_cores rc=$?"; grep -E "^\| " "$OUT/tc_sweep.log" | tail -30
+      fi
       cp experiments/results/bench_bilinear.* experiments/results/bench_tensor_cores.* "$res"/ 2>/dev/null
-      tar czf "$OUT/tc_results.tar.gz" -C "$OUT" tc_results && rm -rf "$res"
-      echo "tensor_cores: $(( SECONDS - B_T0 )) s" ;;
+      stage_end tc ;;
     engine_check)
       # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
       # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed
-      # its tolerance in the tensor_cores stage: does the fit still warn?). Files in $OUT: check_*.log.
-      budget_start ${CHECK_BUDGET:-300}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      brun 200 "$OUT/check_build.log" python -m gpfast.build || { tail -40 "$OUT/check_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s"
+      # its tolerance in the tensor_cores stage: does the fit still warn?). Files in $OUT: check_*.log and
+      # check_results.tar.gz.
+      stage_begin check ${CHECK_BUDGET:-300} 200
       brun 60 "$OUT/check_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
         tests/test_cuda_graphs.py tests/test_train.py tests/test_cg_posterior.py; echo "tests rc=$?"
       grep -E "^(FAILED|ERROR)" "$OUT/check_tests.log" | head; tail -1 "$OUT/check_tests.log"
-      brun 40 "$OUT/check_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --rows gpfast --datasets bike --stem uci_bike_c --out "$OUT"; echo "uci rc=$?"
+      brun 40 "$OUT/check_uci.log" "${UCI[@]}" \
+        --rows gpfast --datasets bike --stem uci_bike_c --out "$res"; echo "uci rc=$?"
       grep -E "^\| bike" "$OUT/check_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
       echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/check_uci.log")"
-      echo "engine_check: $(( SECONDS - B_T0 )) s" ;;
+      stage_end check ;;
     accuracy_large)
       # Row "exact" (50 Adam steps with float64 Cholesky gradients, about 4.7 s a step) on keggdirected, then the CG
       # posterior's cost at 1M points, in one call of at most ACCURACY_BUDGET seconds (default 560). Row c of the
       # large sets comes from the engine stages; keggundirected's exact row (about 10 s a step, 520 s) does not fit
       # in one call beside the build. Files: accuracy_large_*.log and accuracy_large_results.tar.gz.
-      budget_start ${ACCURACY_BUDGET:-560}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/accuracy_large_results"; mkdir -p "$res"
-      brun 240 "$OUT/accuracy_large_build.log" python -m gpfast.build || { tail -40 "$OUT/accuracy_large_build.log"; exit 1; }
-      brun 330 "$OUT/accuracy_large_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda \
-        --splits 0 --iters 50 --lr 0.1 --quiet --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
+      stage_begin accuracy_large ${ACCURACY_BUDGET:-560}
+      brun 330 "$OUT/accuracy_large_uci.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
         --out "$res"; echo "uci keggdirected exact rc=$?"
       grep -E "^\| kegg" "$OUT/accuracy_large_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
       brun 120 "$OUT/accuracy_large_cg1m.log" python -m experiments.cg_prediction --scale 1000000 --sample 4 \
         --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_large_cg1m.log"
-      tar czf "$OUT/accuracy_large_results.tar.gz" -C "$OUT" accuracy_large_results && rm -rf "$res"
-      echo "accuracy_large: $(( SECONDS - B_T0 )) s" ;;
+      stage_end accuracy_large ;;
     final)
       # The last call of a round with little device time: build, every CUDA test, kin40k's rows c and exact, then the
       # CG posterior against the float64 Cholesky at n = CG_AGREE_N (default 30000). FINAL_BUDGET seconds (560).
-      budget_start ${FINAL_BUDGET:-560}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/final_results"; mkdir -p "$res"
-      brun 240 "$OUT/final_build.log" python -m gpfast.build || { tail -40 "$OUT/final_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s"
+      stage_begin final ${FINAL_BUDGET:-560}
       brun 90 "$OUT/final_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       tail -3 "$OUT/final_tests.log"
-      brun 240 "$OUT/final_uci.log" python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 \
-        --iters 50 --lr 0.1 --quiet --datasets kin40k --rows gpfast exact --stem uci_kin40k_c_exact --out "$res"
+      brun 240 "$OUT/final_uci.log" "${UCI[@]}" \
+        --datasets kin40k --rows gpfast exact --stem uci_kin40k_c_exact --out "$res"
       echo "uci kin40k rc=$?"; grep -E "^   (gpfast|exact)" "$OUT/final_uci.log"
       brun 150 "$OUT/final_cgpred.log" python -m experiments.cg_prediction --agree ${CG_AGREE_N:-30000} --points 300 \
         --out "$res"; echo "cg_prediction rc=$?"; grep -E "^n=|^\| " "$OUT/final_cgpred.log" | cut -c1-250 | tail -8
-      tar czf "$OUT/final_results.tar.gz" -C "$OUT" final_results && rm -rf "$res"
-      echo "final: $(( SECONDS - B_T0 )) s" ;;
+      stage_end final ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
