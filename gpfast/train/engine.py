@@ -46,6 +46,7 @@ Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -84,8 +85,8 @@ class EngineRecord:
     (:attr:`CGSettings.cuda_graph`); broke_down: some CG column met a non-positive curvature. product: "stored"
     or "matrix_free" and why; preconditioner_rank: k; num_probes: s; final_step_error: when the last solve missed
     its tolerance, the largest change that solving it to the tolerance made to a hyperparameter's gradient, in
-    units of that gradient's root mean square over the last steps (inf when even that solve missed; nan when the
-    last solve met the tolerance).
+    units of the root of Adam's second-moment estimate of that gradient (inf when even that solve missed; nan when
+    the last solve met the tolerance).
     """
 
     product: str = ""
@@ -216,11 +217,11 @@ class Engine:
         cap = state.cap
         estimate = None if (first or resample) else state.estimate
         checks = _checks(estimate, cap, cfg.cg_check_every)
-        measure = _measure if k == 1 else lambda rel: _measure(rel, k)
+        measure = functools.partial(_measure, k=k)
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks,
                   graph=state.graphs)  # fmt: skip
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
-        alpha = A[:, 0] if k == 1 else A
+        alpha = _data_solutions(res.x, k)
         grad = hutchinson_gradient(product, alpha, U, Z)
         if k == 1:
             data_fit_t = 0.5 * (B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])) / n
@@ -311,12 +312,12 @@ class Engine:
             return float("nan")
         limit = max(10 * cfg.cg_iteration_limit, _RESOLVE_MIN_ITERATIONS)
         k = state.B.shape[1] - state.s  # the data columns, one per output
-        measure = _measure if k == 1 else lambda rel: _measure(rel, k)
+        measure = functools.partial(_measure, k=k)
         res = pcg(product.matmul, state.B, state.pc.solve, state.x, None, cfg.cg_tolerance, limit,
                   measure=measure, check_at=range(10, limit, 10), graph=state.graphs)  # fmt: skip
         if float(measure(res.rel_residual)) > cfg.cg_tolerance:
             return float("inf")
-        grad = hutchinson_gradient(product, res.x[:, 0] if k == 1 else res.x[:, :k], res.x[:, k:], state.Z)
+        grad = hutchinson_gradient(product, _data_solutions(res.x, k), res.x[:, k:], state.Z)
         g = np.asarray((grad.vector() / product.n).tolist())
         scale = np.sqrt(np.asarray(state.g2) / (1.0 - ADAM_BETA2**state.g2_steps))
         return float(np.max(np.abs(g - np.asarray(state.g)) / np.maximum(scale, np.finfo(np.float64).tiny)))
@@ -514,6 +515,12 @@ def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
         f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
         f"was not modified."
     )
+
+
+def _data_solutions(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The solutions of the k data columns of a solve: (n,) for one output (the gradient's one-output form),
+    (n, k) for several."""
+    return x[:, 0] if k == 1 else x[:, :k]
 
 
 def _measure(rel: torch.Tensor, k: int = 1) -> torch.Tensor:
