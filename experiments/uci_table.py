@@ -18,6 +18,7 @@ then fine-tuning, and its own preprocessing), so compare with care.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import statistics
@@ -231,6 +232,20 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _cg_fields(pairs: list[str]) -> dict:
+    """``["field=value", ...]`` as a dict, each value read as a Python literal (a number, True, None) if it is."""
+    fields = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--cg takes FIELD=VALUE pairs, got {pair!r}")
+        try:
+            fields[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            fields[key] = value
+    return fields
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=None)
@@ -249,6 +264,14 @@ def main(argv=None) -> int:
         choices=list(ROWS + REFERENCE_ROWS),
         help="a subset of the rows (for example to spread one set's rows over two GPUs; --merge joins the files)",
     )
+    ap.add_argument(
+        "--cg",
+        nargs="+",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="gpfast.CGSettings fields for rows gpfast and exact, e.g. max_preconditioner_rank=1600 (recorded in the "
+        "rows and named under the table)",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", action="append", default=[], help="a line of text added under the table (repeatable)")
     ap.add_argument(
@@ -266,6 +289,9 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict] = []
     notes: list[str] = []
+    cg = _cg_fields(args.cg)
+    if cg:
+        notes.append("Row gpfast's CG settings (gpfast.CGSettings, the rest default): " + ", ".join(args.cg) + ".")
     if args.merge:
         all_rows, commits, notes = merge_rows(args.merge)
         present = {r["dataset"] for r in all_rows}
@@ -285,6 +311,7 @@ def main(argv=None) -> int:
                     device=args.device,
                     data_dir=args.data_dir,
                     seed=args.seed,
+                    cg=cg,
                     rows=args.rows,
                     verbose=not args.quiet,
                 )

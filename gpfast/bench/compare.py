@@ -113,9 +113,10 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
     return info, train_s, predict_s, mean.double().cpu().numpy(), var.double().cpu().numpy()
 
 
-def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="auto"):
+def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="auto", cg=None):
     gp = ExactGP(
         solver=solver,
+        cg=cg,
         max_iter=iters,
         lr=lr,
         optimizer="adam",
@@ -157,10 +158,10 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="au
     return info, train_s, predict_s, mean, var
 
 
-def _run_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
+def _run_row(name, X, y, Xt, iters, lr, seed, device, verbose, init, cg=None):
     if name in ("gpfast", "exact"):
         solver = "cholesky" if name == "exact" else "auto"
-        return _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver=solver)
+        return _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver=solver, cg=cg)
     return _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init)
 
 
@@ -176,6 +177,7 @@ def compare(
     verbose: bool = True,
     warmup: bool = True,
     init: dict[str, object] | None = None,
+    cg: dict | None = None,
 ) -> list[dict]:
     """Train and evaluate the rows of :data:`ROWS` on one split of a data set.
 
@@ -201,6 +203,9 @@ def compare(
     init : dict or None
         The initial hyperparameters of every row, in standardised units (keys ``init_lengthscale`` (list of d),
         ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
+    cg : dict or None
+        :class:`gpfast.CGSettings` fields for the ``"gpfast"`` and ``"exact"`` rows (``ExactGP(cg=...)``), recorded
+        in each row as ``cg_settings``; None keeps the defaults (recorded as ``{}``).
 
     Returns
     -------
@@ -228,16 +233,16 @@ def compare(
         "d": int(X.shape[1]),
     }
     common.update(iters=int(iters), lr=float(lr), seed=int(seed), device=str(dev), dtype="float32")
-    common.update(machine=machine(dev), date=now(), **init)
+    common.update(machine=machine(dev), date=now(), cg_settings=dict(cg or {}), **init)
 
     if warmup:
         nw = min(WARM_UP_POINTS, X.shape[0])
-        warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init) for name in rows)
+        warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init, cg) for name in rows)
 
     results: list[dict] = []
     for name in rows:
         row = dict(common, row=name)
-        row.update(_timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init))
+        row.update(_timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init, cg))
         results.append(row)
         gc.collect()
         if dev.type == "cuda":
@@ -261,11 +266,11 @@ def _inputs(dataset, split, data_dir, device):
     return data, dev, tensor(data.X_train), tensor(np.asarray(data.y_train).reshape(-1)), tensor(data.X_test), y_test
 
 
-def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, init) -> dict:
+def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, init, cg=None) -> dict:
     """One row's results, or its failure (out of memory, an error) without losing the other rows."""
     try:
         with PeakMemory(dev) as mem:
-            info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init)
+            info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init, cg)
     except torch.OutOfMemoryError as exc:
         if verbose:
             print(f"{name}: out of memory ({str(exc).splitlines()[0]})", file=sys.stderr)
