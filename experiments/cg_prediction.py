@@ -139,19 +139,21 @@ def _interval_stats(var: torch.Tensor, err: torch.Tensor, rtol: float) -> dict:
     }
 
 
-def scale(n: int, d: int, m: int, device: str, budget: float | None, mean_atol: float, quick_first: bool) -> dict:
+def scale(n: int, d: int, m: int, device: str, budget: float | None, mean_atol: float, quick_first: bool, local: int):
     """The whole pipeline for all m test points: set-up, means, variances (CG within ``budget`` seconds)."""
     dev = torch.device(device)
     X, y, Xt, ls = _data(n, d, m, dev)
     post, t_setup = _timed(
-        lambda: CGPosterior(X, y, ls, OUTPUTSCALE, NOISE, 0.0, dtype=torch.float32, mean_atol=mean_atol)
+        lambda: CGPosterior(
+            X, y, ls, OUTPUTSCALE, NOISE, 0.0, dtype=torch.float32, mean_atol=mean_atol, local_points=local
+        )
     )
     it_setup = post.iterations
     print(f"n={n}: set-up {t_setup:.1f} s ({it_setup} CG iterations), chunk {post._chunk()} points", flush=True)
     mean, t_mean = _timed(lambda: post.predict(Xt))
     row = {"n": n, "d": d, "device": str(dev), "test_points": m, "setup_s": t_setup}
     row.update(setup_cg_iterations=it_setup, mean_atol=mean_atol, mean_error_bound=post.mean_error, mean_s=t_mean)
-    row.update(chunk_points=post._chunk(), variance_budget_s=budget)
+    row.update(chunk_points=post._chunk(), variance_budget_s=budget, local_points=local)
     if quick_first:  # the bounds that need no solve, alone: what they certify and what they cost
         post.variance_budget = 0.0
         with warnings.catch_warnings():
@@ -300,6 +302,7 @@ def main(argv=None):
     ap.add_argument("--points", type=int, default=500, help="test and training points each (--agree)")
     ap.add_argument("--variance-budget", type=float, default=None, help="seconds of CG for the variances")
     ap.add_argument("--mean-atol", type=float, default=1e-3, help="certified mean error, in std(y)")
+    ap.add_argument("--local-points", type=int, default=512, help="nearest points of the bounds with no solve")
     ap.add_argument("--quick-first", action="store_true", help="also time the bounds that need no solve alone")
     ap.add_argument("--cg-iters", type=int, default=50, help="CG iterations timed by --pieces")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -308,7 +311,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     agree = [agreement(n, args.d, min(args.points, n), args.device) for n in args.agree]
     scaled = [
-        scale(n, args.d, args.test, args.device, args.variance_budget, args.mean_atol, args.quick_first)
+        scale(
+            n, args.d, args.test, args.device, args.variance_budget, args.mean_atol, args.quick_first, args.local_points
+        )
         for n in args.scale
     ]
     parted = [pieces(n, args.d, args.test, args.device, args.cg_iters, args.mean_atol) for n in args.pieces]
