@@ -330,8 +330,8 @@ class CGPosterior:
         todo = torch.nonzero(excess > 1).reshape(-1)
         todo = todo[torch.argsort(excess[todo], descending=True)]
         self._deadline = None if self.variance_budget is None else start + self.variance_budget
-        # CG blocks of at most 128 columns: a product costs about (d + t) per pair of points, so wider blocks
-        # gain at most 6% per column (d = 8), and narrower ones finish (are certified) sooner when a budget cuts them short
+        # CG blocks of at most 128 columns: a product costs about (d + t) per pair of points, so wider blocks gain
+        # at most 6% per column (d = 8), and narrower ones are certified sooner when a budget cuts them short
         block = min(chunk, 128)
         try:
             for a in range(0, todo.numel(), block):
