@@ -2,6 +2,7 @@
 badly conditioned (high signal-to-noise: the case where variances from loosely solved CG go negative)."""
 
 import math
+import time
 import warnings
 
 import numpy as np
@@ -95,6 +96,54 @@ def test_uncertified_variances_warn():
     with pytest.warns(CGPredictionWarning, match="certified only"):
         _, var = post.predict(X_test, return_var=True, include_noise=True)
     assert float(var.min()) >= noise  # even an uncertified answer stays a variance of y
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_variance_budget_keeps_certified_intervals(seed):
+    X, y, ls, s, noise, X_test = _problem(seed, n=300)
+    _, var_ex = _exact(X, y, ls, s, noise, X_test)
+    slack = 1e-9 * (s + noise)
+    post = CGPosterior(X, y, ls, s, noise, 0.0, dtype=torch.float32, rank=16, local_points=32, variance_budget=0.0)
+    iterations = post.iterations
+    with pytest.warns(CGPredictionWarning, match="certified only"):
+        mean0, var0 = post.predict(X_test, return_var=True, include_noise=True)
+    err0 = post.variance_error
+    assert post.iterations == iterations  # a spent budget starts no CG iteration
+    assert bool(((var0 - var_ex).abs() <= err0 + slack).all())
+    assert float(var0.min()) >= noise
+    # a budget that runs out part-way narrows intervals, never widens them, and they still hold the truth
+    post.variance_budget = 0.05
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CGPredictionWarning)
+        mean1, var1 = post.predict(X_test, return_var=True, include_noise=True)
+    elapsed = time.perf_counter() - start
+    err1 = post.variance_error
+    assert elapsed <= 0.05 + 2.0  # overrun: one CG iteration and one float64 residual (n = 300), and a busy CPU
+    assert bool((err1 <= err0 + slack).all())
+    assert bool(((var1 - var_ex).abs() <= err1 + slack).all())
+    torch.testing.assert_close(mean1, mean0, rtol=0, atol=0)
+    # no budget: every point certified
+    post.variance_budget = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CGPredictionWarning)
+        _, var2 = post.predict(X_test, return_var=True, include_noise=True)
+    assert float((post.variance_error / var2).max()) <= post.variance_rtol
+    assert bool(((var2 - var_ex).abs() <= post.variance_error + slack).all())
+
+
+def test_chunks_do_not_change_predictions():
+    X, y, ls, s, noise, X_test = _problem(9, n=300)
+    X_test = X_test[::5]
+    one = CGPosterior(X, y, ls, s, noise, 0.0, dtype=torch.float64, rank=64, chunk_bytes=1)
+    assert one._chunk() == 1
+    free = CGPosterior(X, y, ls, s, noise, 0.0, dtype=torch.float64, rank=64)
+    assert free._chunk() >= X_test.shape[0]  # a tenth of this machine's free memory holds all of them
+    mean1, var1 = one.predict(X_test, return_var=True, include_noise=True)
+    mean2, var2 = free.predict(X_test, return_var=True, include_noise=True)
+    torch.testing.assert_close(mean1, mean2, rtol=1e-12, atol=1e-12)
+    err = one.variance_error + free.variance_error  # both intervals certified: their middles are this close
+    assert bool(((var1 - var2).abs() <= err + 1e-9 * (s + noise)).all())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
