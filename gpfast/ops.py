@@ -494,8 +494,10 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
 def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kernel: str):
     """The lengthscale and outputscale gradients of :func:`rbf_matmul_backward` (``x_grads=False``) by a named CUDA
     kernel, for tests and benchmarks: ``"rows"`` (the float64 row pass), ``"bilinear4"`` or ``"bilinear8"``
-    (tensor cores, float32 only, 4 or 8 warps a block). Arguments as in :func:`rbf_matmul_backward` (d <= 32 and
-    t <= 32); returns ``(glengthscale, goutputscale)``, each of its input's shape.
+    (tensor cores, float32 only, 4 or 8 warps a block; for K(x, x) each pair once, with the weights of both
+    orders), or ``"bilinear4_nosym"`` and ``"bilinear8_nosym"`` (every ordered pair). Arguments as in
+    :func:`rbf_matmul_backward` (d <= 32 and t <= 32); returns ``(glengthscale, goutputscale)``, each of its input's
+    shape.
     """
     _ensure_loaded()
     x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)

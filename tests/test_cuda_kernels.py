@@ -285,7 +285,9 @@ def test_matmul_backward_mask_and_determinism(dtype, t):
     full = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)
     masked = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, False)
     assert masked[0].shape == (0,) and masked[1].shape == (0,)
-    if t <= 32:  # d = 9: the same kernel forms L and S with or without the points' gradients
+    # float64, d = 9: the same kernel forms L and S with or without the points' gradients (float32 without them
+    # takes the tensor-core kernel, tested against float64 below)
+    if t <= 32 and dtype == torch.float64:
         assert torch.equal(masked[2], full[2]) and torch.equal(masked[3], full[3])
     tol = 1e-10 if dtype == torch.float64 else 1e-6
     assert rel_err(masked[2], full[2]) < tol and rel_err(masked[3], full[3]) < tol
@@ -325,6 +327,7 @@ def test_outputscale_gradient_on_many_draws():
 # ------------------------------------------------------------------ the tensor-core (lengthscale, outputscale) backward
 
 BILINEAR = ["bilinear4", "bilinear8"]
+BILINEAR_ALL = [*BILINEAR, "bilinear4_nosym", "bilinear8_nosym"]
 
 
 def kernel_theta_grads(kernel, g, x1, x2, l, s, v):
@@ -393,7 +396,29 @@ def test_bilinear_backward_extreme_lengthscales(kernel, d, ls):
         assert rel_err(a, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
-@pytest.mark.parametrize("kernel", BILINEAR)
+@pytest.mark.parametrize("kernel", BILINEAR_ALL)
+@pytest.mark.parametrize("t", [1, 11, 17, 21])  # 21: more than 20 columns, every ordered pair
+@pytest.mark.parametrize("d", [3, 20, 32])
+@pytest.mark.parametrize("n", [1, 33, 129, 700])  # within one block, and ragged against 64- and 128-row blocks
+def test_bilinear_backward_self_kernel(kernel, t, d, n):
+    """K(x, x), the engine's case, where each pair is taken once with the weights of both orders (and the diagonal
+    tile halved), against float64 and against the row pass, with x far from the origin and duplicated points."""
+    torch.manual_seed(100 * d + t)
+    x, _, l, s = rand_inputs((), n, 1, d, "cuda")
+    x = x + 10.0
+    x[1::4] = x[::4][: x[1::4].shape[0]]  # exact duplicates off the diagonal
+    v, g = torch.randn(n, t, device="cuda"), torch.randn(n, t, device="cuda")
+    got = kernel_theta_grads(kernel, g, x, x, l, s, v)
+    rows = kernel_theta_grads("rows", g, x, x, l, s, v)
+    want = grads_of(lambda a, c, e, f: ref.rbf_matmul(a, a, c, e, f), [a.double() for a in (x, l, s, v)], g.double())
+    plain = grads_of(lambda a, c, e, f: ref.rbf_matmul(a, a, c, e, f), (x, l, s, v), g)
+    for name, a, r, p, o in zip(("lengthscale", "outputscale"), got, want[1:3], plain[1:3], rows):
+        bound = 4 * rel_err(p, r) + 1e-6
+        assert rel_err(a, r) <= bound, name
+        assert rel_err(a, o) <= bound, name
+
+
+@pytest.mark.parametrize("kernel", BILINEAR_ALL)
 @pytest.mark.parametrize("d", [9, 20])
 def test_bilinear_backward_large_self_kernel(kernel, d):
     """The engine's case: K(x, x) (duplicates on the diagonal) at n = 12,000, columns split over blocks; against the
@@ -434,7 +459,7 @@ def test_bilinear_backward_is_the_default_and_deterministic():
 def test_bilinear_backward_kernel_errors():
     x1, x2, l, s = canonical((), 10, 12, 3, torch.float32)
     v, g = torch.randn(1, 12, 2, device="cuda"), torch.randn(1, 10, 2, device="cuda")
-    with pytest.raises(RuntimeError, match="kernel must be 'rows', 'bilinear4' or 'bilinear8', got 'tc'"):
+    with pytest.raises(RuntimeError, match="'bilinear4_nosym' or 'bilinear8_nosym', got 'tc'"):
         torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, "tc")
     with pytest.raises(RuntimeError, match="takes float32, got Double"):
         torch.ops.gpfast._rbf_matmul_backward_kernel(*(a.double() for a in (g, x1, x2, l, s, v)), "bilinear4")

@@ -56,7 +56,8 @@ TORCH_LIBRARY(gpfast, m) {
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
   // The lengthscale and outputscale gradients of rbf_matmul (no point gradients) on CUDA with the named kernel:
-  // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32; csrc/README.md).
+  // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32), or the same with "_nosym"
+  // (every ordered pair of K(x, x), not each pair once; csrc/README.md).
   m.def(
       "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
       " Tensor v, str kernel) -> (Tensor, Tensor)");

@@ -9,13 +9,20 @@
 //   M [Y_J | Y_J o Y_J] (k = the 8 columns), whose A operand is the first two's accumulator, in registers: the
 //   columns of M are taken in the order 0, 2, 4, 6, 1, 3, 5, 7, which is the order a thread holds them in the
 //   accumulator layout, and the B operand's rows are read in the same order (no shuffles).
+// For K(x, x) (BilinearArgs::symmetric) each pair is taken once: with row weights [G | V] and column weights
+// [V | G], W'_ij = W_ij + W_ji, and since E and (y_i - y_j)^2 are symmetric, block I summing over the columns from
+// its own first row on (its diagonal tile with weight 1/2) gives the sums over all ordered pairs, at
+// 3 (D/8 + 2t/8 + D/4) rather than 6 (D/8 + t/8 + D/4) MMAs per 16 x 8 pairs (42 against 72 at d = 20, t = 17).
 //
 // Why tensor cores and this split. On CUDA cores the work is about 2d + t + 5 FMAs per pair (the distance, the
 // weight, the product with Y; 61 at d = 20, t = 17): 3.5 ms at the H200's peak for n = 44k, no margin below the
-// 5 ms target. On tensor cores it is 12 TF32 MMAs per 8 columns per k-step set, about 2.3 ms at peak with the
-// exponential and the elementwise work left to the CUDA cores. TF32 alone keeps 11 bits, so every product is
-// split 3xTF32: a = a_hi + a_lo (both rounded to nearest), a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops
-// a_lo b_lo (2^-22 relative) and leaves each product about as accurate as float32's own rounding.
+// 5 ms target. On tensor cores a warp's 16 x 8 pairs cost 3 (D / 8 + TK / 8 + D / 4) m16n8k8 MMAs (36 at d = 20,
+// t = 17), about 2.1 ms at the H200's dense TF32 peak, with the exponential and the elementwise work (about 10
+// instructions a pair) on the CUDA cores beside them. TF32 alone keeps 11 bits, so every product is split 3xTF32:
+// a = a_hi + a_lo (both rounded to nearest), a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops a_lo b_lo
+// (2^-24 relative) and leaves each product about as accurate as float32's own rounding. The B operands are
+// staged in shared memory so that a lane's fragment, hi and lo, is one 16-byte load: 4 scalar loads a fragment
+// would cost more shared-memory bandwidth than the MMAs take time.
 //
 // Why this summation. S and L are single sums of n m terms of either sign, so a running float32 sum would lose
 // log2(m) bits and more. The tensor cores sum 8 columns per MMA into an accumulator that is cleared every tile of
@@ -39,8 +46,12 @@ namespace cuda {
 
 constexpr int kBilTile = 32;  // columns staged per tile (4 chunks of 8)
 
-// Feature count of the tensor-core kernel: d rounded up to 8 (the MMA's k), at most 32.
-__host__ __device__ constexpr int bilinear_features(int d) { return d <= 8 ? 8 : d <= 16 ? 16 : d <= 24 ? 24 : 32; }
+// Feature or weight count of the tensor-core kernel: rounded up to 8, the MMA's k (at most 32 features, 40 weights).
+__host__ __device__ constexpr int bilinear_features(int d) { return (d + 7) / 8 * 8; }
+
+// Row pitch (32-bit words) of an operand row of `words` words stored as 16-byte fragments: 16 mod 32, so that
+// the 8 lanes of a quarter-warp (two rows, four fragments each) read 8 distinct groups of 4 banks.
+__host__ __device__ constexpr int bilinear_pitch(int words) { return words + (48 - words % 32) % 32; }
 
 struct BilinearArgs {
   const float* x1;     // rows' points (B, n, d)
@@ -52,6 +63,9 @@ struct BilinearArgs {
   double* part_s;      // (splits, row blocks, B): S
   int64_t n, m, batch, cols_per_split;
   int d, t;
+  // K(x, x) with weights g = [G | V], v = [V | G]: block I takes only the columns from its own first row on,
+  // with weights W_ij + W_ji for the pairs (i, j) and (j, i) at once, halved on its diagonal tile of rows x rows
+  bool symmetric;
 };
 
 __device__ __forceinline__ uint32_t tf32_round(float x) {
@@ -102,20 +116,25 @@ __device__ __forceinline__ void two_sum_add(float& s, float& c, float x) {
   c = __fadd_rn(c, err);
 }
 
-// D: features rounded up to 8 (bilinear_features); TK: right-hand sides rounded up to 8; kWarps warps of 16 rows.
+// D: features rounded up to 8 (bilinear_features); TK: weights (t, or 2t when symmetric) rounded up to 8; kWarps
+// warps of 16 rows.
 template <int D, int TK, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const BilinearArgs a) {
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
   constexpr int KD = D / 8, KT = TK / 8, NQ = D / 4;  // k-steps of the exponent and of W; n-tiles of M [Y | Y o Y]
-  // Pitches of 4 mod 8 (words) make every fragment load below free of bank conflicts.
-  constexpr int kYP = D + 4, kVP = TK + 4, kBP = 2 * D + 4;
-  __shared__ float s_y[kBilTile][kYP];  // the tile's columns, scaled (the near pairs' differences read them)
-  __shared__ uint32_t s_yh[kBilTile][kYP], s_yl[kBilTile][kYP];
-  __shared__ uint32_t s_vh[kBilTile][kVP], s_vl[kBilTile][kVP];
-  // B operand of M [Y | Y o Y]: column 2f is y_f, column 2f + 1 is y_f^2, so that n-tile q holds features
-  // 4q..4q+3 and the thread of quad lane t gets P and R of feature 4q + t side by side in its accumulator
-  __shared__ uint32_t s_bh[kBilTile][kBP], s_bl[kBilTile][kBP];
-  __shared__ float s_b2[kBilTile];
+  // B operands in shared memory, laid out so that a lane's whole fragment, hi and lo, is one 16-byte load
+  // (b0 hi, b1 hi, b0 lo, b1 lo), with pitches that make each quarter-warp's 8 loads hit 32 distinct banks:
+  //   s_yc[j][16 ks + 4 t + .]: column j's features 8 ks + t (b0) and 8 ks + t + 4 (b1) (exponent; pitch 16 mod 32)
+  //   s_vc[j][16 ks + 4 t + .]: the same for V_j's entries (weights)
+  //   s_bc[p][n][.]: rows 2p (b0) and 2p + 1 (b1) of B3 = [y_f, y_f^2 for each feature f] (column n = 2f or
+  //                  2f + 1), so that n-tile q holds features 4q..4q+3 and quad lane t gets P and R of feature
+  //                  4q + t side by side in its accumulator (row pitch 2 mod 8 in 16-byte units)
+  constexpr int kYC = bilinear_pitch(2 * D), kVC = bilinear_pitch(2 * TK), kNB = 2 * D + 2;
+  __shared__ float s_y[kBilTile][D];  // the tile's columns, scaled, for the near pairs' differences
+  __shared__ __align__(16) uint32_t s_yc[kBilTile][kYC];
+  __shared__ __align__(16) uint32_t s_vc[kBilTile][kVC];
+  __shared__ __align__(16) uint32_t s_bc[kBilTile / 2][kNB][4];
+  __shared__ __align__(8) float s_b2[kBilTile];
   __shared__ float s_mu[D], s_w[D];
   __shared__ double s_scratch[kWarps * (D + 1)];
   __shared__ double s_tot[D + 1];
@@ -125,7 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int split = blockIdx.y;
   const int64_t b = blockIdx.z;
-  const int64_t j_begin = split * a.cols_per_split;
+  const int64_t j_begin = (a.symmetric ? row0 : 0) + split * a.cols_per_split;
   const int64_t j_end = min(a.m, j_begin + a.cols_per_split);
   const int d = a.d, tt = a.t;
   const float* x1 = a.x1 + b * a.n * d;
@@ -182,31 +201,58 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
 #pragma unroll
   for (int q = 0; q < NQ; ++q) lsum[q] = lcmp[q] = 0.0f;
 
-  for (int64_t jt = j_begin; jt < j_end; jt += kBilTile) {
-    const int cols = static_cast<int>(min(static_cast<int64_t>(kBilTile), j_end - jt));
-    __syncthreads();  // the previous tile's reads are done
-    for (int e = tid; e < kBilTile * D; e += kThreads) {
-      const int jj = e / D, k = e - jj * D;
-      const float y = (jj < cols && k < d) ? scale_point(x2[(jt + jj) * d + k], s_mu[k], s_w[k]) : 0.0f;
+  // Staging: lanes [LPC sj, LPC sj + LPC) own column sj of a tile, features and right-hand sides sl + LPC i; the
+  // next tile's raw values are loaded into registers while this tile's products run.
+  constexpr int LPC = kThreads / kBilTile, XD = D / LPC, XT = TK / LPC;
+  static_assert(kThreads % kBilTile == 0 && D % LPC == 0 && TK % LPC == 0, "staging splits columns evenly");
+  const int sj = tid / LPC, sl = tid % LPC;
+  float px[XD], pv[XT];
+  bool pin = false;
+  auto fetch = [&](int64_t jt) {
+    const int64_t j = jt + sj;
+    pin = j < j_end;
+#pragma unroll
+    for (int i = 0; i < XD; ++i) px[i] = (pin && sl + LPC * i < d) ? x2[j * d + sl + LPC * i] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < XT; ++i) pv[i] = (pin && sl + LPC * i < tt) ? vc[j * tt + sl + LPC * i] : 0.0f;
+  };
+  auto stage = [&]() {
+    float nrm = 0.0f;
+#pragma unroll
+    for (int i = 0; i < XD; ++i) {
+      const int k = sl + LPC * i;
+      const float y = (pin && k < d) ? scale_point(px[i], s_mu[k], s_w[k]) : 0.0f;
+      nrm = fmaf(y, y, nrm);
       uint32_t h, l, h2, l2;
       split_tf32(y, h, l);
       split_tf32(__fmul_rn(y, y), h2, l2);
-      s_y[jj][k] = y;
-      s_yh[jj][k] = h, s_yl[jj][k] = l;
-      s_bh[jj][2 * k] = h, s_bl[jj][2 * k] = l;
-      s_bh[jj][2 * k + 1] = h2, s_bl[jj][2 * k + 1] = l2;
+      s_y[sj][k] = y;
+      const int yc = 16 * (k >> 3) + 4 * (k & 3) + ((k >> 2) & 1);
+      s_yc[sj][yc] = h, s_yc[sj][yc + 2] = l;
+      const int p = sj >> 1, par = sj & 1;
+      s_bc[p][2 * k][par] = h, s_bc[p][2 * k][2 + par] = l;
+      s_bc[p][2 * k + 1][par] = h2, s_bc[p][2 * k + 1][2 + par] = l2;
     }
-    for (int e = tid; e < kBilTile * TK; e += kThreads) {
-      const int jj = e / TK, c = e - jj * TK;
-      split_tf32((jj < cols && c < tt) ? vc[(jt + jj) * tt + c] : 0.0f, s_vh[jj][c], s_vl[jj][c]);
-    }
-    __syncthreads();
-    if (tid < kBilTile) {
-      float nrm = 0.0f;
 #pragma unroll
-      for (int k = 0; k < D; ++k) nrm = fmaf(s_y[tid][k], s_y[tid][k], nrm);
-      s_b2[tid] = -nrm;
+    for (int off = 1; off < LPC; off *= 2) nrm += __shfl_xor_sync(kFull, nrm, off);
+    if (sl == 0) s_b2[sj] = -nrm;
+#pragma unroll
+    for (int i = 0; i < XT; ++i) {
+      const int c = sl + LPC * i;
+      uint32_t h, l;
+      split_tf32(pv[i], h, l);
+      const int vi = 16 * (c >> 3) + 4 * (c & 3) + ((c >> 2) & 1);
+      s_vc[sj][vi] = h, s_vc[sj][vi + 2] = l;
     }
+  };
+
+  fetch(j_begin);
+  for (int64_t jt = j_begin; jt < j_end; jt += kBilTile) {
+    const int cols = static_cast<int>(min(static_cast<int64_t>(kBilTile), j_end - jt));
+    const float diag = a.symmetric && jt < row0 + kRows ? 0.5f : 1.0f;  // exact: a power of two
+    __syncthreads();  // the previous tile's reads are done
+    stage();
+    fetch(jt + kBilTile);
     __syncthreads();
 
     float acc[NQ][4];  // this tile's M [Y | Y o Y]: P (g), R (g), P (g + 8), R (g + 8) of feature 4q + t
@@ -220,21 +266,20 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       float cr[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       float cr_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int ks = 0; ks < KD; ++ks) {  // b0 (k = t, n = g), b1 (k = t + 4, n = g): column jb + g, feature k
-        const int k = 8 * ks + t;
-        mma_3xtf32_split(cr, cr_lo, ayh[ks], ayl[ks], s_yh[jb + g][k], s_yh[jb + g][k + 4], s_yl[jb + g][k],
-                         s_yl[jb + g][k + 4]);
+      for (int ks = 0; ks < KD; ++ks) {  // b0 (k = t, n = g), b1 (k = t + 4, n = g) of column jb + g
+        const uint4 f = *reinterpret_cast<const uint4*>(&s_yc[jb + g][16 * ks + 4 * t]);
+        mma_3xtf32_split(cr, cr_lo, ayh[ks], ayl[ks], f.x, f.y, f.z, f.w);
       }
 #pragma unroll
       for (int ks = 0; ks < KT; ++ks) {
-        const int c = 8 * ks + t;
-        mma_3xtf32_split(w, w_lo, agh[ks], agl[ks], s_vh[jb + g][c], s_vh[jb + g][c + 4], s_vl[jb + g][c],
-                         s_vl[jb + g][c + 4]);
+        const uint4 f = *reinterpret_cast<const uint4*>(&s_vc[jb + g][16 * ks + 4 * t]);
+        mma_3xtf32_split(w, w_lo, agh[ks], agl[ks], f.x, f.y, f.z, f.w);
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) cr[e] += cr_lo[e], w[e] += w_lo[e];
       // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1)
-      const float b2[2] = {s_b2[jb + 2 * t], s_b2[jb + 2 * t + 1]};
+      const float2 b2v = *reinterpret_cast<const float2*>(&s_b2[jb + 2 * t]);
+      const float b2[2] = {b2v.x, b2v.y};
       float ex[4];
       bool near = false;
 #pragma unroll
@@ -259,7 +304,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       }
       float mv[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mv[e] = w[e] * exp2_fast(fminf(ex[e], 0.0f));
+      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(fminf(ex[e], 0.0f));
       rs[0] += mv[0] + mv[1];
       rs[1] += mv[2] + mv[3];
       // A operand of M [Y | Y o Y] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
@@ -271,9 +316,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       split_tf32(mv[3], mh[3], ml[3]);
 #pragma unroll
       for (int q = 0; q < NQ; ++q) {  // b0 (k = t: column jb + 2t), b1 (k = t + 4: column jb + 2t + 1), n = g
-        const int n = 8 * q + g;
-        mma_3xtf32(acc[q], mh, ml, s_bh[jb + 2 * t][n], s_bh[jb + 2 * t + 1][n], s_bl[jb + 2 * t][n],
-                   s_bl[jb + 2 * t + 1][n]);
+        const uint4 f = *reinterpret_cast<const uint4*>(&s_bc[jb / 2 + t][8 * q + g][0]);
+        mma_3xtf32(acc[q], mh, ml, f.x, f.y, f.z, f.w);
       }
     }
     // fold the tile into the totals: the row sums of M over the quad, then per row sum_j M_ij (y_i - y_j)^2

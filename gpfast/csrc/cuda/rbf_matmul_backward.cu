@@ -48,9 +48,9 @@ Grads rows_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor&
 }
 
 Grads bilinear_grads(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                     const at::Tensor& outputscale, const at::Tensor& V, int warps) {
+                     const at::Tensor& outputscale, const at::Tensor& V, int warps, bool allow_symmetric) {
   auto [gl, gs] = bilinear_backward(G, x1.contiguous(), x2.contiguous(), lengthscale.contiguous(),
-                                    outputscale.contiguous(), V, warps);
+                                    outputscale.contiguous(), V, warps, allow_symmetric);
   return {not_computed(x1), not_computed(x1), gl, gs};
 }
 
@@ -64,7 +64,8 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
     return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
   const int64_t t = v.size(2);
-  if (bilinear_backward_applies(x1, t, x_grads)) return bilinear_grads(G, x1, x2, lengthscale, outputscale, V, 4);
+  if (bilinear_backward_applies(x1, t, x_grads))
+    return bilinear_grads(G, x1, x2, lengthscale, outputscale, V, 4, true);
   if (feature_bucket(x1.size(2)) == 0 || t > 32) {  // dense blocks of K, float64
     const at::Tensor G64 = G.to(at::kDouble), Vt = V.to(at::kDouble).transpose(1, 2);
     return dense_backward(x1, x2, lengthscale, outputscale, x_grads,
@@ -74,16 +75,21 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
 }
 
 // The lengthscale and outputscale gradients (x_grads = false) by the named kernel: "rows" (the float64 row pass),
-// "bilinear4" or "bilinear8" (tensor cores, 4 or 8 warps a block; float32 only).
+// "bilinear4" or "bilinear8" (tensor cores, 4 or 8 warps a block; float32 only), each pair once for K(x, x) as by
+// default, or with the suffix "_nosym" every ordered pair.
 std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& x1,
                                                                const at::Tensor& x2, const at::Tensor& lengthscale,
                                                                const at::Tensor& outputscale, const at::Tensor& v,
                                                                c10::string_view kernel) {
   constexpr const char* kOp = "_rbf_matmul_backward_kernel";
   const c10::cuda::CUDAGuard guard(x1.device());
-  const bool rows = kernel == "rows", bil4 = kernel == "bilinear4", bil8 = kernel == "bilinear8";
-  TORCH_CHECK(rows || bil4 || bil8, kOp, ": kernel must be 'rows', 'bilinear4' or 'bilinear8', got '",
-              std::string(kernel), "'");
+  const std::string name(kernel);
+  const bool rows = name == "rows", nosym = name.size() > 6 && name.substr(name.size() - 6) == "_nosym";
+  const std::string base = nosym ? name.substr(0, name.size() - 6) : name;
+  const int warps = base == "bilinear4" ? 4 : base == "bilinear8" ? 8 : 0;
+  TORCH_CHECK(rows || warps > 0, kOp,
+              ": kernel must be 'rows', 'bilinear4', 'bilinear8', 'bilinear4_nosym' or 'bilinear8_nosym', got '",
+              name, "'");
   const bool empty = check_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, kOp);
   const int64_t d = x1.size(2), t = v.size(2);
   TORCH_CHECK(d <= 32 && t <= 32, kOp, ": the fused kernels take d <= 32 and t <= 32, got d=", d, " and t=", t);
@@ -92,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cuda(const at::Tensor&
   if (empty) return {at::zeros_like(lengthscale), at::zeros_like(outputscale)};
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
   const Grads out = rows ? rows_backward(G, x1, x2, lengthscale, outputscale, V, false)
-                         : bilinear_grads(G, x1, x2, lengthscale, outputscale, V, bil4 ? 4 : 8);
+                         : bilinear_grads(G, x1, x2, lengthscale, outputscale, V, warps, !nosym);
   return {std::get<2>(out), std::get<3>(out)};
 }
 
