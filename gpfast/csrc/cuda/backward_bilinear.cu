@@ -72,10 +72,10 @@ std::pair<at::Tensor, at::Tensor> bilinear_backward(const at::Tensor& G, const a
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  // L is in the units of y = z sqrt(log2(e) / 2): d/dl = s L / (l log2(e) / 2); every sum from here on in double
+  // d/dl = s L / l, d/ds = S; every sum from here on in double
   const at::Tensor L = part_l.sum(at::IntArrayRef{0, 1}).narrow(1, 0, d);
   const at::Tensor S = part_s.sum(at::IntArrayRef{0, 1});
-  const at::Tensor gl = L * outputscale.to(at::kDouble).unsqueeze(1) / (lengthscale.to(at::kDouble) * kHalfLog2e);
+  const at::Tensor gl = L * outputscale.to(at::kDouble).unsqueeze(1) / lengthscale.to(at::kDouble);
   return {gl.to(at::kFloat), S.to(at::kFloat)};
 }
 

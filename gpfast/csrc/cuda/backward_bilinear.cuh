@@ -1,8 +1,8 @@
 // The (lengthscale, outputscale) backward of K @ V in float32 on tensor cores: the bilinear form
 //   sum(G * (K V)) = sum_ij W_ij K_ij,   W = G V^T   (G (n, t), V (m, t)),
-// whose gradients are, with M = W o E (E = K / s) and y = (x - mu) sqrt(log2(e) / 2) / l,
+// whose gradients are, with M = W o E (E = K / s) and y = (x - mu) / l (the kernel's y; mu any centre),
 //   d/ds   = S = sum_ij M_ij,
-//   d/dl_k = s L_k / (l_k log2(e) / 2),   L_k = sum_ij M_ij (y_ik - y_jk)^2
+//   d/dl_k = s L_k / l_k,   L_k = sum_ij M_ij (y_ik - y_jk)^2
 //          = sum_i (r_i y_ik^2 - 2 y_ik P_ik + R_ik),   r = M 1,  P = M Y,  R = M (Y o Y).
 // Per tile of 16 rows (a warp) and 8 columns, three m16n8k8 TF32 products do all the work per pair:
 //   the cross term 2 Y_I Y_J^T of the exponent (k = the features), W = G_I V_J^T (k = the right-hand sides), and
@@ -17,7 +17,7 @@
 // Why tensor cores and this split. On CUDA cores the work is about 2d + t + 5 FMAs per pair (the distance, the
 // weight, the product with Y; 61 at d = 20, t = 17): 3.5 ms at the H200's peak for n = 44k, no margin below the
 // 5 ms target. On tensor cores a warp's 16 x 8 pairs cost 3 (D / 8 + TK / 8 + D / 4) m16n8k8 MMAs (36 at d = 20,
-// t = 17), about 2.1 ms at the H200's dense TF32 peak, with the exponential and the elementwise work (about 10
+// t = 17), about 2.1 ms at the H200's dense TF32 peak, with the exponential and the elementwise work (about 25
 // instructions a pair) on the CUDA cores beside them. TF32 alone keeps 11 bits, so every product is split 3xTF32:
 // a = a_hi + a_lo (both rounded to nearest), a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops a_lo b_lo
 // (2^-24 relative) and leaves each product about as accurate as float32's own rounding. The B operands are
@@ -31,11 +31,17 @@
 // every addition is kept and added back), which bounds the error of the totals by about 2 eps times the sum of
 // the tiles' magnitudes, whatever the count; the block's totals are added in double.
 //
-// Accuracy limits of the expansion. The exponent is the norm expansion, as in the float32 forwards: its error is
-// about 2^-23 |y|^2, so the points are centred on the block's row mean, and pairs with squared distance under
-// 2 tau |y_i|^2 (near duplicates, the diagonal of K(x, x)) are recomputed by differences behind a warp-uniform
-// branch, as in covariance_forward.cuh. L's expanded form has the same kind of error, about 2^-23 |y|^2 sum |M|
-// against sum M (y_i - y_j)^2; the centring keeps |y| near the data's own scale over the lengthscale.
+// Accuracy of the exponent. S has no error bound relative to its terms (they have either sign), so every term must
+// be about as accurate as the plain float32 formula's, whose exponent error scales with |y_i - y_j|^2. The norm
+// expansion 2 y_i.y_j - |y_i|^2 - |y_j|^2 has terms of size |y|^2, so: the points are centred on the block's row
+// mean; y = (x - mu) / l is rounded once per element (a product with a rounded 1/l or a rounded log2(e) / 2 would
+// scale all exponents of a feature alike, an error the sums do not average out); the norms are summed in double
+// and kept as float pairs; the three terms are added with their rounding errors kept (TwoSum); and pairs with
+// squared distance under 2 tau |y_i|^2 (near duplicates, the diagonal of K(x, x)) are recomputed by differences
+// behind a warp-uniform branch, as in covariance_forward.cuh. An emulation of this arithmetic on the tests' data
+// put the exponent's error near the plain formula's, where plain float32 norms and additions were 1.6x worse and
+// a rounded 1/l made the outputscale gradient fail the accuracy rule on some draws. L's expanded form has the
+// error of the product M [Y | Y o Y], about 2^-24 |y|^2 sum |M| against sum M (y_i - y_j)^2.
 #pragma once
 
 #include "covariance_forward.cuh"
@@ -59,7 +65,7 @@ struct BilinearArgs {
   const float* ls;     // (B, d)
   const float* g;      // (B, n, t): the gradient of K V
   const float* v;      // (B, m, t)
-  double* part_l;      // (splits, row blocks, B, D): L, in the y units above
+  double* part_l;      // (splits, row blocks, B, D): L
   double* part_s;      // (splits, row blocks, B): S
   int64_t n, m, batch, cols_per_split;
   int d, t;
@@ -116,6 +122,28 @@ __device__ __forceinline__ void two_sum_add(float& s, float& c, float x) {
   c = __fadd_rn(c, err);
 }
 
+// (x - mu) / l, each rounded once: a per-element division, not a product with a rounded 1 / l, whose error would
+// scale every distance of a feature the same way (a systematic error that the sums do not average out).
+__device__ __forceinline__ float centred_scaled(float x, float mu, float l) { return __fdiv_rn(__fsub_rn(x, mu), l); }
+
+// a + b + c + small with the roundings of the two large additions kept (TwoSum), for the exponent's expansion:
+// its terms are of size |z|^2 and its result -|z_i - z_j|^2 may be much smaller.
+__device__ __forceinline__ float sum3_compensated(float a, float b, float c, float small) {
+  float t = __fadd_rn(a, b), bp = __fsub_rn(t, a);
+  const float e1 = __fadd_rn(__fsub_rn(a, __fsub_rn(t, bp)), __fsub_rn(b, bp));
+  const float u = __fadd_rn(t, c);
+  bp = __fsub_rn(u, t);
+  const float e2 = __fadd_rn(__fsub_rn(t, __fsub_rn(u, bp)), __fsub_rn(c, bp));
+  return __fadd_rn(u, __fadd_rn(__fadd_rn(e1, e2), small));
+}
+
+// q log2(e) / 2 with the constant in two parts, so that its own rounding does not scale every exponent alike
+__device__ __forceinline__ float half_log2e_times(float q) {
+  constexpr float kHi = static_cast<float>(kHalfLog2e);
+  constexpr float kLo = static_cast<float>(kHalfLog2e - static_cast<double>(kHi));
+  return fmaf(q, kHi, q * kLo);
+}
+
 // D: features rounded up to 8 (bilinear_features); TK: weights (t, or 2t when symmetric) rounded up to 8; kWarps
 // warps of 16 rows.
 template <int D, int TK, int kWarps>
@@ -134,8 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   __shared__ __align__(16) uint32_t s_yc[kBilTile][kYC];
   __shared__ __align__(16) uint32_t s_vc[kBilTile][kVC];
   __shared__ __align__(16) uint32_t s_bc[kBilTile / 2][kNB][4];
-  __shared__ __align__(8) float s_b2[kBilTile];
-  __shared__ float s_mu[D], s_w[D];
+  __shared__ __align__(8) float s_b2[kBilTile], s_b2lo[kBilTile];  // -|z_j|^2 as a float pair (hi + lo)
+  __shared__ float s_mu[D], s_l[D];
   __shared__ double s_scratch[kWarps * (D + 1)];
   __shared__ double s_tot[D + 1];
 
@@ -159,7 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     if (tid < d)
       for (int64_t r = 0; r < rows; ++r) acc += x1[(row0 + r) * d + tid];
     s_mu[tid] = tid < d ? acc / static_cast<float>(rows) : 0.0f;
-    s_w[tid] = tid < d ? static_cast<float>(kSqrtHalfLog2e) / a.ls[b * d + tid] : 0.0f;
+    s_l[tid] = tid < d ? a.ls[b * d + tid] : 1.0f;
   }
   __syncthreads();
 
@@ -167,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   // split hi/lo; y of feature 4q + t for L; -|y|^2 and the near-pair threshold.
   const int64_t ri[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
   auto row_y = [&](int r, int k) -> float {
-    return (ri[r] < a.n && k < d) ? scale_point(x1[ri[r] * d + k], s_mu[k], s_w[k]) : 0.0f;
+    return (ri[r] < a.n && k < d) ? centred_scaled(x1[ri[r] * d + k], s_mu[k], s_l[k]) : 0.0f;
   };
   uint32_t ayh[KD][4], ayl[KD][4], agh[KT][4], agl[KT][4];
 #pragma unroll
@@ -182,17 +210,18 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       const int r = e & 1, c = 8 * ks + t + 4 * (e >> 1);
       split_tf32((ri[r] < a.n && c < tt) ? gr[ri[r] * tt + c] : 0.0f, agh[ks][e], agl[ks][e]);
     }
-  float yf[NQ][2], b1[2], thr[2];
+  float yf[NQ][2], b1[2], b1lo[2], thr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float nrm = 0.0f;
+    double nrm = 0.0;
 #pragma unroll
     for (int k = 0; k < D; ++k) {
-      const float y = row_y(r, k);
-      nrm = fmaf(y, y, nrm);
+      const double y = row_y(r, k);
+      nrm = fma(y, y, nrm);
     }
-    b1[r] = -nrm;
-    thr[r] = -nrm * (2.0f * kNearTau);
+    b1[r] = static_cast<float>(-nrm);
+    b1lo[r] = static_cast<float>(-nrm - static_cast<double>(b1[r]));
+    thr[r] = b1[r] * (2.0f * kNearTau);
 #pragma unroll
     for (int q = 0; q < NQ; ++q) yf[q][r] = row_y(r, 4 * q + t);
   }
@@ -217,12 +246,12 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     for (int i = 0; i < XT; ++i) pv[i] = (pin && sl + LPC * i < tt) ? vc[j * tt + sl + LPC * i] : 0.0f;
   };
   auto stage = [&]() {
-    float nrm = 0.0f;
+    double nrm = 0.0;
 #pragma unroll
     for (int i = 0; i < XD; ++i) {
       const int k = sl + LPC * i;
-      const float y = (pin && k < d) ? scale_point(px[i], s_mu[k], s_w[k]) : 0.0f;
-      nrm = fmaf(y, y, nrm);
+      const float y = (pin && k < d) ? centred_scaled(px[i], s_mu[k], s_l[k]) : 0.0f;
+      nrm = fma(static_cast<double>(y), static_cast<double>(y), nrm);
       uint32_t h, l, h2, l2;
       split_tf32(y, h, l);
       split_tf32(__fmul_rn(y, y), h2, l2);
@@ -235,7 +264,10 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     }
 #pragma unroll
     for (int off = 1; off < LPC; off *= 2) nrm += __shfl_xor_sync(kFull, nrm, off);
-    if (sl == 0) s_b2[sj] = -nrm;
+    if (sl == 0) {
+      s_b2[sj] = static_cast<float>(-nrm);
+      s_b2lo[sj] = static_cast<float>(-nrm - static_cast<double>(s_b2[sj]));
+    }
 #pragma unroll
     for (int i = 0; i < XT; ++i) {
       const int c = sl + LPC * i;
@@ -279,12 +311,13 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       for (int e = 0; e < 4; ++e) cr[e] += cr_lo[e], w[e] += w_lo[e];
       // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1)
       const float2 b2v = *reinterpret_cast<const float2*>(&s_b2[jb + 2 * t]);
-      const float b2[2] = {b2v.x, b2v.y};
-      float ex[4];
+      const float2 b2l = *reinterpret_cast<const float2*>(&s_b2lo[jb + 2 * t]);
+      const float b2[2] = {b2v.x, b2v.y}, b2lo[2] = {b2l.x, b2l.y};
+      float ex[4];  // -|z_i - z_j|^2
       bool near = false;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        ex[e] = (cr[e] + b1[e >> 1]) + b2[e & 1];
+        ex[e] = sum3_compensated(cr[e], b1[e >> 1], b2[e & 1], b1lo[e >> 1] + b2lo[e & 1]);
         near |= ex[e] >= thr[e >> 1];
       }
       if (__any_sync(kFull, near)) {
@@ -304,7 +337,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       }
       float mv[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(fminf(ex[e], 0.0f));
+      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(half_log2e_times(fminf(ex[e], 0.0f)));
       rs[0] += mv[0] + mv[1];
       rs[1] += mv[2] + mv[3];
       // A operand of M [Y | Y o Y] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
