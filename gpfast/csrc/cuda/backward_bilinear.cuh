@@ -1,50 +1,49 @@
 // The (lengthscale, outputscale) backward of K @ V in float32 on tensor cores: the bilinear form
 //   sum(G * (K V)) = sum_ij W_ij K_ij,   W = G V^T   (G (n, t), V (m, t)),
-// whose gradients are, with M = W o E (E = K / s) and y = (x - mu) / l (the kernel's y; mu any centre),
+// whose gradients are, with M = W o E (E = K / s) and z = (x - mu) / l (mu any centre),
 //   d/ds   = S = sum_ij M_ij,
-//   d/dl_k = s L_k / l_k,   L_k = sum_ij M_ij (y_ik - y_jk)^2
-//          = sum_i (r_i y_ik^2 - 2 y_ik P_ik + R_ik),   r = M 1,  P = M Y,  R = M (Y o Y).
-// Per tile of 16 rows (a warp) and 8 columns, three m16n8k8 TF32 products do all the work per pair:
-//   the cross term 2 Y_I Y_J^T of the exponent (k = the features), W = G_I V_J^T (k = the right-hand sides), and
-//   M [Y_J | Y_J o Y_J] (k = the 8 columns), whose A operand is the first two's accumulator, in registers: the
-//   columns of M are taken in the order 0, 2, 4, 6, 1, 3, 5, 7, which is the order a thread holds them in the
-//   accumulator layout, and the B operand's rows are read in the same order (no shuffles).
+//   d/dl_k = s L_k / l_k,   L_k = sum_ij M_ij (z_ik - z_jk)^2
+//          = sum_i (r_i z_ik^2 - 2 z_ik P_ik + R_ik),   r = M 1,  P = M Z,  R = M (Z o Z).
+// Per tile of 16 rows (a warp) and 8 columns, three tensor-core products do the work per pair:
+//   the exponent's cross term 2 Z_I Z_J^T in double (m8n8k4 FP64 MMAs, k = the features), W = G_I V_J^T
+//   (m16n8k8 TF32, k = the right-hand sides), and M [Z_J | Z_J o Z_J] (m16n8k8 TF32, k = the 8 columns), whose A
+//   operand is the accumulator of the first two, in registers: the columns of M are taken in the order 0, 2, 4, 6,
+//   1, 3, 5, 7, which is the order a thread holds them in the accumulator layout, and the B operand's rows are
+//   read in the same order (no shuffles).
 // For K(x, x) (BilinearArgs::symmetric) each pair is taken once: with row weights [G | V] and column weights
-// [V | G], W'_ij = W_ij + W_ji, and since E and (y_i - y_j)^2 are symmetric, block I summing over the columns from
+// [V | G], W'_ij = W_ij + W_ji, and since E and (z_i - z_j)^2 are symmetric, block I summing over the columns from
 // its own first row on (its diagonal tile with weight 1/2) gives the sums over all ordered pairs, at
-// 3 (D/8 + 2t/8 + D/4) rather than 6 (D/8 + t/8 + D/4) MMAs per 16 x 8 pairs (42 against 72 at d = 20, t = 17).
+// 3 (2t/8 + D/4) TF32 and 2 D/4 FP64 MMAs rather than twice 3 (t/8 + D/4) and 2 D/4 per 16 x 8 pairs.
 //
-// Why tensor cores and this split. On CUDA cores the work is about 2d + t + 5 FMAs per pair (the distance, the
-// weight, the product with Y; 61 at d = 20, t = 17): 3.5 ms at the H200's peak for n = 44k, no margin below the
-// 5 ms target. On tensor cores a warp's 16 x 8 pairs cost 3 (D / 8 + TK / 8 + D / 4) m16n8k8 MMAs (36 at d = 20,
-// t = 17), about 2.1 ms at the H200's dense TF32 peak, with the exponential and the elementwise work (about 25
-// instructions a pair) on the CUDA cores beside them. TF32 alone keeps 11 bits, so every product is split 3xTF32:
-// a = a_hi + a_lo (both rounded to nearest), a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops a_lo b_lo
-// (2^-24 relative) and leaves each product about as accurate as float32's own rounding. The B operands are
-// staged in shared memory so that a lane's fragment, hi and lo, is one 16-byte load: 4 scalar loads a fragment
-// would cost more shared-memory bandwidth than the MMAs take time.
+// Why tensor cores. On CUDA cores the work is about 2d + t + 5 FMAs per pair (the distance, the weight, the
+// product with Z; 61 at d = 20, t = 17): 3.5 ms at the H200's peak for n = 44k, no margin below the 5 ms target.
+// TF32 alone keeps 11 bits, so the weights and M Z are split 3xTF32: a = a_hi + a_lo (both rounded to nearest),
+// a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops a_lo b_lo (2^-24 relative) and leaves each product about as
+// accurate as float32's own rounding. Their B operands are staged in shared memory so that a lane's fragment, hi
+// and lo, is one 16-byte load: 4 scalar loads a fragment would cost more shared-memory bandwidth than the MMAs
+// take time.
+//
+// Why the exponent in double. S has no error bound relative to its terms (they have either sign), so the error of
+// every term must be independent of the others and about as small as the plain float32 formula's, whose exponent
+// error scales with |z_i - z_j|^2 and mostly with the rounding of each point (shared by all its pairs, which
+// cancels in the sums). The norm expansion 2 z_i.z_j - |z_i|^2 - |z_j|^2 has terms of size |z|^2: in float32 (or
+// 3xTF32) its per-pair errors are several times the plain formula's, and an emulation of that arithmetic on the
+// tests' data made the outputscale gradient fail the accuracy rule on some draws (also with centred points, a
+// single rounding of each z, norms in double and TwoSum additions). In double, from z computed in double, the
+// exponent is exact to about 2^-50 |z|^2 before its one rounding to float32; the FP64 tensor cores take the cross
+// term at D/2 MMAs per 16 x 8 pairs (about a third more tensor time than 3xTF32), and K(x, x) = s exactly needs no
+// recomputation of near pairs.
 //
 // Why this summation. S and L are single sums of n m terms of either sign, so a running float32 sum would lose
 // log2(m) bits and more. The tensor cores sum 8 columns per MMA into an accumulator that is cleared every tile of
 // kBilTile columns (a bounded number of terms, each rounding relative to the tile's partial sums); each tile's
 // result is then added to per-thread float32 totals by TwoSum (error-free transformation: the rounding error of
 // every addition is kept and added back), which bounds the error of the totals by about 2 eps times the sum of
-// the tiles' magnitudes, whatever the count; the block's totals are added in double.
-//
-// Accuracy of the exponent. S has no error bound relative to its terms (they have either sign), so every term must
-// be about as accurate as the plain float32 formula's, whose exponent error scales with |y_i - y_j|^2. The norm
-// expansion 2 y_i.y_j - |y_i|^2 - |y_j|^2 has terms of size |y|^2, so: the points are centred on the block's row
-// mean; y = (x - mu) / l is rounded once per element (a product with a rounded 1/l or a rounded log2(e) / 2 would
-// scale all exponents of a feature alike, an error the sums do not average out); the norms are summed in double
-// and kept as float pairs; the three terms are added with their rounding errors kept (TwoSum); and pairs with
-// squared distance under 2 tau |y_i|^2 (near duplicates, the diagonal of K(x, x)) are recomputed by differences
-// behind a warp-uniform branch, as in covariance_forward.cuh. An emulation of this arithmetic on the tests' data
-// put the exponent's error near the plain formula's, where plain float32 norms and additions were 1.6x worse and
-// a rounded 1/l made the outputscale gradient fail the accuracy rule on some draws. L's expanded form has the
-// error of the product M [Y | Y o Y], about 2^-24 |y|^2 sum |M| against sum M (y_i - y_j)^2.
+// the tiles' magnitudes, whatever the count; the block's totals are added in double. L's expanded form has the
+// error of the product M [Z | Z o Z], about 2^-24 |z|^2 sum |M| against sum M (z_i - z_j)^2, with z centred on the
+// block's row mean.
 #pragma once
 
-#include "covariance_forward.cuh"
 #include "device_common.cuh"
 
 namespace gpfast {
@@ -52,7 +51,8 @@ namespace cuda {
 
 constexpr int kBilTile = 32;  // columns staged per tile (4 chunks of 8)
 
-// Feature or weight count of the tensor-core kernel: rounded up to 8, the MMA's k (at most 32 features, 40 weights).
+// Feature or weight count of the tensor-core kernel: rounded up to 8, the TF32 MMA's k (at most 32 features, 40
+// weights).
 __host__ __device__ constexpr int bilinear_features(int d) { return (d + 7) / 8 * 8; }
 
 // Row pitch (32-bit words) of an operand row of `words` words stored as 16-byte fragments: 16 mod 32, so that
@@ -122,26 +122,12 @@ __device__ __forceinline__ void two_sum_add(float& s, float& c, float x) {
   c = __fadd_rn(c, err);
 }
 
-// (x - mu) / l, each rounded once: a per-element division, not a product with a rounded 1 / l, whose error would
-// scale every distance of a feature the same way (a systematic error that the sums do not average out).
-__device__ __forceinline__ float centred_scaled(float x, float mu, float l) { return __fdiv_rn(__fsub_rn(x, mu), l); }
-
-// a + b + c + small with the roundings of the two large additions kept (TwoSum), for the exponent's expansion:
-// its terms are of size |z|^2 and its result -|z_i - z_j|^2 may be much smaller.
-__device__ __forceinline__ float sum3_compensated(float a, float b, float c, float small) {
-  float t = __fadd_rn(a, b), bp = __fsub_rn(t, a);
-  const float e1 = __fadd_rn(__fsub_rn(a, __fsub_rn(t, bp)), __fsub_rn(b, bp));
-  const float u = __fadd_rn(t, c);
-  bp = __fsub_rn(u, t);
-  const float e2 = __fadd_rn(__fsub_rn(t, __fsub_rn(u, bp)), __fsub_rn(c, bp));
-  return __fadd_rn(u, __fadd_rn(__fadd_rn(e1, e2), small));
-}
-
-// q log2(e) / 2 with the constant in two parts, so that its own rounding does not scale every exponent alike
-__device__ __forceinline__ float half_log2e_times(float q) {
-  constexpr float kHi = static_cast<float>(kHalfLog2e);
-  constexpr float kLo = static_cast<float>(kHalfLog2e - static_cast<double>(kHi));
-  return fmaf(q, kHi, q * kLo);
+// c += a b for an 8x4 A and a 4x8 B in double (m8n8k4, the FP64 tensor cores): a = A[g][t], b = B[t][g],
+// c = {C[g][2t], C[g][2t + 1]} for lane 4g + t
+__device__ __forceinline__ void mma_f64(double (&c)[2], double a, double b) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(c[0]), "+d"(c[1])
+      : "d"(a), "d"(b));
 }
 
 // D: features rounded up to 8 (bilinear_features); TK: weights (t, or 2t when symmetric) rounded up to 8; kWarps
@@ -149,21 +135,21 @@ __device__ __forceinline__ float half_log2e_times(float q) {
 template <int D, int TK, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const BilinearArgs a) {
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
-  constexpr int KD = D / 8, KT = TK / 8, NQ = D / 4;  // k-steps of the exponent and of W; n-tiles of M [Y | Y o Y]
-  // B operands in shared memory, laid out so that a lane's whole fragment, hi and lo, is one 16-byte load
-  // (b0 hi, b1 hi, b0 lo, b1 lo), with pitches that make each quarter-warp's 8 loads hit 32 distinct banks:
-  //   s_yc[j][16 ks + 4 t + .]: column j's features 8 ks + t (b0) and 8 ks + t + 4 (b1) (exponent; pitch 16 mod 32)
-  //   s_vc[j][16 ks + 4 t + .]: the same for V_j's entries (weights)
-  //   s_bc[p][n][.]: rows 2p (b0) and 2p + 1 (b1) of B3 = [y_f, y_f^2 for each feature f] (column n = 2f or
+  constexpr int KD = D / 4, KT = TK / 8, NQ = D / 4;  // k-steps of the exponent and of W; n-tiles of M [Z | Z o Z]
+  // The exponent's cross term 2 z_i.z_j in double on the FP64 tensor cores (m8n8k4: two 8-row tiles, D/4
+  // k-steps): s_zd[j][k] holds the tile's points in double (pitch D + 4: 8-byte loads free of bank conflicts).
+  // The weights' and M [Z | Z o Z]'s B operands are staged so that a lane's whole fragment, hi and lo, is one
+  // 16-byte load (b0 hi, b1 hi, b0 lo, b1 lo), with pitches that make each quarter-warp's 8 loads hit 32 banks:
+  //   s_vc[j][16 ks + 4 t + .]: V_j's entries 8 ks + t (b0) and 8 ks + t + 4 (b1) (pitch 16 mod 32)
+  //   s_bc[p][n][.]: rows 2p (b0) and 2p + 1 (b1) of B3 = [z_f, z_f^2 for each feature f] (column n = 2f or
   //                  2f + 1), so that n-tile q holds features 4q..4q+3 and quad lane t gets P and R of feature
   //                  4q + t side by side in its accumulator (row pitch 2 mod 8 in 16-byte units)
-  constexpr int kYC = bilinear_pitch(2 * D), kVC = bilinear_pitch(2 * TK), kNB = 2 * D + 2;
-  __shared__ float s_y[kBilTile][D];  // the tile's columns, scaled, for the near pairs' differences
-  __shared__ __align__(16) uint32_t s_yc[kBilTile][kYC];
+  constexpr int kZP = D + 4, kVC = bilinear_pitch(2 * TK), kNB = 2 * D + 2;
+  __shared__ __align__(16) double s_zd[kBilTile][kZP];
   __shared__ __align__(16) uint32_t s_vc[kBilTile][kVC];
   __shared__ __align__(16) uint32_t s_bc[kBilTile / 2][kNB][4];
-  __shared__ __align__(8) float s_b2[kBilTile], s_b2lo[kBilTile];  // -|z_j|^2 as a float pair (hi + lo)
-  __shared__ float s_mu[D], s_l[D];
+  __shared__ __align__(16) double s_b2[kBilTile];  // -|z_j|^2
+  __shared__ double s_mu[D], s_il[D];
   __shared__ double s_scratch[kWarps * (D + 1)];
   __shared__ double s_tot[D + 1];
 
@@ -183,47 +169,47 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   // the block's centre: the mean of its rows (any centre gives the same distances; see device_common.cuh)
   if (tid < D) {
     const int64_t rows = min(a.n - row0, static_cast<int64_t>(kRows));
-    float acc = 0.0f;
+    double acc = 0.0;
     if (tid < d)
       for (int64_t r = 0; r < rows; ++r) acc += x1[(row0 + r) * d + tid];
-    s_mu[tid] = tid < d ? acc / static_cast<float>(rows) : 0.0f;
-    s_l[tid] = tid < d ? a.ls[b * d + tid] : 1.0f;
+    s_mu[tid] = tid < d ? acc / static_cast<double>(rows) : 0.0;
+    s_il[tid] = tid < d ? 1.0 / static_cast<double>(a.ls[b * d + tid]) : 0.0;
   }
   __syncthreads();
 
-  // This thread's two rows (g and g + 8 of the warp's 16): A fragments of 2 y (exponent) and of G (weights),
-  // split hi/lo; y of feature 4q + t for L; -|y|^2 and the near-pair threshold.
+  // This thread's two rows (g and g + 8 of the warp's 16): z = (x - mu) / l in double (exact to 2^-53: no
+  // rounding of the points enters the exponent), A fragments of 2z (exponent, double) and of G (weights, split
+  // hi/lo), z of feature 4q + t for L in float, and -|z|^2.
   const int64_t ri[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
-  auto row_y = [&](int r, int k) -> float {
-    return (ri[r] < a.n && k < d) ? centred_scaled(x1[ri[r] * d + k], s_mu[k], s_l[k]) : 0.0f;
+  auto row_z = [&](int r, int k) -> double {
+    return (ri[r] < a.n && k < d) ? (static_cast<double>(x1[ri[r] * d + k]) - s_mu[k]) * s_il[k] : 0.0;
   };
-  uint32_t ayh[KD][4], ayl[KD][4], agh[KT][4], agl[KT][4];
+  double az[KD][2];  // m8n8k4 A: row g (tile 0) or g + 8 (tile 1), feature 4 ks + t
+  uint32_t agh[KT][4], agl[KT][4];
 #pragma unroll
   for (int ks = 0; ks < KD; ++ks)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)  // a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
-      split_tf32(2.0f * row_y(e & 1, 8 * ks + t + 4 * (e >> 1)), ayh[ks][e], ayl[ks][e]);
+    for (int r = 0; r < 2; ++r) az[ks][r] = 2.0 * row_z(r, 4 * ks + t);
 #pragma unroll
   for (int ks = 0; ks < KT; ++ks)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
+    for (int e = 0; e < 4; ++e) {  // a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
       const int r = e & 1, c = 8 * ks + t + 4 * (e >> 1);
       split_tf32((ri[r] < a.n && c < tt) ? gr[ri[r] * tt + c] : 0.0f, agh[ks][e], agl[ks][e]);
     }
-  float yf[NQ][2], b1[2], b1lo[2], thr[2];
+  float yf[NQ][2];
+  double b1[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     double nrm = 0.0;
 #pragma unroll
     for (int k = 0; k < D; ++k) {
-      const double y = row_y(r, k);
-      nrm = fma(y, y, nrm);
+      const double z = row_z(r, k);
+      nrm = fma(z, z, nrm);
     }
-    b1[r] = static_cast<float>(-nrm);
-    b1lo[r] = static_cast<float>(-nrm - static_cast<double>(b1[r]));
-    thr[r] = b1[r] * (2.0f * kNearTau);
+    b1[r] = -nrm;
 #pragma unroll
-    for (int q = 0; q < NQ; ++q) yf[q][r] = row_y(r, 4 * q + t);
+    for (int q = 0; q < NQ; ++q) yf[q][r] = static_cast<float>(row_z(r, 4 * q + t));
   }
 
   float lsum[NQ], lcmp[NQ], ssum = 0.0f, scmp = 0.0f;
@@ -250,24 +236,20 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
 #pragma unroll
     for (int i = 0; i < XD; ++i) {
       const int k = sl + LPC * i;
-      const float y = (pin && k < d) ? centred_scaled(px[i], s_mu[k], s_l[k]) : 0.0f;
-      nrm = fma(static_cast<double>(y), static_cast<double>(y), nrm);
+      const double z = (pin && k < d) ? (static_cast<double>(px[i]) - s_mu[k]) * s_il[k] : 0.0;
+      nrm = fma(z, z, nrm);
+      s_zd[sj][k] = z;
+      const float y = static_cast<float>(z);
       uint32_t h, l, h2, l2;
       split_tf32(y, h, l);
       split_tf32(__fmul_rn(y, y), h2, l2);
-      s_y[sj][k] = y;
-      const int yc = 16 * (k >> 3) + 4 * (k & 3) + ((k >> 2) & 1);
-      s_yc[sj][yc] = h, s_yc[sj][yc + 2] = l;
       const int p = sj >> 1, par = sj & 1;
       s_bc[p][2 * k][par] = h, s_bc[p][2 * k][2 + par] = l;
       s_bc[p][2 * k + 1][par] = h2, s_bc[p][2 * k + 1][2 + par] = l2;
     }
 #pragma unroll
     for (int off = 1; off < LPC; off *= 2) nrm += __shfl_xor_sync(kFull, nrm, off);
-    if (sl == 0) {
-      s_b2[sj] = static_cast<float>(-nrm);
-      s_b2lo[sj] = static_cast<float>(-nrm - static_cast<double>(s_b2[sj]));
-    }
+    if (sl == 0) s_b2[sj] = -nrm;
 #pragma unroll
     for (int i = 0; i < XT; ++i) {
       const int c = sl + LPC * i;
@@ -287,7 +269,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     fetch(jt + kBilTile);
     __syncthreads();
 
-    float acc[NQ][4];  // this tile's M [Y | Y o Y]: P (g), R (g), P (g + 8), R (g + 8) of feature 4q + t
+    float acc[NQ][4];  // this tile's M [Z | Z o Z]: P (g), R (g), P (g + 8), R (g + 8) of feature 4q + t
 #pragma unroll
     for (int q = 0; q < NQ; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
     float rs[2] = {0.0f, 0.0f};  // this thread's share of the tile's row sums of M
@@ -295,52 +277,36 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     for (int ch = 0; ch < kBilTile / 8; ++ch) {
       const int jb = 8 * ch;
       if (jb >= cols) break;  // block-uniform
-      float cr[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      float cr_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      double cr[2][2] = {{0.0, 0.0}, {0.0, 0.0}};  // 2 z_i.z_j: rows g, g + 8 by columns jb + 2t, jb + 2t + 1
 #pragma unroll
-      for (int ks = 0; ks < KD; ++ks) {  // b0 (k = t, n = g), b1 (k = t + 4, n = g) of column jb + g
-        const uint4 f = *reinterpret_cast<const uint4*>(&s_yc[jb + g][16 * ks + 4 * t]);
-        mma_3xtf32_split(cr, cr_lo, ayh[ks], ayl[ks], f.x, f.y, f.z, f.w);
+      for (int ks = 0; ks < KD; ++ks) {  // b = B[k = t][n = g]: column jb + g, feature 4 ks + t
+        const double zb = s_zd[jb + g][4 * ks + t];
+        mma_f64(cr[0], az[ks][0], zb);
+        mma_f64(cr[1], az[ks][1], zb);
       }
+      float w[4] = {0.0f, 0.0f, 0.0f, 0.0f}, w_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int ks = 0; ks < KT; ++ks) {
         const uint4 f = *reinterpret_cast<const uint4*>(&s_vc[jb + g][16 * ks + 4 * t]);
         mma_3xtf32_split(w, w_lo, agh[ks], agl[ks], f.x, f.y, f.z, f.w);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) cr[e] += cr_lo[e], w[e] += w_lo[e];
-      // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1)
-      const float2 b2v = *reinterpret_cast<const float2*>(&s_b2[jb + 2 * t]);
-      const float2 b2l = *reinterpret_cast<const float2*>(&s_b2lo[jb + 2 * t]);
-      const float b2[2] = {b2v.x, b2v.y}, b2lo[2] = {b2l.x, b2l.y};
-      float ex[4];  // -|z_i - z_j|^2
-      bool near = false;
+      for (int e = 0; e < 4; ++e) w[e] += w_lo[e];
+      // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1); the exponent
+      // log2(e) / 2 (2 z_i.z_j - |z_i|^2 - |z_j|^2) = -|z_i - z_j|^2 / (2 ln 2) in double, then rounded once
+      const double2 b2 = *reinterpret_cast<const double2*>(&s_b2[jb + 2 * t]);
+      float ex[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        ex[e] = sum3_compensated(cr[e], b1[e >> 1], b2[e & 1], b1lo[e >> 1] + b2lo[e & 1]);
-        near |= ex[e] >= thr[e >> 1];
-      }
-      if (__any_sync(kFull, near)) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (ex[e] >= thr[e >> 1]) {
-            const float* yj = &s_y[jb + 2 * t + (e & 1)][0];
-            float acc2 = 0.0f;
-#pragma unroll
-            for (int k = 0; k < D; ++k) {
-              const float diff = row_y(e >> 1, k) - yj[k];
-              acc2 = fmaf(-diff, diff, acc2);
-            }
-            ex[e] = acc2;
-          }
-        }
+        const double q = (cr[e >> 1][e & 1] + b1[e >> 1]) + ((e & 1) ? b2.y : b2.x);
+        ex[e] = static_cast<float>(fmin(q, 0.0) * kHalfLog2e);
       }
       float mv[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(half_log2e_times(fminf(ex[e], 0.0f)));
+      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(ex[e]);
       rs[0] += mv[0] + mv[1];
       rs[1] += mv[2] + mv[3];
-      // A operand of M [Y | Y o Y] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
+      // A operand of M [Z | Z o Z] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
       // a0 (g, 2t) = mv[0], a1 (g + 8, 2t) = mv[2], a2 (g, 2t + 1) = mv[1], a3 (g + 8, 2t + 1) = mv[3]
       uint32_t mh[4], ml[4];
       split_tf32(mv[0], mh[0], ml[0]);
@@ -353,7 +319,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
         mma_3xtf32(acc[q], mh, ml, f.x, f.y, f.z, f.w);
       }
     }
-    // fold the tile into the totals: the row sums of M over the quad, then per row sum_j M_ij (y_i - y_j)^2
+    // fold the tile into the totals: the row sums of M over the quad, then per row sum_j M_ij (z_i - z_j)^2
     two_sum_add(ssum, scmp, rs[0] + rs[1]);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
