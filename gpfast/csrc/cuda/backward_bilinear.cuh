@@ -28,8 +28,8 @@
 // error scales with |z_i - z_j|^2 and mostly with the rounding of each point (shared by all its pairs, which
 // cancels in the sums). The norm expansion 2 z_i.z_j - |z_i|^2 - |z_j|^2 has terms of size |z|^2: in float32 (or
 // 3xTF32) its per-pair errors are several times the plain formula's, and an emulation of that arithmetic on the
-// tests' data made the outputscale gradient fail the accuracy rule on some draws (also with centred points, a
-// single rounding of each z, norms in double and TwoSum additions). In double, from z computed in double, the
+// tests' data failed the accuracy rule on 6 of 162 draws (also with centred points, a single rounding of each z,
+// norms in double and TwoSum additions), the double exponent on none (experiments/bilinear_emulation.py). In double, from z computed in double, the
 // exponent is exact to about 2^-50 |z|^2 before its one rounding to float32; the FP64 tensor cores take the cross
 // term at D/2 MMAs per 16 x 8 pairs (about a third more tensor time than 3xTF32), and K(x, x) = s exactly needs no
 // recomputation of near pairs.
