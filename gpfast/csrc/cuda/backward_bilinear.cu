@@ -33,7 +33,8 @@ std::pair<at::Tensor, at::Tensor> bilinear_backward(const at::Tensor& G, const a
   const at::Tensor gw = symmetric ? at::cat({G, V}, 2) : G, vw = symmetric ? at::cat({V, G}, 2) : V;
   const int D = bilinear_features(static_cast<int>(d)), TK = bilinear_features(static_cast<int>(vw.size(2)));
   const int64_t rows = int64_t(16) * warps, rowblocks = ceil_div(n, rows);
-  // about 2 (8 warps) or 3 (4 warps) blocks fit an SM at 150-250 registers a thread
+  // blocks asked for per SM when the columns are split: 1 (8 warps) or 2 (4 warps) fit at 240 registers a thread,
+  // 3 at 150; asking for a few times that keeps the last wave short
   const int blocks_per_sm = warps == 4 ? 6 : 3;
   int64_t splits = 1, cols = 0;
   if (symmetric) {  // block (I, s) takes columns [row0 + s cols, row0 + (s + 1) cols): at least 8 column ranges, so
