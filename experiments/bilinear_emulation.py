@@ -4,12 +4,12 @@ formula's + 1e-6, for both gradients, on the shapes and draws of tests/test_cuda
 
     python -m experiments.bilinear_emulation [--draws 3]
 
-Two exponents are compared: ``double`` (the kernel's: z = (x - mu) / l in double, 2 z_i.z_j - |z_i|^2 - |z_j|^2 in
-double, one rounding to float32) and ``expansion32`` (z rounded to float32, the cross term 3xTF32, norms and additions
-in float32). Everything else follows the kernel: weights W = G V^T and M [Z | Z o Z] as 3xTF32 products (operands
-split hi + lo, rounded to nearest, the small products first, each k-step of 8 rounded into a float32 accumulator),
-tiles of 32 columns, blocks of 64 rows centred on their mean; the per-tile totals are kept in double (TwoSum's
-bound). Not emulated: the tensor cores' own rounding of a k-step's sum and the MUFU exponential's (2 ulp).
+Two exponents are compared: ``double`` (the kernel's: z = (x - mu) / l in double, 2 z_i.z_j - |z_i|^2 - |z_j|^2 and
+its exponential in double, W E rounded to float32 once) and ``expansion32`` (z rounded to float32, the cross term
+3xTF32, norms, additions and the exponential in float32). Everything else follows the kernel: weights W = G V^T and
+M [Z | Z o Z] as 3xTF32 products (operands split hi + lo, rounded to nearest, the small products first, each k-step
+of 8 rounded into a float32 accumulator), tiles of 32 columns, blocks of 64 rows centred on their mean; the per-tile
+totals are kept in double (TwoSum's bound). Not emulated: the tensor cores' own rounding of a k-step's sum.
 Prints the draws above half the bound and the worst ratio; writes experiments/results/bilinear_emulation.md.
 """
 
@@ -56,14 +56,15 @@ def mma_3xtf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return big + small
 
 
-def exponent(zr: torch.Tensor, zc: torch.Tensor, mode: str) -> torch.Tensor:
-    """log2(e) / 2 (2 z_i.z_j - |z_i|^2 - |z_j|^2), float32, from double points (rows zr, columns zc)."""
+def kernel_values(zr: torch.Tensor, zc: torch.Tensor, mode: str) -> torch.Tensor:
+    """E = K / s from double points (rows zr, columns zc): in double (``double``), or as float32
+    2^(log2(e) / 2 (2 z_i.z_j - |z_i|^2 - |z_j|^2)) from the 3xTF32 expansion (``expansion32``)."""
     if mode == "double":
         q = 2 * zr @ zc.T - (zr * zr).sum(1, keepdim=True) - (zc * zc).sum(1)
-        return (q.clamp(max=0) * (0.5 * math.log2(math.e))).float()
+        return torch.exp(0.5 * q.clamp(max=0))
     yr, yc = zr.float(), zc.float()
     q = (mma_3xtf32(2 * yr, yc.T.contiguous()) - (yr * yr).sum(1, keepdim=True)) - (yc * yc).sum(1)
-    return q.clamp(max=0) * torch.tensor(0.5 * math.log2(math.e), dtype=F32)
+    return torch.exp2(q.clamp(max=0) * torch.tensor(0.5 * math.log2(math.e), dtype=F32))
 
 
 def emulated_grads(x1, x2, l, s, g, v, mode: str, rows: int = 64, tile: int = 32):
@@ -77,7 +78,8 @@ def emulated_grads(x1, x2, l, s, g, v, mode: str, rows: int = 64, tile: int = 32
         zrf = zr.float()
         for j0 in range(0, x2.shape[0], tile):
             zj = zc[j0 : j0 + tile]
-            M = mma_3xtf32(g[r0 : r0 + rows], v[j0 : j0 + tile].T.contiguous()) * torch.exp2(exponent(zr, zj, mode))
+            W = mma_3xtf32(g[r0 : r0 + rows], v[j0 : j0 + tile].T.contiguous())
+            M = (W.double() * kernel_values(zr, zj, mode)).float()  # one rounding of W E
             zjf = zj.float()
             acc = mma_3xtf32(M, torch.cat([zjf, zjf * zjf], 1))
             P, R = acc[:, :d], acc[:, d:]

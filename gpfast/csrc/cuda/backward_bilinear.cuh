@@ -32,7 +32,8 @@
 // norms in double and TwoSum additions), the double exponent on none (experiments/bilinear_emulation.py). In double, from z computed in double, the
 // exponent is exact to about 2^-50 |z|^2 before its one rounding to float32; the FP64 tensor cores take the cross
 // term at D/2 MMAs per 16 x 8 pairs (about a third more tensor time than 3xTF32), and K(x, x) = s exactly needs no
-// recomputation of near pairs.
+// recomputation of near pairs. The exponential is in double too (a polynomial on the FP64 units), and M = W E is
+// rounded to float32 once.
 //
 // Why this summation. S and L are single sums of n m terms of either sign, so a running float32 sum would lose
 // log2(m) bits and more. The tensor cores sum 8 columns per MMA into an accumulator that is cleared every tile of
@@ -292,18 +293,17 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       }
 #pragma unroll
       for (int e = 0; e < 4; ++e) w[e] += w_lo[e];
-      // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1); the exponent
-      // log2(e) / 2 (2 z_i.z_j - |z_i|^2 - |z_j|^2) = -|z_i - z_j|^2 / (2 ln 2) in double, then rounded once
+      // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1); E = exp(q / 2) with
+      // q = 2 z_i.z_j - |z_i|^2 - |z_j|^2 = -|z_i - z_j|^2, all in double (exp_nonpositive<8>: 2e-10 relative; the
+      // special-function unit's float exponential, about 2 ulp, took an emulation of the tests' draws over the
+      // accuracy rule), and M = W E rounded to float once
       const double2 b2 = *reinterpret_cast<const double2*>(&s_b2[jb + 2 * t]);
-      float ex[4];
+      float mv[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const double q = (cr[e >> 1][e & 1] + b1[e >> 1]) + ((e & 1) ? b2.y : b2.x);
-        ex[e] = static_cast<float>(fmin(q, 0.0) * kHalfLog2e);
+        mv[e] = static_cast<float>(static_cast<double>(diag * w[e]) * exp_nonpositive<8>(0.5 * fmin(q, 0.0)));
       }
-      float mv[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mv[e] = (diag * w[e]) * exp2_fast(ex[e]);
       rs[0] += mv[0] + mv[1];
       rs[1] += mv[2] + mv[3];
       // A operand of M [Z | Z o Z] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
