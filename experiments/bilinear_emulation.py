@@ -4,12 +4,14 @@ formula's + 1e-6, for both gradients, on the shapes and draws of tests/test_cuda
 
     python -m experiments.bilinear_emulation [--draws 3]
 
-Two exponents are compared: ``double`` (the kernel's: z = (x - mu) / l in double, 2 z_i.z_j - |z_i|^2 - |z_j|^2 and
-its exponential in double, W E rounded to float32 once) and ``expansion32`` (z rounded to float32, the cross term
-3xTF32, norms, additions and the exponential in float32). Everything else follows the kernel: weights W = G V^T and
-M [Z | Z o Z] as 3xTF32 products (operands split hi + lo, rounded to nearest, the small products first, each k-step
-of 8 rounded into a float32 accumulator), tiles of 32 columns, blocks of 64 rows centred on their mean; the per-tile
-totals are kept in double (TwoSum's bound). Not emulated: the tensor cores' own rounding of a k-step's sum.
+Four arithmetics are compared. ``kernel`` (the kernel's): z = (x - mu) / l, the exponent, its exponential,
+M = W E, P = M Z, R = M (Z o Z) and every sum in double; only the weights W = G V^T are float32, as 3xTF32 products
+(operands split hi + lo, rounded to nearest, the small products first, each k-step of 8 rounded into a float32
+accumulator). ``mufu``: the same with E rounded to float32 with a relative error uniform within 2 ulp (the
+special-function unit's exponential). ``mz32``: the kernel's exponent, but M = W E in float32 and P, R as 3xTF32
+products over tiles of 32 columns, folded in float32. ``expansion32``: as ``mz32`` with z rounded to float32 and the
+exponent's cross term 3xTF32, its norms and additions and the exponential in float32. Rows in blocks of 64, centred
+on their mean. Not emulated: the tensor cores' own rounding of a k-step's sum.
 Prints the draws above half the bound and the worst ratio; writes experiments/results/bilinear_emulation.md.
 """
 
@@ -56,35 +58,40 @@ def mma_3xtf32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return big + small
 
 
-def kernel_values(zr: torch.Tensor, zc: torch.Tensor, mode: str) -> torch.Tensor:
-    """E = K / s from double points (rows zr, columns zc): in double (``double``), or as float32
-    2^(log2(e) / 2 (2 z_i.z_j - |z_i|^2 - |z_j|^2)) from the 3xTF32 expansion (``expansion32``)."""
-    if mode == "double":
-        q = 2 * zr @ zc.T - (zr * zr).sum(1, keepdim=True) - (zc * zc).sum(1)
-        return torch.exp(0.5 * q.clamp(max=0))
-    yr, yc = zr.float(), zc.float()
-    q = (mma_3xtf32(2 * yr, yc.T.contiguous()) - (yr * yr).sum(1, keepdim=True)) - (yc * yc).sum(1)
-    return torch.exp2(q.clamp(max=0) * torch.tensor(0.5 * math.log2(math.e), dtype=F32))
+def kernel_values(zr: torch.Tensor, zc: torch.Tensor, mode: str, gen: torch.Generator) -> torch.Tensor:
+    """E = K / s (double) from double points (rows zr, columns zc), as the arithmetic ``mode`` forms it."""
+    if mode == "expansion32":
+        yr, yc = zr.float(), zc.float()
+        q = (mma_3xtf32(2 * yr, yc.T.contiguous()) - (yr * yr).sum(1, keepdim=True)) - (yc * yc).sum(1)
+        return torch.exp2(q.clamp(max=0) * torch.tensor(0.5 * math.log2(math.e), dtype=F32)).double()
+    q = 2 * zr @ zc.T - (zr * zr).sum(1, keepdim=True) - (zc * zc).sum(1)
+    E = torch.exp(0.5 * q.clamp(max=0))
+    if mode == "mufu":
+        noise = (2 * torch.rand(E.shape, generator=gen, dtype=F64) - 1) * 2.0**-22
+        E = (E * (1 + noise)).float().double()
+    return E
 
 
-def emulated_grads(x1, x2, l, s, g, v, mode: str, rows: int = 64, tile: int = 32):
-    """The kernel's lengthscale (d,) and outputscale () gradients, float64 totals."""
+def emulated_grads(x1, x2, l, s, g, v, mode: str, gen: torch.Generator, rows: int = 64, tile: int = 32):
+    """The lengthscale (d,) and outputscale () gradients as the arithmetic ``mode`` forms them."""
     d = x1.shape[1]
     gl, gs = torch.zeros(d, dtype=F64), torch.zeros((), dtype=F64)
     for r0 in range(0, x1.shape[0], rows):
         xr = x1[r0 : r0 + rows].double()
         mu = xr.mean(0)
         zr, zc = (xr - mu) / l.double(), (x2.double() - mu) / l.double()
-        zrf = zr.float()
         for j0 in range(0, x2.shape[0], tile):
             zj = zc[j0 : j0 + tile]
             W = mma_3xtf32(g[r0 : r0 + rows], v[j0 : j0 + tile].T.contiguous())
-            M = (W.double() * kernel_values(zr, zj, mode)).float()  # one rounding of W E
-            zjf = zj.float()
-            acc = mma_3xtf32(M, torch.cat([zjf, zjf * zjf], 1))
-            P, R = acc[:, :d], acc[:, d:]
-            r = M.sum(1)
-            gl += ((r[:, None] * zrf - 2 * P) * zrf + R).double().sum(0)
+            M = W.double() * kernel_values(zr, zj, mode, gen)
+            if mode in ("kernel", "mufu"):
+                P, R, r = M @ zj, M @ (zj * zj), M.sum(1)
+                gl += ((r[:, None] * zr - 2 * P) * zr + R).sum(0)
+            else:
+                M, zrf, zjf = M.float(), zr.float(), zj.float()
+                acc = mma_3xtf32(M, torch.cat([zjf, zjf * zjf], 1))
+                P, R, r = acc[:, :d], acc[:, d:], M.sum(1)
+                gl += ((r[:, None] * zrf - 2 * P) * zrf + R).double().sum(0)
             gs += r.double().sum()
     return gl * s.double() / l.double(), gs
 
@@ -115,15 +122,17 @@ def main(argv=None):
     parser.add_argument("--draws", type=int, default=3, help="draws per shape (odd ones shifted by 10)")
     args = parser.parse_args(argv)
     gen = torch.Generator().manual_seed(1)
-    worst = {"double": [0.0, 0.0], "expansion32": [0.0, 0.0]}
-    fails = {"double": 0, "expansion32": 0}
+    modes = ("kernel", "mufu", "mz32", "expansion32")
+    worst = {mode: [0.0, 0.0] for mode in modes}
+    fails = {mode: 0 for mode in modes}
+    noise = torch.Generator().manual_seed(2)
     count = 0
     for (n, m), d, t, draw in itertools.product(SHAPES, FEATURES, COLUMNS, range(args.draws)):
         x1, x2, l, s, v, g = draw_inputs(n, m, d, t, 10.0 * (draw % 2), gen)
         plain, want = plain_and_reference(x1, x2, l, s, v, g)
         count += 1
         for mode in worst:
-            got = emulated_grads(x1, x2, l, s, g, v, mode)
+            got = emulated_grads(x1, x2, l, s, g, v, mode, noise)
             ratios = [rel(a, w) / (4 * rel(p, w) + 1e-6) for a, w, p in zip(got, want, plain)]
             worst[mode] = [max(a, b) for a, b in zip(worst[mode], ratios)]
             fails[mode] += max(ratios) > 1

@@ -4,45 +4,38 @@
 //   d/ds   = S = sum_ij M_ij,
 //   d/dl_k = s L_k / l_k,   L_k = sum_ij M_ij (z_ik - z_jk)^2
 //          = sum_i (r_i z_ik^2 - 2 z_ik P_ik + R_ik),   r = M 1,  P = M Z,  R = M (Z o Z).
-// Per tile of 16 rows (a warp) and 8 columns, three tensor-core products do the work per pair:
-//   the exponent's cross term 2 Z_I Z_J^T in double (m8n8k4 FP64 MMAs, k = the features), W = G_I V_J^T
-//   (m16n8k8 TF32, k = the right-hand sides), and M [Z_J | Z_J o Z_J] (m16n8k8 TF32, k = the 8 columns), whose A
-//   operand is the accumulator of the first two, in registers: the columns of M are taken in the order 0, 2, 4, 6,
-//   1, 3, 5, 7, which is the order a thread holds them in the accumulator layout, and the B operand's rows are
-//   read in the same order (no shuffles).
+// Per tile of 16 rows (a warp) and 8 columns, three tensor-core products do the work per pair: the exponent's
+// cross term 2 Z_I Z_J^T (m8n8k4 FP64 MMAs, k = the features), W = G_I V_J^T (m16n8k8 TF32, k = the right-hand
+// sides), and M [Z_J | Z_J o Z_J] (m8n8k4 FP64, k = the 8 columns), whose A operand is M in the accumulator layout
+// of the first two, in registers: k-step 0 takes the columns 0, 2, 4, 6 and k-step 1 the columns 1, 3, 5, 7, which
+// is how a thread holds them, and the B operand's rows are read in the same order (no shuffles).
 // For K(x, x) (BilinearArgs::symmetric) each pair is taken once: with row weights [G | V] and column weights
 // [V | G], W'_ij = W_ij + W_ji, and since E and (z_i - z_j)^2 are symmetric, block I summing over the columns from
-// its own first row on (its diagonal tile with weight 1/2) gives the sums over all ordered pairs, at
-// 3 (2t/8 + D/4) TF32 and 2 D/4 FP64 MMAs rather than twice 3 (t/8 + D/4) and 2 D/4 per 16 x 8 pairs.
+// its own first row on (its diagonal tile with weight 1/2) gives the sums over all ordered pairs, at 3 (2t/8) TF32
+// and 2 (D/4 + D/2) FP64 MMAs per 16 x 8 pairs instead of twice 3 (t/8) and 2 (D/4 + D/2).
 //
 // Why tensor cores. On CUDA cores the work is about 2d + t + 5 FMAs per pair (the distance, the weight, the
 // product with Z; 61 at d = 20, t = 17): 3.5 ms at the H200's peak for n = 44k, no margin below the 5 ms target.
-// TF32 alone keeps 11 bits, so the weights and M Z are split 3xTF32: a = a_hi + a_lo (both rounded to nearest),
+// TF32 alone keeps 11 bits, so the weights are split 3xTF32: a = a_hi + a_lo (both rounded to nearest),
 // a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, which drops a_lo b_lo (2^-24 relative) and leaves each product about as
-// accurate as float32's own rounding. Their B operands are staged in shared memory so that a lane's fragment, hi
-// and lo, is one 16-byte load: 4 scalar loads a fragment would cost more shared-memory bandwidth than the MMAs
-// take time.
+// accurate as float32's own rounding. Their B operand is staged in shared memory so that a lane's fragment, hi
+// and lo, is one 16-byte load.
 //
-// Why the exponent in double. S has no error bound relative to its terms (they have either sign), so the error of
-// every term must be independent of the others and about as small as the plain float32 formula's, whose exponent
-// error scales with |z_i - z_j|^2 and mostly with the rounding of each point (shared by all its pairs, which
-// cancels in the sums). The norm expansion 2 z_i.z_j - |z_i|^2 - |z_j|^2 has terms of size |z|^2: in float32 (or
-// 3xTF32) its per-pair errors are several times the plain formula's, and an emulation of that arithmetic on the
-// tests' data failed the accuracy rule on 6 of 162 draws (also with centred points, a single rounding of each z,
-// norms in double and TwoSum additions), the double exponent on none (experiments/bilinear_emulation.py). In double, from z computed in double, the
-// exponent is exact to about 2^-50 |z|^2 before its one rounding to float32; the FP64 tensor cores take the cross
-// term at D/2 MMAs per 16 x 8 pairs (about a third more tensor time than 3xTF32), and K(x, x) = s exactly needs no
-// recomputation of near pairs. The exponential is in double too (a polynomial on the FP64 units), and M = W E is
-// rounded to float32 once.
+// Why double for everything but the weights. S and L have no error bound relative to their terms (they have either
+// sign), so the error of every term must be independent of the others and about as small as the plain float32
+// formula's, whose exponent error scales with |z_i - z_j|^2 and mostly with the rounding of each point (shared by
+// all its pairs, which cancels in the sums). An emulation of the kernel's arithmetic on the tests' draws
+// (experiments/bilinear_emulation.py) found, against the accuracy rule: the norm expansion 2 z_i.z_j - |z_i|^2 -
+// |z_j|^2 in float32 or 3xTF32 (terms of size |z|^2; also with centred points, norms in double and TwoSum
+// additions) over it on 6 of 162 draws; with the exponent in double but the exponential on the special-function
+// unit (2 ulp), over it on 2; with M [Z | Z o Z] in 3xTF32, whose expanded form r z_i^2 - 2 z_i P + R cancels
+// where z_i is far from the block centre against |z_i - z_j| (small d), over it on 2. So z = (x - mu) / l, the
+// exponent (FP64 tensor cores for the cross term), exp (a polynomial on the FP64 units), M = W E, P, R and the
+// sums are in double; K(x, x) = s exactly then needs no recomputation of near pairs. The cost is tensor time: the
+// FP64 MMAs run at about an eighth of the TF32 rate per flop.
 //
-// Why this summation. S and L are single sums of n m terms of either sign, so a running float32 sum would lose
-// log2(m) bits and more. The tensor cores sum 8 columns per MMA into an accumulator that is cleared every tile of
-// kBilTile columns (a bounded number of terms, each rounding relative to the tile's partial sums); each tile's
-// result is then added to per-thread float32 totals by TwoSum (error-free transformation: the rounding error of
-// every addition is kept and added back), which bounds the error of the totals by about 2 eps times the sum of
-// the tiles' magnitudes, whatever the count; the block's totals are added in double. L's expanded form has the
-// error of the product M [Z | Z o Z], about 2^-24 |z|^2 sum |M| against sum M (z_i - z_j)^2, with z centred on the
-// block's row mean.
+// Sums: each thread folds every chunk of 8 columns into its double totals (rows' L per feature, and S); the
+// block's totals are added in double, in a fixed order, and the host adds the blocks' in double.
 #pragma once
 
 #include "device_common.cuh"
@@ -95,32 +88,14 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// c += (ah + al)(bh + bl) less al bl; the small products first, so that they are not lost against the large one
-__device__ __forceinline__ void mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
-                                           uint32_t bh0, uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-  mma_tf32(c, al, bh0, bh1);
-  mma_tf32(c, ah, bl0, bl1);
-  mma_tf32(c, ah, bh0, bh1);
-}
-
-// The same over k-steps with the large products in `big` and the small ones in `small` (added by the caller):
-// two dependency chains of the tensor pipe instead of one three times as long.
+// c += (ah + al)(bh + bl) less al bl (3xTF32), with the large products in `big` and the small ones in `small`
+// (added by the caller): two dependency chains of the tensor pipe instead of one three times as long.
 __device__ __forceinline__ void mma_3xtf32_split(float (&big)[4], float (&small)[4], const uint32_t (&ah)[4],
                                                  const uint32_t (&al)[4], uint32_t bh0, uint32_t bh1, uint32_t bl0,
                                                  uint32_t bl1) {
   mma_tf32(small, al, bh0, bh1);
   mma_tf32(small, ah, bl0, bl1);
   mma_tf32(big, ah, bh0, bh1);
-}
-
-// s + c += x by TwoSum (Knuth): s + x = t + err exactly; err goes to the compensation c. Rounded intrinsics, so
-// that no compiler contraction or reordering can change the error-free transformation.
-__device__ __forceinline__ void two_sum_add(float& s, float& c, float x) {
-  const float t = __fadd_rn(s, x);
-  const float bp = __fsub_rn(t, s);
-  const float err = __fadd_rn(__fsub_rn(s, __fsub_rn(t, bp)), __fsub_rn(x, bp));
-  s = t;
-  c = __fadd_rn(c, err);
 }
 
 // c += a b for an 8x4 A and a 4x8 B in double (m8n8k4, the FP64 tensor cores): a = A[g][t], b = B[t][g],
@@ -142,13 +117,13 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   // The weights' and M [Z | Z o Z]'s B operands are staged so that a lane's whole fragment, hi and lo, is one
   // 16-byte load (b0 hi, b1 hi, b0 lo, b1 lo), with pitches that make each quarter-warp's 8 loads hit 32 banks:
   //   s_vc[j][16 ks + 4 t + .]: V_j's entries 8 ks + t (b0) and 8 ks + t + 4 (b1) (pitch 16 mod 32)
-  //   s_bc[p][n][.]: rows 2p (b0) and 2p + 1 (b1) of B3 = [z_f, z_f^2 for each feature f] (column n = 2f or
-  //                  2f + 1), so that n-tile q holds features 4q..4q+3 and quad lane t gets P and R of feature
-  //                  4q + t side by side in its accumulator (row pitch 2 mod 8 in 16-byte units)
-  constexpr int kZP = D + 4, kVC = bilinear_pitch(2 * TK), kNB = 2 * D + 2;
+  // M [Z | Z o Z] in double too (m8n8k4): s_b3[j][n] = z_jf (n = 2f) or z_jf^2 (n = 2f + 1), so that n-tile q
+  // holds features 4q..4q+3 and quad lane t gets P and R of feature 4q + t side by side in its accumulator (pitch
+  // 2 mod 8 doubles: the 8-byte loads below are free of bank conflicts)
+  constexpr int kZP = D + 4, kVC = bilinear_pitch(2 * TK), kB3 = 2 * D + 2;
   __shared__ __align__(16) double s_zd[kBilTile][kZP];
   __shared__ __align__(16) uint32_t s_vc[kBilTile][kVC];
-  __shared__ __align__(16) uint32_t s_bc[kBilTile / 2][kNB][4];
+  __shared__ __align__(16) double s_b3[kBilTile][kB3];
   __shared__ __align__(16) double s_b2[kBilTile];  // -|z_j|^2
   __shared__ double s_mu[D], s_il[D];
   __shared__ double s_scratch[kWarps * (D + 1)];
@@ -198,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       const int r = e & 1, c = 8 * ks + t + 4 * (e >> 1);
       split_tf32((ri[r] < a.n && c < tt) ? gr[ri[r] * tt + c] : 0.0f, agh[ks][e], agl[ks][e]);
     }
-  float yf[NQ][2];
+  double yf[NQ][2];
   double b1[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -210,12 +185,12 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     }
     b1[r] = -nrm;
 #pragma unroll
-    for (int q = 0; q < NQ; ++q) yf[q][r] = static_cast<float>(row_z(r, 4 * q + t));
+    for (int q = 0; q < NQ; ++q) yf[q][r] = row_z(r, 4 * q + t);
   }
 
-  float lsum[NQ], lcmp[NQ], ssum = 0.0f, scmp = 0.0f;
+  double lsum[NQ], ssum = 0.0;  // this thread's shares of L (feature 4q + t) and of S
 #pragma unroll
-  for (int q = 0; q < NQ; ++q) lsum[q] = lcmp[q] = 0.0f;
+  for (int q = 0; q < NQ; ++q) lsum[q] = 0.0;
 
   // Staging: lanes [LPC sj, LPC sj + LPC) own column sj of a tile, features and right-hand sides sl + LPC i; the
   // next tile's raw values are loaded into registers while this tile's products run.
@@ -240,13 +215,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       const double z = (pin && k < d) ? (static_cast<double>(px[i]) - s_mu[k]) * s_il[k] : 0.0;
       nrm = fma(z, z, nrm);
       s_zd[sj][k] = z;
-      const float y = static_cast<float>(z);
-      uint32_t h, l, h2, l2;
-      split_tf32(y, h, l);
-      split_tf32(__fmul_rn(y, y), h2, l2);
-      const int p = sj >> 1, par = sj & 1;
-      s_bc[p][2 * k][par] = h, s_bc[p][2 * k][2 + par] = l;
-      s_bc[p][2 * k + 1][par] = h2, s_bc[p][2 * k + 1][2 + par] = l2;
+      s_b3[sj][2 * k] = z;
+      s_b3[sj][2 * k + 1] = z * z;
     }
 #pragma unroll
     for (int off = 1; off < LPC; off *= 2) nrm += __shfl_xor_sync(kFull, nrm, off);
@@ -270,10 +240,6 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
     fetch(jt + kBilTile);
     __syncthreads();
 
-    float acc[NQ][4];  // this tile's M [Z | Z o Z]: P (g), R (g), P (g + 8), R (g + 8) of feature 4q + t
-#pragma unroll
-    for (int q = 0; q < NQ; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
-    float rs[2] = {0.0f, 0.0f};  // this thread's share of the tile's row sums of M
 #pragma unroll
     for (int ch = 0; ch < kBilTile / 8; ++ch) {
       const int jb = 8 * ch;
@@ -296,41 +262,37 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
       // accumulator element e: row g (e < 2) or g + 8, column jb + 2t + (e & 1); E = exp(q / 2) with
       // q = 2 z_i.z_j - |z_i|^2 - |z_j|^2 = -|z_i - z_j|^2, all in double (exp_nonpositive<8>: 2e-10 relative; the
       // special-function unit's float exponential, about 2 ulp, took an emulation of the tests' draws over the
-      // accuracy rule), and M = W E rounded to float once
+      // accuracy rule)
       const double2 b2 = *reinterpret_cast<const double2*>(&s_b2[jb + 2 * t]);
-      float mv[4];
+      double md[4];  // M = W E in double (a float32 times a double: exact to 2^-53)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const double q = (cr[e >> 1][e & 1] + b1[e >> 1]) + ((e & 1) ? b2.y : b2.x);
-        mv[e] = static_cast<float>(static_cast<double>(diag * w[e]) * exp_nonpositive<8>(0.5 * fmin(q, 0.0)));
+        md[e] = static_cast<double>(diag * w[e]) * exp_nonpositive<8>(0.5 * fmin(q, 0.0));
       }
-      rs[0] += mv[0] + mv[1];
-      rs[1] += mv[2] + mv[3];
-      // A operand of M [Z | Z o Z] with k = 0..3 the even columns 2t and k = 4..7 the odd ones 2t + 1:
-      // a0 (g, 2t) = mv[0], a1 (g + 8, 2t) = mv[2], a2 (g, 2t + 1) = mv[1], a3 (g + 8, 2t + 1) = mv[3]
-      uint32_t mh[4], ml[4];
-      split_tf32(mv[0], mh[0], ml[0]);
-      split_tf32(mv[2], mh[1], ml[1]);
-      split_tf32(mv[1], mh[2], ml[2]);
-      split_tf32(mv[3], mh[3], ml[3]);
+      ssum += (md[0] + md[1]) + (md[2] + md[3]);
+      // the chunk's row sums of M: this thread's two columns, then the quad's eight
+      double rr[2] = {md[0] + md[1], md[2] + md[3]};
 #pragma unroll
-      for (int q = 0; q < NQ; ++q) {  // b0 (k = t: column jb + 2t), b1 (k = t + 4: column jb + 2t + 1), n = g
-        const uint4 f = *reinterpret_cast<const uint4*>(&s_bc[jb / 2 + t][8 * q + g][0]);
-        mma_3xtf32(acc[q], mh, ml, f.x, f.y, f.z, f.w);
+      for (int r = 0; r < 2; ++r) {
+        rr[r] += __shfl_xor_sync(kFull, rr[r], 1);
+        rr[r] += __shfl_xor_sync(kFull, rr[r], 2);
       }
-    }
-    // fold the tile into the totals: the row sums of M over the quad, then per row sum_j M_ij (z_i - z_j)^2
-    two_sum_add(ssum, scmp, rs[0] + rs[1]);
+      // P and R of the chunk (m8n8k4 in double; k-step 0 takes the columns 2t, k-step 1 the columns 2t + 1, which
+      // is how this thread holds M: A = M[g][2t + ks] or M[g + 8][2t + ks], B = B3[2t + ks][8q + g]), folded into
+      // sum_j M_ij (z_i - z_j)^2 = r z_i^2 - 2 z_i P + R at once, in double
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      rs[r] += __shfl_xor_sync(kFull, rs[r], 1);
-      rs[r] += __shfl_xor_sync(kFull, rs[r], 2);
-    }
+      for (int q = 0; q < NQ; ++q) {
+        double pr[2][2] = {{0.0, 0.0}, {0.0, 0.0}};  // rows g, g + 8: P, R of feature 4q + t
 #pragma unroll
-    for (int q = 0; q < NQ; ++q) {
-      const float l0 = fmaf(fmaf(rs[0], yf[q][0], -2.0f * acc[q][0]), yf[q][0], acc[q][1]);
-      const float l1 = fmaf(fmaf(rs[1], yf[q][1], -2.0f * acc[q][2]), yf[q][1], acc[q][3]);
-      two_sum_add(lsum[q], lcmp[q], l0 + l1);
+        for (int ks = 0; ks < 2; ++ks) {
+          const double bb = s_b3[jb + 2 * t + ks][8 * q + g];
+          mma_f64(pr[0], md[ks], bb);
+          mma_f64(pr[1], md[2 + ks], bb);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) lsum[q] += fma(fma(rr[r], yf[q][r], -2.0 * pr[r][0]), yf[q][r], pr[r][1]);
+      }
     }
   }
 
@@ -340,8 +302,8 @@ __global__ void __launch_bounds__(kWarps * 32) bwd_bilinear_kernel(const Bilinea
   for (int q = 0; q < NQ; ++q)
 #pragma unroll
     for (int u = 0; u < 4; ++u)
-      tot[4 * q + u] = t == u ? static_cast<double>(lsum[q]) + static_cast<double>(lcmp[q]) : 0.0;
-  tot[D] = static_cast<double>(ssum) + static_cast<double>(scmp);
+      tot[4 * q + u] = t == u ? lsum[q] : 0.0;
+  tot[D] = ssum;
   block_sum(tot, s_scratch, s_tot);
   const int64_t blk = (static_cast<int64_t>(split) * gridDim.x + blockIdx.x) * a.batch + b;
   if (tid < D) a.part_l[blk * D + tid] = s_tot[tid];
