@@ -87,8 +87,9 @@ def main(argv=None):
         f"\nTimes in ms (median of {args.reps} CUDA-event timings after warm-up), t = {args.t} right-hand sides; the"
         f" stored product reads K (n x n, float32) once for {min(args.t, 16)} columns (`dense_matmul`). Errors:"
         " relative error of the lengthscale gradient (norm-wise) / of the outputscale gradient against the float64"
-        " op. bilinear4/8: the tensor-core kernel (3xTF32, float32 sums by tiles and TwoSum) with 4 or 8 warps a"
-        " block, taking each pair of K(x, x) once with the weights of both orders; _nosym: every ordered pair.\n"
+        " op. bilinear4/8: the tensor-core kernel (weights 3xTF32, exponent, M Z and sums in double) with 4 or 8"
+        " warps a block, taking each pair of K(x, x) once with the weights of both orders; _nosym: every ordered"
+        " pair.\n"
     )
     title = "The (lengthscale, outputscale) backward of K @ V: row pass against tensor cores"
     print(write_results(RESULTS, "bench_bilinear", title, table + "\n" + notes, rows, t=args.t, reps=args.reps))

@@ -11,8 +11,8 @@ Error rules (``rel_err`` is the norm-wise relative error against float64):
   (csrc/cuda/covariance_forward.cuh);
 - gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
   outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw; so must
-  the tensor-core (lengthscale, outputscale) backward that float32 takes without point gradients (exponent in
-  double, weights and sums 3xTF32, tiles added by TwoSum; the private op _rbf_matmul_backward_kernel picks it).
+  the tensor-core (lengthscale, outputscale) backward that float32 takes without point gradients (weights 3xTF32,
+  the exponent, M Z and the sums in double; the private op _rbf_matmul_backward_kernel picks it).
 """
 
 import math
