@@ -28,7 +28,7 @@
 // (experiments/bilinear_emulation.py) found, against the accuracy rule: the norm expansion 2 z_i.z_j - |z_i|^2 -
 // |z_j|^2 in float32 or 3xTF32 (terms of size |z|^2; also with centred points, norms in double and TwoSum
 // additions) over it on 6 of 162 draws; with the exponent in double but the exponential on the special-function
-// unit (2 ulp), over it on 2; with M [Z | Z o Z] in 3xTF32, whose expanded form r z_i^2 - 2 z_i P + R cancels
+// unit (2 ulp), over it on 3; with M [Z | Z o Z] in 3xTF32, whose expanded form r z_i^2 - 2 z_i P + R cancels
 // where z_i is far from the block centre against |z_i - z_j| (small d), over it on 2. So z = (x - mu) / l, the
 // exponent (FP64 tensor cores for the cross term), exp (a polynomial on the FP64 units), M = W E, P, R and the
 // sums are in double; K(x, x) = s exactly then needs no recomputation of near pairs. The cost is tensor time: the
