@@ -1,5 +1,9 @@
 // CUDA launchers for rbf_matmul_backward, the matrix-free gradients of K @ V for x1, x2, lengthscale and
-// outputscale (V's gradient K^T G is rbf_matmul itself). Device code: backward_rows.cuh.
+// outputscale (V's gradient K^T G is rbf_matmul itself), and the private _rbf_matmul_backward_kernel that runs a
+// named kernel. Device code: backward_rows.cuh (row passes), backward_bilinear.cuh (tensor cores, (l, s) only).
+#include <string>
+
+#include "backward_bilinear.h"
 #include "backward_host.h"
 #include "kv_dispatch.h"
 
@@ -43,6 +47,13 @@ Grads rows_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor&
   return out;
 }
 
+Grads bilinear_grads(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                     const at::Tensor& outputscale, const at::Tensor& V, int warps, bool allow_symmetric) {
+  auto [gl, gs] = bilinear_backward(G, x1.contiguous(), x2.contiguous(), lengthscale.contiguous(),
+                                    outputscale.contiguous(), V, warps, allow_symmetric);
+  return {not_computed(x1), not_computed(x1), gl, gs};
+}
+
 }  // namespace
 
 Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
@@ -53,6 +64,8 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
     return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
   const int64_t t = v.size(2);
+  if (bilinear_backward_applies(x1, t, x_grads))
+    return bilinear_grads(G, x1, x2, lengthscale, outputscale, V, 4, true);
   if (feature_bucket(x1.size(2)) == 0 || t > 32) {  // dense blocks of K, float64
     const at::Tensor G64 = G.to(at::kDouble), Vt = V.to(at::kDouble).transpose(1, 2);
     return dense_backward(x1, x2, lengthscale, outputscale, x_grads,
@@ -61,7 +74,38 @@ Grads matmul_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const a
   return rows_backward(G, x1, x2, lengthscale, outputscale, V, x_grads);
 }
 
+// The lengthscale and outputscale gradients (x_grads = false) by the named kernel: "rows" (the float64 row pass),
+// "bilinear4" or "bilinear8" (tensor cores, 4 or 8 warps a block; float32 only), each pair once for K(x, x) as by
+// default, or with the suffix "_nosym" every ordered pair.
+std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& x1,
+                                                               const at::Tensor& x2, const at::Tensor& lengthscale,
+                                                               const at::Tensor& outputscale, const at::Tensor& v,
+                                                               c10::string_view kernel) {
+  constexpr const char* kOp = "_rbf_matmul_backward_kernel";
+  const c10::cuda::CUDAGuard guard(x1.device());
+  const std::string name(kernel);
+  const bool rows = name == "rows", nosym = name.size() > 6 && name.substr(name.size() - 6) == "_nosym";
+  const std::string base = nosym ? name.substr(0, name.size() - 6) : name;
+  const int warps = base == "bilinear4" ? 4 : base == "bilinear8" ? 8 : 0;
+  TORCH_CHECK(rows || warps > 0, kOp,
+              ": kernel must be 'rows', 'bilinear4', 'bilinear8', 'bilinear4_nosym' or 'bilinear8_nosym', got '",
+              name, "'");
+  const bool empty = check_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, kOp);
+  const int64_t d = x1.size(2), t = v.size(2);
+  TORCH_CHECK(d <= 32 && t <= 32, kOp, ": the fused kernels take d <= 32 and t <= 32, got d=", d, " and t=", t);
+  TORCH_CHECK(rows || x1.scalar_type() == at::kFloat, kOp, ": the tensor-core kernel takes float32, got ",
+              x1.scalar_type());
+  if (empty) return {at::zeros_like(lengthscale), at::zeros_like(outputscale)};
+  const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();
+  const Grads out = rows ? rows_backward(G, x1, x2, lengthscale, outputscale, V, false)
+                         : bilinear_grads(G, x1, x2, lengthscale, outputscale, V, warps, !nosym);
+  return {std::get<2>(out), std::get<3>(out)};
+}
+
 }  // namespace cuda
 }  // namespace gpfast
 
-TORCH_LIBRARY_IMPL(gpfast, CUDA, m) { m.impl("rbf_matmul_backward", &gpfast::cuda::matmul_backward_cuda); }
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("rbf_matmul_backward", &gpfast::cuda::matmul_backward_cuda);
+  m.impl("_rbf_matmul_backward_kernel", &gpfast::cuda::matmul_backward_kernel_cuda);
+}
