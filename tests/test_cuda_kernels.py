@@ -468,3 +468,40 @@ def test_bilinear_backward_kernel_errors():
     wide = torch.randn(1, 12, 33, device="cuda")
     with pytest.raises(RuntimeError, match="d <= 32 and t <= 32, got d=3 and t=33"):
         torch.ops.gpfast._rbf_matmul_backward_kernel(torch.randn(1, 10, 33, device="cuda"), x1, x2, l, s, wide, "rows")
+    with pytest.raises(RuntimeError, match="got 'rows_nosym'"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, "rows_nosym")
+    a1, a2, al, a_s = canonical((), 10, 12, 33, torch.float32)
+    with pytest.raises(RuntimeError, match="got d=33 and t=2"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(g, a1, a2, al, a_s, v, "bilinear4")
+    # any CUDA tensor sends the call to the CUDA kernel: a tensor on the CPU must be refused before any pointer use
+    for kernel in ("rows", "bilinear4", "bilinear8_nosym"):
+        with pytest.raises(RuntimeError, match="grad must be on x1's device cuda:0, got cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g.cpu(), x1, x2, l, s, v, kernel)
+        with pytest.raises(RuntimeError, match="x1 must be a CUDA tensor .* got x1 on cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1.cpu(), x2, l, s, v, kernel)
+        with pytest.raises(RuntimeError, match="v must be on x1's device cuda:0, got cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v.cpu(), kernel)
+        with pytest.raises(RuntimeError, match="runs on CUDA tensors only, got x1 on cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(*(a.cpu() for a in (g, x1, x2, l, s, v)), kernel)
+        with pytest.raises(RuntimeError, match="grad must be float32 or float64, got Half"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g.half(), x1, x2, l, s, v, kernel)
+    with pytest.raises(RuntimeError, match="grad must be on x1's device cuda:0, got cpu"):
+        torch.ops.gpfast.rbf_matmul_backward(g.cpu(), x1, x2, l, s, v, False)
+
+
+@pytest.mark.parametrize("kernel", ["rows", *BILINEAR_ALL])
+def test_bilinear_backward_kernel_layouts_and_empty(kernel):
+    """Strided inputs give the contiguous inputs' gradients bit for bit; a zero size gives zero gradients."""
+    torch.manual_seed(1)
+    x1, x2, l, s = canonical((2,), 70, 90, 9, torch.float32)
+    v, g = torch.randn(2, 90, 5, device="cuda"), torch.randn(2, 70, 5, device="cuda")
+    want = torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
+    strided = [a.transpose(-1, -2).contiguous().transpose(-1, -2) for a in (g, x1, x2, v)]
+    got = torch.ops.gpfast._rbf_matmul_backward_kernel(strided[0], strided[1], strided[2], l, s, strided[3], kernel)
+    assert not strided[1].is_contiguous()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for n, m, t in [(0, 90, 5), (70, 0, 5), (70, 90, 0)]:
+        e1, e2 = x1[:, :n], x2[:, :m]
+        gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(g[:, :n, :t], e1, e2, l, s, v[:, :m, :t], kernel)
+        assert gl.shape == l.shape and gs.shape == s.shape
+        assert not gl.any() and not gs.any()
