@@ -4,8 +4,10 @@ Covers: the covariance forward's kernels, by default and each forced through the
 ``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
 and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits;
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
-t > 32); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block pivots
-(``_pivot_block``). Usage:
+t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
+(4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
+weight bucket); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
+pivots (``_pivot_block``). Usage:
 ``python -m experiments.sanitize_ops`` (or ``python experiments/sanitize_ops.py``) under
 ``compute-sanitizer --tool memcheck|racecheck``.
 """
@@ -68,12 +70,36 @@ def run_all():
             for x_grads in (True, False):
                 torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
                 torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
+    run_bilinear_backward(dev)
     # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
     for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
         A = torch.randn(c, rank, device=dev, dtype=torch.float64)
         S = A @ A.t()
         torch.ops.gpfast._pivot_block(S, S.diagonal().clone(), torch.tensor(1e-10, device=dev, dtype=S.dtype), b)
     torch.cuda.synchronize()
+
+
+def run_bilinear_backward(dev):
+    """The tensor-core (lengthscale, outputscale) kernels: rows ragged against 64- and 128-row blocks, columns
+    ragged against the column tile and split over blocks, d in each feature bucket (8, 16, 24, 32), and weights
+    (t, or 2t for K(x, x) with t <= 20) in each bucket up to 40."""
+    kernels = ("bilinear4", "bilinear8", "bilinear4_nosym", "bilinear8_nosym")
+    for B, n, m, d, t in [
+        (1, 1, 1, 1, 1),
+        (2, 67, 131, 3, 9),
+        (1, 130, 700, 9, 17),
+        (1, 300, 37, 20, 21),
+        (1, 129, 2000, 32, 32),
+    ]:
+        x1 = torch.randn(B, n, d, device=dev)
+        x2 = torch.randn(B, m, d, device=dev)
+        l = torch.rand(B, d, device=dev) + 0.5
+        s = torch.rand(B, device=dev) + 0.5
+        v1, v2 = torch.randn(B, n, t, device=dev), torch.randn(B, m, t, device=dev)
+        g = torch.randn(B, n, t, device=dev)
+        for kernel in kernels:
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v2, kernel)
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x1, l, s, v1, kernel)
 
 
 if __name__ == "__main__":

@@ -492,3 +492,22 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
     grads = _mm_bwd_op(G, x1c, x2c, lc, sc, vc, x_grads)
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
+
+
+@torch.no_grad()
+def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kernel: str):
+    """The lengthscale and outputscale gradients of :func:`rbf_matmul_backward` (``x_grads=False``) by a named CUDA
+    kernel, for tests and benchmarks: ``"rows"`` (the float64 row pass), ``"bilinear4"`` or ``"bilinear8"``
+    (tensor cores, float32 only, 4 or 8 warps a block; for K(x, x) each pair once, with the weights of both
+    orders), or ``"bilinear4_nosym"`` and ``"bilinear8_nosym"`` (every ordered pair). Arguments as in
+    :func:`rbf_matmul_backward` (d <= 32 and t <= 32); returns ``(glengthscale, goutputscale)``, each of its input's
+    shape.
+    """
+    _ensure_loaded()
+    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
+    if vector and isinstance(grad, torch.Tensor):
+        grad = grad.unsqueeze(-1)
+    G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
+    gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(G, x1c, x2c, lc, sc, vc, kernel)
+    _, _, gl, gs = _grads_to_inputs((None, None, gl, gs), x1, x2, lengthscale, outputscale, batch, False)
+    return gl, gs

@@ -10,7 +10,9 @@ Error rules (``rel_err`` is the norm-wise relative error against float64):
   squared distance; an emulation on the test distribution found 2-6e-7 against 1-3e-7 for plain float32
   (csrc/cuda/covariance_forward.cuh);
 - gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
-  outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw.
+  outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw; so must
+  the tensor-core (lengthscale, outputscale) backward that float32 takes without point gradients (weights 3xTF32,
+  the exponent, M Z and the sums in double; the private op _rbf_matmul_backward_kernel picks it).
 """
 
 import math
@@ -285,7 +287,9 @@ def test_matmul_backward_mask_and_determinism(dtype, t):
     full = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)
     masked = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, False)
     assert masked[0].shape == (0,) and masked[1].shape == (0,)
-    if t <= 32:  # d = 9: the same kernel forms L and S with or without the points' gradients
+    # float64, d = 9: the same kernel forms L and S with or without the points' gradients (float32 without them
+    # takes the tensor-core kernel, tested against float64 below)
+    if t <= 32 and dtype == torch.float64:
         assert torch.equal(masked[2], full[2]) and torch.equal(masked[3], full[3])
     tol = 1e-10 if dtype == torch.float64 else 1e-6
     assert rel_err(masked[2], full[2]) < tol and rel_err(masked[3], full[3]) < tol
@@ -320,3 +324,184 @@ def test_outputscale_gradient_on_many_draws():
         want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())[3]
         plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)[3]
         assert rel_err(got, want) <= 4 * rel_err(plain, want) + 1e-6
+
+
+# ------------------------------------------------------------------ the tensor-core (lengthscale, outputscale) backward
+
+BILINEAR = ["bilinear4", "bilinear8"]
+BILINEAR_ALL = [*BILINEAR, "bilinear4_nosym", "bilinear8_nosym"]
+
+
+def kernel_theta_grads(kernel, g, x1, x2, l, s, v):
+    """The lengthscale and outputscale gradients by the named kernel, on poisoned memory."""
+    poison_allocator("cuda", 2**26)  # beyond the per-block partial sums of every shape here
+    gl, gs = ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
+    assert torch.isfinite(gl).all() and torch.isfinite(gs).all(), "poisoned memory showed through"
+    return gl, gs
+
+
+def theta_grads_blocked(g, x1, x2, l, s, v, rows=128):
+    """The lengthscale (d,) and outputscale () gradients of sum(g * (K(x1, x2) v)) from their definition, in the
+    inputs' dtype, block by block (no n x m x d tensor): with W = g v^T and z = x / l,
+    d/ds = sum_ij W_ij K_ij / s and d/dl = sum_ij W_ij K_ij (z_i - z_j)^2 / l."""
+    z1, z2 = x1 / l, x2 / l
+    gl, gs = torch.zeros_like(l), torch.zeros_like(s)
+    for i in range(0, x1.shape[0], rows):
+        diff2 = (z1[i : i + rows, None, :] - z2[None]).pow(2)
+        WK = (g[i : i + rows] @ v.T) * torch.exp(-0.5 * diff2.sum(-1))  # W K / s
+        gs += WK.sum()
+        gl += s * (WK[..., None] * diff2).sum((0, 1)) / l
+    return gl, gs
+
+
+@pytest.mark.parametrize("kernel", BILINEAR)
+@pytest.mark.parametrize("t", [1, 11, 17])
+@pytest.mark.parametrize("d", [1, 3, 8, 20, 26, 32])
+@pytest.mark.parametrize("shape", [((), 129, 1000), ((2,), 70, 90), ((), 300, 33)])  # rows: 64- and 128-row blocks
+def test_bilinear_backward_matches_float64(kernel, t, d, shape):
+    """Against float64 on every draw (near the origin and shifted by 10), within the accuracy rule; and in
+    agreement with the row pass (float64 sums) within the same bound."""
+    torch.manual_seed(1000 * d + t)
+    batch, n, m = shape
+    for draw in range(3):
+        x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda")
+        x1, x2 = x1 + 10.0 * (draw % 2), x2 + 10.0 * (draw % 2)
+        v = torch.randn(*batch, m, t, device="cuda")
+        g = torch.randn(*batch, n, t, device="cuda")
+        got = kernel_theta_grads(kernel, g, x1, x2, l, s, v)
+        rows = kernel_theta_grads("rows", g, x1, x2, l, s, v)
+        want = grads_of(ref.rbf_matmul, [a.double() for a in (x1, x2, l, s, v)], g.double())[2:4]
+        plain = grads_of(ref.rbf_matmul, (x1, x2, l, s, v), g)[2:4]
+        for name, a, r, p, o in zip(("lengthscale", "outputscale"), got, want, plain, rows):
+            bound = 4 * rel_err(p, r) + 1e-6
+            assert a.shape == r.shape and a.dtype == torch.float32, name
+            assert rel_err(a, r) <= bound, (name, draw)
+            assert rel_err(a, o) <= bound, (name, draw)
+
+
+@pytest.mark.parametrize("kernel", BILINEAR)
+@pytest.mark.parametrize("d", [8, 20])
+@pytest.mark.parametrize("ls", [0.05, 0.3, 10.0, 100.0])  # 0.05: K ~ 0 but for the nearest pairs; 100: K ~ s
+def test_bilinear_backward_extreme_lengthscales(kernel, d, ls):
+    torch.manual_seed(d)
+    x1, x2, _, s = rand_inputs((), 300, 2000, d, "cuda")
+    l = torch.full((1, d), ls, device="cuda")
+    v = torch.randn(2000, 17, device="cuda")
+    g = torch.randn(300, 17, device="cuda")
+    got = kernel_theta_grads(kernel, g, x1, x2, l, s, v)
+    want = grads_of(ref.rbf_matmul, [a.double() for a in (x1, x2, l, s, v)], g.double())[2:4]
+    plain = grads_of(ref.rbf_matmul, (x1, x2, l, s, v), g)[2:4]
+    for name, a, r, p in zip(("lengthscale", "outputscale"), got, want, plain):
+        if r.abs().max() < 1e-30:
+            assert a.abs().max() < 1e-30, name
+            continue
+        assert rel_err(a, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+@pytest.mark.parametrize("kernel", BILINEAR_ALL)
+@pytest.mark.parametrize("t", [1, 11, 17, 21])  # 21: more than 20 columns, every ordered pair
+@pytest.mark.parametrize("d", [3, 20, 32])
+@pytest.mark.parametrize("n", [1, 33, 129, 700])  # within one block, and ragged against 64- and 128-row blocks
+def test_bilinear_backward_self_kernel(kernel, t, d, n):
+    """K(x, x), the engine's case, where each pair is taken once with the weights of both orders (and the diagonal
+    tile halved), against float64 and against the row pass, with x far from the origin and duplicated points."""
+    torch.manual_seed(100 * d + t)
+    x, _, l, s = rand_inputs((), n, 1, d, "cuda")
+    x = x + 10.0
+    x[1::4] = x[::4][: x[1::4].shape[0]]  # exact duplicates off the diagonal
+    v, g = torch.randn(n, t, device="cuda"), torch.randn(n, t, device="cuda")
+    got = kernel_theta_grads(kernel, g, x, x, l, s, v)
+    rows = kernel_theta_grads("rows", g, x, x, l, s, v)
+    want = grads_of(lambda a, c, e, f: ref.rbf_matmul(a, a, c, e, f), [a.double() for a in (x, l, s, v)], g.double())
+    plain = grads_of(lambda a, c, e, f: ref.rbf_matmul(a, a, c, e, f), (x, l, s, v), g)
+    for name, a, r, p, o in zip(("lengthscale", "outputscale"), got, want[1:3], plain[1:3], rows):
+        bound = 4 * rel_err(p, r) + 1e-6
+        assert rel_err(a, r) <= bound, name
+        assert rel_err(a, o) <= bound, name
+
+
+@pytest.mark.parametrize("kernel", BILINEAR_ALL)
+@pytest.mark.parametrize("d", [9, 20])
+def test_bilinear_backward_large_self_kernel(kernel, d):
+    """The engine's case: K(x, x) (duplicates on the diagonal) at n = 12,000, columns split over blocks; against the
+    definition in float64 and in float32 (the plain formula), block by block."""
+    torch.manual_seed(d)
+    n, t = 12000, 17
+    x = torch.randn(n, d, device="cuda") + 3.0
+    l = (torch.rand(d, device="cuda") + 0.5) * max(1.0, (d / 8) ** 0.5)
+    s = torch.tensor(1.3, device="cuda")
+    v, g = torch.randn(n, t, device="cuda"), torch.randn(n, t, device="cuda")
+    got = kernel_theta_grads(kernel, g, x, x, l, s, v)
+    want = theta_grads_blocked(*(a.double() for a in (g, x, x, l, s, v)))
+    plain = theta_grads_blocked(g, x, x, l, s, v)
+    for name, a, r, p in zip(("lengthscale", "outputscale"), got, want, plain):
+        assert rel_err(a, r) <= 4 * rel_err(p, r) + 1e-6, name
+
+
+def test_bilinear_backward_is_the_default_and_deterministic():
+    """float32 without point gradients takes the tensor-core kernel (4 warps), bit for bit and call after call;
+    float64 and the point gradients keep the row pass."""
+    torch.manual_seed(0)
+    x1, x2, l, s = canonical((2,), 300, 700, 20, torch.float32)
+    v = torch.randn(2, 700, 17, device="cuda")
+    g = torch.randn(2, 300, 17, device="cuda")
+    op = torch.ops.gpfast.rbf_matmul_backward
+    masked = op(g, x1, x2, l, s, v, False)
+    forced = torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, "bilinear4")
+    assert masked[0].shape == (0,) and masked[1].shape == (0,)
+    assert torch.equal(masked[2], forced[0]) and torch.equal(masked[3], forced[1])
+    again = op(g, x1, x2, l, s, v, False)
+    assert torch.equal(masked[2], again[2]) and torch.equal(masked[3], again[3])
+    args64 = [a.double() for a in (g, x1, x2, l, s, v)]
+    rows64 = torch.ops.gpfast._rbf_matmul_backward_kernel(*args64, "rows")
+    full64 = op(*args64, False)
+    assert torch.equal(full64[2], rows64[0]) and torch.equal(full64[3], rows64[1])
+
+
+def test_bilinear_backward_kernel_errors():
+    x1, x2, l, s = canonical((), 10, 12, 3, torch.float32)
+    v, g = torch.randn(1, 12, 2, device="cuda"), torch.randn(1, 10, 2, device="cuda")
+    with pytest.raises(RuntimeError, match="'bilinear4_nosym' or 'bilinear8_nosym', got 'tc'"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, "tc")
+    with pytest.raises(RuntimeError, match="takes float32, got Double"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(*(a.double() for a in (g, x1, x2, l, s, v)), "bilinear4")
+    wide = torch.randn(1, 12, 33, device="cuda")
+    with pytest.raises(RuntimeError, match="d <= 32 and t <= 32, got d=3 and t=33"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(torch.randn(1, 10, 33, device="cuda"), x1, x2, l, s, wide, "rows")
+    with pytest.raises(RuntimeError, match="got 'rows_nosym'"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, "rows_nosym")
+    a1, a2, al, a_s = canonical((), 10, 12, 33, torch.float32)
+    with pytest.raises(RuntimeError, match="got d=33 and t=2"):
+        torch.ops.gpfast._rbf_matmul_backward_kernel(g, a1, a2, al, a_s, v, "bilinear4")
+    # any CUDA tensor sends the call to the CUDA kernel: a tensor on the CPU must be refused before any pointer use
+    for kernel in ("rows", "bilinear4", "bilinear8_nosym"):
+        with pytest.raises(RuntimeError, match="grad must be on x1's device cuda:0, got cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g.cpu(), x1, x2, l, s, v, kernel)
+        with pytest.raises(RuntimeError, match="x1 must be a CUDA tensor .* got x1 on cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1.cpu(), x2, l, s, v, kernel)
+        with pytest.raises(RuntimeError, match="v must be on x1's device cuda:0, got cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v.cpu(), kernel)
+        with pytest.raises(RuntimeError, match="runs on CUDA tensors only, got x1 on cpu"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(*(a.cpu() for a in (g, x1, x2, l, s, v)), kernel)
+        with pytest.raises(RuntimeError, match="grad must be float32 or float64, got Half"):
+            torch.ops.gpfast._rbf_matmul_backward_kernel(g.half(), x1, x2, l, s, v, kernel)
+    with pytest.raises(RuntimeError, match="grad must be on x1's device cuda:0, got cpu"):
+        torch.ops.gpfast.rbf_matmul_backward(g.cpu(), x1, x2, l, s, v, False)
+
+
+@pytest.mark.parametrize("kernel", ["rows", *BILINEAR_ALL])
+def test_bilinear_backward_kernel_layouts_and_empty(kernel):
+    """Strided inputs give the contiguous inputs' gradients bit for bit; a zero size gives zero gradients."""
+    torch.manual_seed(1)
+    x1, x2, l, s = canonical((2,), 70, 90, 9, torch.float32)
+    v, g = torch.randn(2, 90, 5, device="cuda"), torch.randn(2, 70, 5, device="cuda")
+    want = torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
+    strided = [a.transpose(-1, -2).contiguous().transpose(-1, -2) for a in (g, x1, x2, v)]
+    got = torch.ops.gpfast._rbf_matmul_backward_kernel(strided[0], strided[1], strided[2], l, s, strided[3], kernel)
+    assert not strided[1].is_contiguous()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for n, m, t in [(0, 90, 5), (70, 0, 5), (70, 90, 0)]:
+        e1, e2 = x1[:, :n], x2[:, :m]
+        gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(g[:, :n, :t], e1, e2, l, s, v[:, :m, :t], kernel)
+        assert gl.shape == l.shape and gs.shape == s.shape
+        assert not gl.any() and not gs.any()

@@ -375,6 +375,15 @@ def test_opcheck_cpu():
     torch.library.opcheck(torch.ops.gpfast.rbf_matmul.default, [*args, v])
 
 
+@pytest.mark.parametrize("kernel", ["rows", "bilinear4", "bilinear8_nosym"])
+def test_backward_kernel_op_refuses_cpu_tensors(kernel):
+    """The private op that forces one CUDA backward kernel has no CPU kernel: on CPU tensors it says so."""
+    x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")
+    v, g = torch.randn(5, 2), torch.randn(6, 2)
+    with pytest.raises(RuntimeError, match=f"the kernel '{kernel}' runs on CUDA tensors only, got x1 on cpu"):
+        ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_opcheck_cuda():

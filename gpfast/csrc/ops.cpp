@@ -1,5 +1,8 @@
 // The gpfast op schemas, in one place. CPU and CUDA implementations live in cpu/ and cuda/; the fake
 // (meta) implementations and autograd formulas are registered from Python (gpfast/ops.py).
+#include <string>
+#include <tuple>
+
 #include "common.h"
 
 namespace gpfast {
@@ -19,6 +22,15 @@ at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const
 at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
   check_dense_matmul(K, V, "dense_matmul");
   return at::mm(K, V);
+}
+
+// The CUDA kernels' variants have no CPU counterpart: the CPU backward has one design (cpu/rbf.cpp).
+std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cpu(const at::Tensor&, const at::Tensor& x1,
+                                                              const at::Tensor&, const at::Tensor&,
+                                                              const at::Tensor&, const at::Tensor&,
+                                                              c10::string_view kernel) {
+  TORCH_CHECK(false, "_rbf_matmul_backward_kernel: the kernel '", std::string(kernel),
+              "' runs on CUDA tensors only, got x1 on ", x1.device());
 }
 
 }  // namespace gpfast
@@ -43,6 +55,12 @@ TORCH_LIBRARY(gpfast, m) {
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
+  // The lengthscale and outputscale gradients of rbf_matmul (no point gradients) on CUDA with the named kernel:
+  // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32), or the same with "_nosym"
+  // (every ordered pair of K(x, x), not each pair once; csrc/README.md).
+  m.def(
+      "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
+      " Tensor v, str kernel) -> (Tensor, Tensor)");
   // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
@@ -56,4 +74,7 @@ TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
   m.impl("rbf_covariance_diag", &gpfast::rbf_covariance_diag);
 }
 
-TORCH_LIBRARY_IMPL(gpfast, CPU, m) { m.impl("dense_matmul", &gpfast::dense_matmul_cpu); }
+TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
+  m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
+  m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
+}
