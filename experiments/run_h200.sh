@@ -18,6 +18,8 @@
 #         engine (CUDA graphs in the engine: tests, row c on the seven sets, step_anatomy, row exact on protein;
 #                 ENGINE_BUDGET 570), tensor_cores (the tensor-core kernels and the pivot kernel: every CUDA test,
 #                 row c on the seven sets, bench_bilinear, step_anatomy, bench_tensor_cores; TC_BUDGET 585),
+#         backward_rank (the tensor-core backward's tests and sweep, row c on the seven sets and at preconditioner
+#                 ranks 1600 and 3200 on kin40k and protein, the CG posterior's cost parts at 1M; BR_BUDGET 570),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
 #                 CHECK_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
@@ -401,6 +403,34 @@ PYEOF
       fi
       cp experiments/results/bench_bilinear.* experiments/results/bench_tensor_cores.* "$res"/ 2>/dev/null
       stage_end tc ;;
+    backward_rank)
+      # The tensor-core (l, s) backward (the default for float32 K @ V without point gradients) and the
+      # preconditioner's maximum rank, in one call of at most BR_BUDGET seconds (default 570): build; the backward's
+      # argument-error and layout tests on their own (a crash there must not take the other tests with it), then the
+      # CUDA tests of the kernels, ops, pivots, graphs, engine and CG posterior; row c on the seven sets (warnings
+      # counted); the bilinear backward's sweep; row c on kin40k and protein at max_preconditioner_rank 1600 and
+      # 3200; the CG posterior's cost model parts at 1M. Files in $OUT: br_*.log and br_results.tar.gz.
+      stage_begin br ${BR_BUDGET:-570} 240
+      brun 40 "$OUT/br_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_kernels.py \
+        -k "kernel_errors or layouts_and_empty"; echo "backward error tests rc=$?"
+      brun 150 "$OUT/br_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_kernels.py \
+        tests/test_ops.py tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py \
+        tests/test_cg_posterior.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/br_tests.log" | head -30; tail -2 "$OUT/br_tests.log"
+      brun 120 "$OUT/br_uci.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/br_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/br_uci.log")"
+      brun 90 "$OUT/br_bilinear.log" python -m experiments.bench_bilinear --reps 10; echo "bench_bilinear rc=$?"
+      grep -E "^\| " "$OUT/br_bilinear.log" | tail -9; cp experiments/results/bench_bilinear.* "$res"/ 2>/dev/null
+      for rank in 1600 3200; do
+        brun 60 "$OUT/br_rank.log" "${UCI[@]}" --rows gpfast --datasets kin40k protein \
+          --cg max_preconditioner_rank=$rank --stem uci_kin40k_protein_c_rank$rank --out "$res"; echo "rank $rank rc=$?"
+        grep -E "^\| (kin40k|protein)" "$res/uci_kin40k_protein_c_rank$rank.md" | cut -d'|' -f2,5,7,9,10,12,13,23
+      done
+      echo "ConvergenceWarnings (ranks): $(grep -c ConvergenceWarning "$OUT/br_rank.log")"
+      brun 120 "$OUT/br_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 40 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -6 "$OUT/br_cg1m.log"
+      stage_end br ;;
     engine_check)
       # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
       # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed
