@@ -686,3 +686,17 @@ def test_a_missed_last_solve_warns_only_when_solving_it_changes_the_gradient(opt
     assert len(messages) == int(warns)
     if warns:
         assert "solved again to the tolerance, the last gradient moved by" in messages[0]
+
+
+def test_rank_limit_follows_free_memory():
+    """The accuracy rule's rank limit is max_preconditioner_rank where a tenth of the free memory holds the rebuild's
+    factors (24 bytes per point and unit of rank), lower where it does not, and never below the starting rank."""
+    from gpfast.train.engine import _rank_top
+
+    cfg = CGSettings(preconditioner_rank=100, max_preconditioner_rank=3200)
+    n = 40_000
+    assert _rank_top(cfg, n, None) == 3200
+    assert _rank_top(cfg, n, 10 * 24 * n * 5000) == 3200
+    assert _rank_top(cfg, n, 10 * 24 * n * 1000) == 1000
+    assert _rank_top(cfg, n, 10 * 24 * n * 10) == 100
+    assert _rank_top(cfg, 50, 1) == 50

@@ -174,7 +174,7 @@ class CGPosterior:
         L = pivoted_cholesky(self.exact.kernel_rows, diagonal, min(int(rank), self.n))
         self.precond64 = Preconditioner(L, self.s, torch.float64)
         self.precond64.set_scales(self.s, self.noise)
-        self.precond = Preconditioner(L, self.s, dtype)
+        self.precond = Preconditioner(L, self.s, dtype, orthonormal=True)
         self.precond.set_scales(self.s, self.noise)
         r = y.to(device=X.device, dtype=torch.float64).reshape(self.n, -1) - self.mean
         self.alpha, _, _, gap = self._solve(r, lambda q_lo: torch.full_like(q_lo, self.mean_atol**2 / self.s))

@@ -178,6 +178,7 @@ class Engine:
         state = _State(cfg)
         state.graphs = graphs
         state.s = rec.num_probes = cfg.probes_for(n)
+        state.rank_top = _rank_top(cfg, n, self.free_memory)
         if self._restore is not None:
             state.load(self._restore, product, X)
             self._restore = None
@@ -389,6 +390,7 @@ class _State:
         self.g = self.hyper = None  # host lists: the last gradient per point and hyperparameters
         self.data_fit = self.log_det = 0.0
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
+        self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
         self.postfix: dict = {}
@@ -426,7 +428,7 @@ class _State:
         self.rebuild_next = change > cfg.rebuild_lengthscale_change
         self.estimate = _estimate(iterations, checks)
         if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
-            top = min(cfg.max_preconditioner_rank, self.x.shape[0])
+            top = min(self.rank_top, self.x.shape[0])
             if 0 < self.rank < top:
                 self.rank = min(2 * self.rank, top)
                 self.rebuild_next = True
@@ -482,6 +484,20 @@ ADAM_BETA2 = 0.999
 #: The final re-solve may take ten times ``cg_iteration_limit`` iterations, and at least this many: it runs once
 #: per fit, and a verdict of "at risk" should come from the problem, not from a small limit.
 _RESOLVE_MIN_ITERATIONS = 400
+
+
+#: Bytes per point and unit of preconditioner rank at a rebuild: the float64 factor being built, the float64 factor
+#: it replaces and the working-dtype copy the products read.
+_RANK_BYTES_PER_POINT = 24
+
+
+def _rank_top(cfg: CGSettings, n: int, free_memory: int | None) -> int:
+    """The accuracy rule's rank limit: ``max_preconditioner_rank``, lowered so that a rebuild's factors take at most
+    a tenth of the free memory at the fit's start (the stored K may take half of it)."""
+    if not free_memory:
+        return cfg.max_preconditioner_rank
+    by_memory = int(0.1 * free_memory) // (_RANK_BYTES_PER_POINT * max(n, 1))
+    return max(min(cfg.max_preconditioner_rank, by_memory), min(cfg.preconditioner_rank, n))
 
 
 def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:
