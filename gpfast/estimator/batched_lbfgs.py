@@ -110,7 +110,7 @@ def minimize_batched_lbfgs(
     theta0 : (k, p) float64 array
         The starts, clipped into the box.
     space : HyperparameterSpace
-        The box (``lower``, ``upper``, (p,)).
+        The box: its ``lower`` and ``upper`` (p,) float64 arrays are all that is read (-inf / inf: unbounded).
     n : int
         The number of data points: the tests apply to ``n`` times the per-point loss, as in a single fit.
     max_iter : int

@@ -36,7 +36,7 @@ from gpfast.estimator import independent_cg
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.batched_lbfgs import minimize_batched_lbfgs
 from gpfast.estimator.fitting import clipped_start, engine_attributes
-from gpfast.estimator.hyperparameters import HyperparameterSpace, theta_array
+from gpfast.estimator.hyperparameters import HyperparameterSpace, noise_constraint, theta_array
 from gpfast.estimator.inputs import standardized, validate_training
 from gpfast.estimator.restarts import first_run_space, low_noise_start
 from gpfast.models import ExactGPModel
@@ -226,8 +226,12 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
     n, d = Xs.shape
     k = Ys.shape[1]
     targets = Ys.T.contiguous()
-    # one GPyTorch model gives the box of the single fit (its noise constraint included) for every output
-    probe = ExactGPModel(Xs, targets[0], gpytorch.likelihoods.GaussianLikelihood(), ard=bool(est.ard))
+    # one GPyTorch model gives the box of the single fit for every output: the noise floor is the float64 Cholesky
+    # path's, as in a single fit (GPyTorch's default constraint would hold the noise at 1e-4 x var(y))
+    likelihood = gpytorch.likelihoods.GaussianLikelihood(
+        noise_constraint=noise_constraint("cholesky", torch.float64, 1.0)
+    )
+    probe = ExactGPModel(Xs, targets[0], likelihood, ard=bool(est.ard))
     space = HyperparameterSpace.for_data(probe, column_stats(Xs).std.cpu(), 1.0)
     p = space.n_lengthscales
     theta0 = space.initial(inits["lengthscale"], inits["outputscale"], inits["noise"])
