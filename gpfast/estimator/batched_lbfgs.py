@@ -1,32 +1,36 @@
 """A box-constrained L-BFGS over many independent problems at once: row j of ``theta`` (k, p) minimises its own
 loss, and every round evaluates the rows still running in one batched call.
 
-Why not one scipy L-BFGS-B per row: scipy's optimiser is sequential Python around Fortran, so k of them stepping
+Why not one scipy L-BFGS-B per row: scipy's optimiser is sequential code driven from Python, so k of them stepping
 together need a thread each (:mod:`~gpfast.estimator.lockstep`), and the threads' hand-offs cost about 0.6 ms per
 output-evaluation on the CPU. For 1,000 outputs and ~50 rounds that is ~30 s of overhead, against tens of ms for
 the batched evaluations on a GPU. Here the optimiser's own arithmetic is numpy over all rows, ~k x m x p flops a
-round (microseconds to a millisecond), so the rounds cost what their evaluations cost.
+round, so the rounds cost what their evaluations cost.
 
-The method, per row (Nocedal & Wright 2006, Alg. 7.4 and eq. 7.20; projections as in Bertsekas 1982):
+The method, per row, follows L-BFGS-B (Byrd, Lu, Nocedal & Zhu 1995) where no bound is in the way, so that a row
+takes the steps of a single fit's :func:`~gpfast.estimator.optimize.minimize_lbfgs`:
 
 * **Direction.** Variables at a bound whose gradient points out of the box are held; on the others, the two-loop
-  recursion over the row's last ``memory`` pairs (s, y) with H0 = (s'y / y'y) I of the newest pair. A direction
-  that is not one of descent resets the row's memory (steepest descent).
-* **Step.** Along the projected path ``clip(x + t d)``, from t = 1 (t = 1 / ||d|| on a step without memory, as
-  scipy starts), backtracking by safeguarded quadratic interpolation until the Armijo condition
-  ``f(x_t) <= f(x) + c1 g'(x_t - x)`` holds. Each round tries one step of every running row; a row that fails
-  :data:`MAX_BACKTRACKS` times drops its memory and tries again, and without memory it stops (scipy's
-  "ABNORMAL"). A pair with s'y <= 0 (possible without a curvature condition) is not stored.
+  recursion (Nocedal & Wright 2006, Alg. 7.4) over the row's last ``memory`` pairs (s, y), H0 = (s'y / y'y) I of
+  the newest pair: L-BFGS-B's subspace step when it stays inside the box. A direction that is not one of descent
+  drops the row's memory (steepest descent). L-BFGS-B's generalised Cauchy point is not computed: where a bound
+  cuts the step, the paths differ.
+* **Step.** Moré-Thuente's strong-Wolfe search (:class:`~gpfast.estimator.batched_line_search.StrongWolfeSearch`,
+  L-BFGS-B's constants) along the straight line, never beyond the box (the largest feasible step caps it, and caps
+  the first iteration's at the full gradient step), from t = 1, or t = 1 / ||d|| on the first iteration as
+  L-BFGS-B starts. A search that takes :data:`MAX_TRIALS` trials drops the row's memory and starts again by
+  steepest descent, and without memory the row stops (L-BFGS-B's "ABNORMAL"). A pair with
+  ``s'y <= eps (-g's)`` is not stored.
 * **Stopping**, the tests of :func:`~gpfast.estimator.optimize.minimize_lbfgs` on the total loss ``n x`` the
   per-point one: converged when ``(f_old - f) <= ftol max(|f_old|, |f|, 1)`` (``ftol = tol``, or
   :data:`~gpfast.estimator.optimize.LBFGS_FTOL`), or when the largest entry of ``clip(x - g) - x`` is at most
-  :data:`~gpfast.estimator.optimize.LBFGS_GTOL` (scipy's projected gradient); an abnormal stop counts as converged
-  when the largest projected gradient entry is below :data:`~gpfast.estimator.optimize.LBFGS_FLAT_GTOL`; stopped
-  after ``max_iter`` steps or ``max(15000, 4 max_iter)`` evaluations. A row that stops leaves the batch.
+  :data:`~gpfast.estimator.optimize.LBFGS_GTOL` (L-BFGS-B's projected gradient); an abnormal stop counts as
+  converged when the largest projected gradient entry is below :data:`~gpfast.estimator.optimize.LBFGS_FLAT_GTOL`;
+  stopped after ``max_iter`` steps or ``max(15000, 4 max_iter)`` evaluations. A row that stops leaves the batch.
 
-Its steps are not scipy's (no Cauchy point, no Moré-Thuente search), so a row reaches the optimum scipy reaches by
-another path; where the likelihood has several optima, the starts of :mod:`~gpfast.estimator.restarts` decide, as
-in a single fit.
+Its arithmetic differs from scipy's by rounding, and near a bound by its steps, so a row can end in another local
+optimum than its single fit where the likelihood has several; the starts of :mod:`~gpfast.estimator.restarts`
+handle those as in a single fit.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpfast.estimator.batched_line_search import StrongWolfeSearch
 from gpfast.estimator.hyperparameters import HyperparameterSpace
 from gpfast.estimator.optimize import (
     LBFGS_FLAT_GTOL,
@@ -46,16 +51,14 @@ from gpfast.estimator.optimize import (
     _projected,
 )
 
-__all__ = ["ARMIJO_C1", "MAX_TRIALS", "MEMORY", "WOLFE_C2", "minimize_batched_lbfgs"]
+__all__ = ["MAX_TRIALS", "MEMORY", "STEP_CAP", "minimize_batched_lbfgs"]
 
 #: Pairs (s, y) kept per row (scipy's default ``maxcor``).
 MEMORY = 10
-#: The Armijo condition's fraction of the predicted decrease (scipy's ``ftol`` of its line search).
-ARMIJO_C1 = 1e-3
-#: The weak Wolfe curvature condition's fraction of the initial slope (scipy's ``gtol`` of its line search).
-WOLFE_C2 = 0.9
-#: Trial steps of one line search before the row takes its best point or gives up on its direction.
-MAX_TRIALS = 30
+#: Trials of one line search before the row gives up on its direction (L-BFGS-B's).
+MAX_TRIALS = 20
+#: The largest step of a search along a direction with no bound in the way (L-BFGS-B's).
+STEP_CAP = 1e10
 
 #: evaluate(rows, thetas) -> (loss per data point (len(rows),), gradient (len(rows), p)), float64.
 BatchedLoss = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -64,8 +67,7 @@ BatchedLoss = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 @dataclass
 class _Rows:
     """The state of every row: the iterate, its total loss and gradient, the memory (oldest pair first, unused
-    slots zero), the direction, trial step and bracket of its line search (with the point at ``lo``), and the
-    counters and outcome."""
+    slots zero), the direction and its line search, and the counters and outcome."""
 
     x: np.ndarray  # (k, p)
     f: np.ndarray  # (k,)
@@ -73,13 +75,8 @@ class _Rows:
     S: np.ndarray  # (k, m, p)
     Y: np.ndarray  # (k, m, p)
     d: np.ndarray  # (k, p)
-    t: np.ndarray  # (k,)
-    lo: np.ndarray  # (k,)
-    hi: np.ndarray  # (k,)
-    x_lo: np.ndarray  # (k, p)
-    f_lo: np.ndarray  # (k,)
-    g_lo: np.ndarray  # (k, p)
-    trials: np.ndarray  # (k,) int
+    search: StrongWolfeSearch
+    trials: np.ndarray  # (k,) int, of the current line search
     n_iter: np.ndarray  # (k,) int
     n_eval: np.ndarray  # (k,) int
     running: np.ndarray  # (k,) bool
@@ -136,13 +133,11 @@ def minimize_batched_lbfgs(
     ftol = LBFGS_FTOL if tol is None else float(tol)
     x = np.clip(theta0, space.lower, space.upper)
     f, g = _evaluate(evaluate, np.arange(k), x, n, labels, np.zeros(k, dtype=int))
-    zeros, zero_rows = np.zeros(k), np.zeros((k, p))
     st = _Rows(
-        x=x, f=f, g=g, S=np.zeros((k, memory, p)), Y=np.zeros((k, memory, p)), d=zero_rows.copy(), t=zeros.copy(),
-        lo=zeros.copy(), hi=np.full(k, np.inf), x_lo=zero_rows.copy(), f_lo=zeros.copy(), g_lo=zero_rows.copy(),
-        trials=np.zeros(k, dtype=int), n_iter=np.zeros(k, dtype=int), n_eval=np.ones(k, dtype=int),
-        running=np.ones(k, dtype=bool), converged=np.zeros(k, dtype=bool), messages=[""] * k,
-        history=[[] for _ in range(k)],
+        x=x, f=f, g=g, S=np.zeros((k, memory, p)), Y=np.zeros((k, memory, p)), d=np.zeros((k, p)),
+        search=StrongWolfeSearch(k), trials=np.zeros(k, dtype=int), n_iter=np.zeros(k, dtype=int),
+        n_eval=np.ones(k, dtype=int), running=np.ones(k, dtype=bool), converged=np.zeros(k, dtype=bool),
+        messages=[""] * k, history=[[] for _ in range(k)],
     )  # fmt: skip
     if max_iter <= 0:
         st.running[:] = False
@@ -153,20 +148,18 @@ def minimize_batched_lbfgs(
     _new_directions(st, np.flatnonzero(st.running), space)
     while st.running.any():
         rows = np.flatnonzero(st.running)
-        trial = np.clip(st.x[rows] + st.t[rows, None] * st.d[rows], space.lower, space.upper)
+        trial = np.clip(st.x[rows] + st.search.stp[rows, None] * st.d[rows], space.lower, space.upper)
         f_t, g_t = _evaluate(evaluate, rows, trial, n, labels, st.n_iter[rows])
         st.n_eval[rows] += 1
-        predicted = np.einsum("rp,rp->r", st.g[rows], trial - st.x[rows])
-        ok = (predicted < 0) & (f_t <= st.f[rows] + ARMIJO_C1 * predicted)
-        take = _search(st, rows, trial, f_t, g_t, ok, space)
+        st.trials[rows] += 1
+        take = st.search.update(rows, f_t, np.einsum("rp,rp->r", g_t, st.d[rows]))
         _accept(st, rows[take], trial[take], f_t[take], g_t[take], n, ftol, int(max_iter), space)
-        at_lo = _give_up(st, rows[~take], space)
-        _accept(st, at_lo, st.x_lo[at_lo], st.f_lo[at_lo], st.g_lo[at_lo], n, ftol, int(max_iter), space)
-        moved = np.concatenate([rows[take], at_lo])
+        _give_up(st, rows[~take & (st.trials[rows] >= MAX_TRIALS)], space)
         out_of_evals = rows[st.running[rows] & (st.n_eval[rows] >= max_eval)]
         st.running[out_of_evals] = False
         for j in out_of_evals:
             st.messages[j] = "STOP: TOTAL NO. OF F,G EVALUATIONS EXCEEDS LIMIT"
+        moved = rows[take]
         _new_directions(st, moved[st.running[moved]], space)
     return [
         OptimizeResult(st.x[j].copy(), float(st.f[j] / n), st.history[j], int(st.n_iter[j]), bool(st.converged[j]),
@@ -203,47 +196,82 @@ def _stop_on_gradient(st: _Rows, rows: np.ndarray, space: HyperparameterSpace) -
 
 
 def _new_directions(st: _Rows, rows: np.ndarray, space: HyperparameterSpace) -> None:
-    """The L-BFGS directions of ``rows`` on their free variables, with their first trial steps."""
+    """L-BFGS-B's search directions of ``rows`` (:func:`_directions`), and the start of their line searches."""
     if rows.size == 0:
         return
     x, g = st.x[rows], st.g[rows]
-    free = ~(((x <= space.lower) & (g > 0)) | ((x >= space.upper) & (g < 0)))
-    d = -_two_loop(g * free, st.S[rows] * free[:, None, :], st.Y[rows] * free[:, None, :]) * free
-    slope = np.einsum("rp,rp->r", g, d)
+    d = _directions(x, g, st.S[rows], st.Y[rows], space)
     # a direction that is not one of descent (memory built elsewhere in the box): steepest descent, memory dropped
-    uphill = ~(slope < 0)
+    uphill = ~(np.einsum("rp,rp->r", g, d) < 0)
     if uphill.any():
         st.S[rows[uphill]] = 0.0
         st.Y[rows[uphill]] = 0.0
-        d[uphill] = -(g * free)[uphill]
+        d[uphill] = np.clip(x[uphill] - g[uphill], space.lower, space.upper) - x[uphill]
     st.d[rows] = d
-    empty = ~st.Y[rows].any(axis=(1, 2))
+    cap = _largest_step(x, d, space)
+    first = st.n_iter[rows] == 0
+    bounded = np.isfinite(space.lower) | np.isfinite(space.upper)
+    # L-BFGS-B's first iteration: the search goes no further than the gradient step, and starts at a step of unit
+    # length unless every variable has both bounds
+    if bounded.any():
+        cap = np.where(first, 1.0, cap)
+    boxed = bool(np.all(np.isfinite(space.lower) & np.isfinite(space.upper)))
     norm = np.linalg.norm(d, axis=1)
-    st.t[rows] = np.where(empty & (norm > 0), 1.0 / np.maximum(norm, 1e-300), 1.0)
-    st.t[rows] = np.minimum(st.t[rows], 1.0)
-    st.lo[rows], st.hi[rows], st.trials[rows] = 0.0, np.inf, 0
+    stp = np.where(first & (not boxed), 1.0 / np.maximum(norm, np.finfo(float).tiny), 1.0)
+    st.search.start(rows, np.minimum(stp, cap), st.f[rows], np.einsum("rp,rp->r", g, d), cap)
+    st.trials[rows] = 0
 
 
-def _two_loop(q: np.ndarray, S: np.ndarray, Y: np.ndarray) -> np.ndarray:
-    """H q for each row by the two-loop recursion over its pairs S, Y (r, m, p), newest last; a zero pair (an
-    unused slot) is skipped by its rho = 0. H0 = (s'y / y'y) I of the newest pair (I without pairs)."""
+def _directions(x, g, S, Y, space: HyperparameterSpace) -> np.ndarray:
+    """Each row's step to L-BFGS-B's subspace minimiser, (r, p): without memory the projected gradient step
+    ``clip(x - g) - x`` (the generalised Cauchy point of B = I); with memory the minimiser of the quadratic model
+    ``g's + s'Bs / 2`` over the variables not held at a bound (a bound with the gradient pointing out), projected
+    into the box, or cut at the box where the projection is not a descent direction. B is the BFGS matrix of the
+    row's pairs from B0 = (y'y / s'y) I of the newest, formed densely (p x p is small)."""
+    d = np.clip(x - g, space.lower, space.upper) - x
+    has = Y.any(axis=(1, 2))
+    if not has.any():
+        return d
+    x, g, S, Y = x[has], g[has], S[has], Y[has]
+    held = ((x <= space.lower) & (g > 0)) | ((x >= space.upper) & (g < 0))
+    B = _bfgs_matrices(S, Y)
+    eye = np.eye(x.shape[1], dtype=bool)
+    both = held[:, :, None] | held[:, None, :]
+    A = np.where(both, np.where(eye, 1.0, 0.0), B)
+    step = np.linalg.solve(A, np.where(held, 0.0, -g)[..., None])[..., 0]
+    projected = np.clip(x + step, space.lower, space.upper) - x
+    descent = np.einsum("rp,rp->r", g, projected) < 0
+    cut = np.minimum(_largest_step(x, step, space), 1.0)[:, None] * step
+    d[has] = np.where(descent[:, None], projected, cut)
+    return d
+
+
+def _bfgs_matrices(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """The BFGS matrices (r, p, p) of the pairs S, Y (r, m, p), oldest first (zero slots skipped), from B0 =
+    (y'y / s'y) I of the newest pair: the matrix of L-BFGS-B's compact representation."""
     sy = np.einsum("rmp,rmp->rm", S, Y)
     yy = np.einsum("rmp,rmp->rm", Y, Y)
-    rho = np.where(sy > 0, 1.0 / np.where(sy > 0, sy, 1.0), 0.0)
-    q = q.copy()
-    alpha = np.zeros(sy.shape)
-    for i in reversed(range(S.shape[1])):
-        alpha[:, i] = rho[:, i] * np.einsum("rp,rp->r", S[:, i], q)
-        q -= alpha[:, i, None] * Y[:, i]
-    gamma = np.ones(q.shape[0])
-    for i in range(S.shape[1]):  # the newest stored pair's scaling
-        has = sy[:, i] > 0
-        gamma = np.where(has, sy[:, i] / np.where(has, yy[:, i], 1.0), gamma)
-    r = gamma[:, None] * q
+    valid = sy > 0
+    newest = S.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    rows = np.arange(S.shape[0])
+    theta = np.where(valid.any(1), yy[rows, newest] / np.where(valid.any(1), sy[rows, newest], 1.0), 1.0)
+    B = theta[:, None, None] * np.eye(S.shape[2])
     for i in range(S.shape[1]):
-        beta = rho[:, i] * np.einsum("rp,rp->r", Y[:, i], r)
-        r += S[:, i] * (alpha[:, i] - beta)[:, None]
-    return r
+        s, y = S[:, i], Y[:, i]
+        Bs = np.einsum("rij,rj->ri", B, s)
+        sBs = np.einsum("ri,ri->r", s, Bs)
+        ok = (valid[:, i] & (sBs > 0))[:, None, None]
+        update = -Bs[:, :, None] * Bs[:, None, :] / np.where(sBs > 0, sBs, 1.0)[:, None, None]
+        update += y[:, :, None] * y[:, None, :] / np.where(valid[:, i], sy[:, i], 1.0)[:, None, None]
+        B = B + np.where(ok, update, 0.0)
+    return B
+
+
+def _largest_step(x: np.ndarray, d: np.ndarray, space: HyperparameterSpace) -> np.ndarray:
+    """The largest t with ``x + t d`` (r, p) inside the box for each row, at most :data:`STEP_CAP`."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        to_bound = np.where(d < 0, (space.lower - x) / d, np.where(d > 0, (space.upper - x) / d, np.inf))
+    return np.minimum(np.nan_to_num(to_bound, nan=np.inf).min(1, initial=np.inf), STEP_CAP)
 
 
 def _accept(st: _Rows, rows, x_new, f_new, g_new, n: int, ftol: float, max_iter: int, space) -> None:
@@ -251,8 +279,8 @@ def _accept(st: _Rows, rows, x_new, f_new, g_new, n: int, ftol: float, max_iter:
     if rows.size == 0:
         return
     s, y = x_new - st.x[rows], g_new - st.g[rows]
-    sy, yy = np.einsum("rp,rp->r", s, y), np.einsum("rp,rp->r", y, y)
-    keep = sy > np.finfo(float).eps * yy
+    sy = np.einsum("rp,rp->r", s, y)
+    keep = sy > np.finfo(float).eps * -np.einsum("rp,rp->r", st.g[rows], s)
     kept = rows[keep]
     st.S[kept] = np.roll(st.S[kept], -1, axis=1)
     st.Y[kept] = np.roll(st.Y[kept], -1, axis=1)
@@ -274,51 +302,15 @@ def _accept(st: _Rows, rows, x_new, f_new, g_new, n: int, ftol: float, max_iter:
         st.messages[j] = "STOP: TOTAL NO. OF ITERATIONS REACHED LIMIT"
 
 
-def _search(st: _Rows, rows, trial, f_t, g_t, ok, space: HyperparameterSpace) -> np.ndarray:
-    """One step of the bracketing line search of ``rows`` after their trials ``trial`` (r, p) with total losses
-    ``f_t`` and gradients ``g_t``, whose Armijo test is ``ok``: returns, per row, whether it takes ``trial``. A row
-    takes it when the weak Wolfe curvature condition ``g_t'(x_t - x) >= c2 g'(x_t - x)`` also holds, or when a
-    longer step would move nowhere (every moving variable clipped). Otherwise the bracket [lo, hi] of t shrinks
-    (Armijo failed: hi = t) or grows (curvature failed: lo = t, its point kept): t goes to the minimiser of the
-    quadratic through f(0), its slope and f(t) within [0.1 t, 0.5 t] while lo = 0, else the bracket's midpoint,
-    or 4 t while hi is infinite. After :data:`MAX_TRIALS` trials a row takes its point at lo if it has one."""
-    t, x = st.t[rows], st.x[rows]
-    step = trial - x
-    predicted = np.einsum("rp,rp->r", st.g[rows], step)
-    curved = np.einsum("rp,rp->r", g_t, step) >= WOLFE_C2 * predicted
-    stuck = (np.clip(x + 2 * t[:, None] * st.d[rows], space.lower, space.upper) == trial).all(1)
-    take = ok & (curved | stuck)
-    longer = ok & ~take
-    st.lo[rows[longer]] = t[longer]
-    st.x_lo[rows[longer]], st.f_lo[rows[longer]], st.g_lo[rows[longer]] = trial[longer], f_t[longer], g_t[longer]
-    st.hi[rows[~ok]] = t[~ok]
-    lo, hi = st.lo[rows], st.hi[rows]
-    slope = np.minimum(predicted, 0.0) / t
-    curvature = f_t - st.f[rows] - slope * t
-    with np.errstate(divide="ignore", invalid="ignore"):
-        quad = np.nan_to_num(np.where(curvature > 0, -slope * t * t / (2 * curvature), 0.0), nan=0.0)
-    st.t[rows] = np.where(
-        np.isinf(hi),
-        4 * t,
-        np.where(lo > 0, 0.5 * (lo + np.where(np.isinf(hi), 0, hi)), np.clip(quad, 0.1 * t, 0.5 * t)),
-    )
-    st.trials[rows] += 1
-    return take
-
-
-def _give_up(st: _Rows, rows, space: HyperparameterSpace) -> np.ndarray:
-    """The ``rows`` whose line search has used :data:`MAX_TRIALS` trials without taking one: those with a point at
-    lo are returned (to take it); those with memory start again by steepest descent; the others stop,
-    flat-converged when their projected gradient is within :data:`LBFGS_FLAT_GTOL` (as a single fit's abnormal
-    stop)."""
-    exhausted = rows[st.trials[rows] >= MAX_TRIALS]
-    at_lo = exhausted[st.lo[exhausted] > 0]
-    exhausted = np.setdiff1d(exhausted, at_lo)
-    with_memory = exhausted[st.Y[exhausted].any(axis=(1, 2))]
+def _give_up(st: _Rows, rows, space: HyperparameterSpace) -> None:
+    """The ``rows`` whose line search has used :data:`MAX_TRIALS` trials stay where they are: those with memory start
+    again by steepest descent; the others stop, flat-converged when their projected gradient is within
+    :data:`LBFGS_FLAT_GTOL` (as a single fit's abnormal stop)."""
+    with_memory = rows[st.Y[rows].any(axis=(1, 2))]
     st.S[with_memory] = 0.0
     st.Y[with_memory] = 0.0
     _new_directions(st, with_memory, space)
-    for j in np.setdiff1d(exhausted, with_memory):
+    for j in np.setdiff1d(rows, with_memory):
         st.running[j] = False
         largest = float(np.abs(_projected(st.g[j], st.x[j], space)).max(initial=0.0))
         st.converged[j] = largest <= LBFGS_FLAT_GTOL
@@ -328,4 +320,3 @@ def _give_up(st: _Rows, rows, space: HyperparameterSpace) -> np.ndarray:
             if st.converged[j]
             else "ABNORMAL_TERMINATION_IN_LNSRCH"
         )
-    return at_lo
