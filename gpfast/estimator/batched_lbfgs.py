@@ -223,27 +223,73 @@ def _new_directions(st: _Rows, rows: np.ndarray, space: HyperparameterSpace) -> 
 
 
 def _directions(x, g, S, Y, space: HyperparameterSpace) -> np.ndarray:
-    """Each row's step to L-BFGS-B's subspace minimiser, (r, p): without memory the projected gradient step
-    ``clip(x - g) - x`` (the generalised Cauchy point of B = I); with memory the minimiser of the quadratic model
-    ``g's + s'Bs / 2`` over the variables not held at a bound (a bound with the gradient pointing out), projected
-    into the box, or cut at the box where the projection is not a descent direction. B is the BFGS matrix of the
-    row's pairs from B0 = (y'y / s'y) I of the newest, formed densely (p x p is small)."""
-    d = np.clip(x - g, space.lower, space.upper) - x
+    """Each row's step (r, p) to L-BFGS-B's next trial point: the subspace minimiser of the quadratic model
+    ``g's + s'Bs / 2`` over the variables left free at the generalised Cauchy point (:func:`_cauchy_points`), the
+    others at the Cauchy point's values; projected into the box, or, where the projection is not a descent
+    direction, cut where the step from the Cauchy point leaves the box (L-BFGS-B 3.0's rule). Without memory
+    (B = I) the step is the Cauchy point's, ``clip(x - g) - x``. B is dense (p x p is small)."""
     has = Y.any(axis=(1, 2))
+    B = np.broadcast_to(np.eye(x.shape[1]), (x.shape[0],) + (x.shape[1],) * 2).copy()
+    if has.any():
+        B[has] = _bfgs_matrices(S[has], Y[has])
+    xcp, fixed = _cauchy_points(x, g, B, space)
+    d = xcp - x
     if not has.any():
         return d
-    x, g, S, Y = x[has], g[has], S[has], Y[has]
-    held = ((x <= space.lower) & (g > 0)) | ((x >= space.upper) & (g < 0))
-    B = _bfgs_matrices(S, Y)
+    x, g, B, xcp, fixed = x[has], g[has], B[has], xcp[has], fixed[has]
     eye = np.eye(x.shape[1], dtype=bool)
-    both = held[:, :, None] | held[:, None, :]
-    A = np.where(both, np.where(eye, 1.0, 0.0), B)
-    step = np.linalg.solve(A, np.where(held, 0.0, -g)[..., None])[..., 0]
-    projected = np.clip(x + step, space.lower, space.upper) - x
-    descent = np.einsum("rp,rp->r", g, projected) < 0
-    cut = np.minimum(_largest_step(x, step, space), 1.0)[:, None] * step
-    d[has] = np.where(descent[:, None], projected, cut)
+    A = np.where(fixed[:, :, None] | fixed[:, None, :], np.where(eye, 1.0, 0.0), B)
+    # B_FF (y_F - x_F) = -g_F - B_FA (xcp_A - x_A): the model's minimiser with the fixed variables at the Cauchy point
+    rhs = -g - np.einsum("rij,rj->ri", B, np.where(fixed, xcp - x, 0.0))
+    y = np.where(fixed, xcp, x + np.linalg.solve(A, np.where(fixed, 0.0, rhs)[..., None])[..., 0])
+    projected = np.clip(y, space.lower, space.upper)
+    descent = np.einsum("rp,rp->r", g, projected - x) <= 0
+    du = y - xcp
+    cut = xcp + np.minimum(_largest_step(xcp, du, space), 1.0)[:, None] * du
+    d[has] = np.where(descent[:, None], projected, np.clip(cut, space.lower, space.upper)) - x
     return d
+
+
+def _cauchy_points(x, g, B, space: HyperparameterSpace):
+    """L-BFGS-B's generalised Cauchy points (Byrd et al. 1995, Alg. CP): the first minimiser of the quadratic model
+    along the projected steepest-descent path ``clip(x - t g)``, for rows x, g (r, p) and model matrices B (r, p, p).
+    The path is followed from breakpoint to breakpoint (where a variable reaches its bound and stops), the
+    breakpoints of all rows in step. Returns the points (r, p) and which variables they hold at a bound."""
+    r, p = x.shape
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tb = np.where(g < 0, (x - space.upper) / g, np.where(g > 0, (x - space.lower) / g, np.inf))
+    tb = np.nan_to_num(tb, nan=np.inf)
+    bound = np.where(g < 0, space.upper, space.lower) + np.zeros((r, p))
+    fixed = tb <= 0
+    d = np.where(fixed, 0.0, -g)
+    z = np.where(fixed, bound - x, 0.0)
+    t = np.zeros(r)
+    searching = np.ones(r, dtype=bool)
+    order = np.argsort(tb, axis=1)
+    rows = np.arange(r)
+    for j in range(p + 1):
+        nxt = tb[rows, order[:, j]] if j < p else np.full(r, np.inf)
+        Bd = np.einsum("rij,rj->ri", B, d)
+        f1 = np.einsum("rp,rp->r", g, d) + np.einsum("rp,rp->r", z, Bd)
+        f2 = np.einsum("rp,rp->r", d, Bd)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            dt_min = np.where(f2 > 0, -f1 / f2, np.inf)
+        span = np.maximum(nxt - t, 0.0)
+        stop = searching & ((f1 >= 0) | (dt_min < span) | ~np.isfinite(nxt))
+        move = stop & (f1 < 0) & np.isfinite(dt_min)
+        z = np.where(move[:, None], z + np.where(move, np.maximum(dt_min, 0.0), 0.0)[:, None] * d, z)
+        searching &= ~stop
+        if j == p or not searching.any():
+            break
+        # the rows still on the path move to their next breakpoint, where its variable stops at its bound
+        z = np.where(searching[:, None], z + span[:, None] * d, z)
+        t = np.where(searching, nxt, t)
+        hit = np.zeros((r, p), dtype=bool)
+        hit[rows, order[:, j]] = searching & ~fixed[rows, order[:, j]]
+        z = np.where(hit, bound - x, z)
+        d = np.where(hit, 0.0, d)
+        fixed |= hit
+    return np.clip(x + z, space.lower, space.upper), fixed
 
 
 def _bfgs_matrices(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
