@@ -11,7 +11,7 @@ from scipy.optimize import minimize
 
 from conftest import fresh_rng
 from gpfast.estimator.batched_lbfgs import minimize_batched_lbfgs
-from gpfast.estimator.optimize import LBFGS_GTOL
+from gpfast.estimator.optimize import LBFGS_FTOL, LBFGS_GTOL
 
 
 class _box(NamedTuple):
@@ -186,3 +186,37 @@ def test_the_total_loss_decides_the_tests():
         assert ra.n_iter == rb.n_iter and ra.message == rb.message, f"seed {seed}"
         np.testing.assert_array_equal(ra.theta, rb.theta, err_msg=f"seed {seed}")
         assert ra.loss * n == rb.loss and ra.history == [v / n for v in rb.history], f"seed {seed}"
+
+
+def test_the_steps_of_scipys_lbfgsb():
+    """Where scipy's L-BFGS-B is the single fit's optimiser, each row takes its steps: on quadratics with active
+    bounds (6-D) and on Rosenbrock's function cut by the box, from random starts, with the single fit's tolerances,
+    the loss after each step equals scipy's to rounding (1e-5 relative: the two differ in the last digits from the
+    first step, and an ill-conditioned quadratic or Rosenbrock's valley grows that to ~1e-7 over 30 steps) and the
+    rows stop after as many steps (give or take the last, where a relative decrease within rounding of ftol can be
+    judged either way)."""
+    rng, seed = fresh_rng()
+    k = 16
+    evaluate, _, _ = _kkt_quadratics(rng, k, 6)
+    cases = [
+        (evaluate, _box(-np.ones(6), np.ones(6)), rng.uniform(-1, 1, (k, 6))),
+        (_rosenbrock, _box(np.array([-2.0, -2.0]), np.array([2.0, 0.8])), rng.uniform(-2, 0.8, (k, 2))),
+    ]
+    for fun, box, starts in cases:
+        rows = minimize_batched_lbfgs(fun, starts, box, 1, 1000)
+        for j, r in enumerate(rows):
+            history = []
+
+            def one(x, j=j):
+                f, g = fun(np.array([j]), x[None])
+                return f[0], g[0]
+
+            ref = minimize(
+                one, starts[j], jac=True, method="L-BFGS-B", bounds=list(zip(box.lower, box.upper)),
+                callback=lambda xk, one=one, history=history: history.append(one(xk)[0]),
+                options={"ftol": LBFGS_FTOL, "gtol": LBFGS_GTOL, "maxiter": 1000},
+            )  # fmt: skip
+            msg = f"seed {seed}, {fun.__name__}, row {j}: {r.n_iter} steps against {ref.nit}"
+            assert abs(r.n_iter - ref.nit) <= 1 and r.converged, msg
+            m = min(r.n_iter, ref.nit)
+            np.testing.assert_allclose(r.history[:m], history[:m], rtol=1e-5, atol=1e-9 * abs(history[0]), err_msg=msg)

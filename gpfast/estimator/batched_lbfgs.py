@@ -226,7 +226,8 @@ def _directions(x, g, S, Y, space: HyperparameterSpace) -> np.ndarray:
     """Each row's step (r, p) to L-BFGS-B's next trial point: the subspace minimiser of the quadratic model
     ``g's + s'Bs / 2`` over the variables left free at the generalised Cauchy point (:func:`_cauchy_points`), the
     others at the Cauchy point's values; projected into the box, or, where the projection is not a descent
-    direction, cut where the step from the Cauchy point leaves the box (L-BFGS-B 3.0's rule). Without memory
+    direction, cut where the step from the Cauchy point leaves the box (L-BFGS-B 3.0's rule; here also where it
+    is one only to rounding). Without memory
     (B = I) the step is the Cauchy point's, ``clip(x - g) - x``. B is dense (p x p is small)."""
     has = Y.any(axis=(1, 2))
     B = np.broadcast_to(np.eye(x.shape[1]), (x.shape[0],) + (x.shape[1],) * 2).copy()
@@ -243,7 +244,10 @@ def _directions(x, g, S, Y, space: HyperparameterSpace) -> np.ndarray:
     rhs = -g - np.einsum("rij,rj->ri", B, np.where(fixed, xcp - x, 0.0))
     y = np.where(fixed, xcp, x + np.linalg.solve(A, np.where(fixed, 0.0, rhs)[..., None])[..., 0])
     projected = np.clip(y, space.lower, space.upper)
-    descent = np.einsum("rp,rp->r", g, projected - x) <= 0
+    # L-BFGS-B takes the projection where g'(projected - x) <= 0; a cosine within rounding of 0 (a projection back
+    # onto the direction just searched) would stall the row, and there the cut step is taken instead
+    scale = np.linalg.norm(g, axis=1) * np.linalg.norm(projected - x, axis=1)
+    descent = np.einsum("rp,rp->r", g, projected - x) <= -np.sqrt(np.finfo(float).eps) * scale
     du = y - xcp
     cut = xcp + np.minimum(_largest_step(xcp, du, space), 1.0)[:, None] * du
     d[has] = np.where(descent[:, None], projected, np.clip(cut, space.lower, space.upper)) - x
