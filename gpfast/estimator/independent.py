@@ -13,8 +13,8 @@ k factorisations do not fit (:func:`engine_trains`), gpfast's engine trains them
   batched call. An output that has converged leaves the batch: none is held back, or pushed on, by the others.
   (One scipy L-BFGS-B per output in a thread of its own, :func:`~gpfast.estimator.lockstep.minimize_lockstep`,
   spends ~0.6 ms of hand-offs per output-evaluation: ~30 s for a thousand outputs, against tens of ms of GPU
-  work.) Its steps are not scipy's, so an output reaches its single fit's optimum by another path. As in a
-  single fit on the exact path, the first run keeps the noise above the first run's floor, and the outputs that
+  work.) It takes the steps of the single fit's scipy L-BFGS-B, to rounding. As in a single fit on the exact
+  path, the first run keeps the noise above the first run's floor, and the outputs that
   end it at a low noise run again from the low-noise start (:mod:`~gpfast.estimator.restarts`), keeping the better.
 * **Posterior.** :class:`IndependentPosterior` factors the k matrices once (batched) and predicts every output.
 """
