@@ -274,7 +274,7 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
 def _train(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, k: int, max_iter: int, tol):
     """Each output's runs as a single fit's on the exact path (:func:`gpfast.estimator.fitting.run_plan`): the first
     from ``theta0`` inside the first run's box, then, for the outputs whose first run ended at a low noise, one from
-    the low-noise start in the whole box (:mod:`gpfast.estimator.restarts`), all outputs of a run in lockstep. Each
+    the low-noise start in the whole box (:mod:`gpfast.estimator.restarts`), all outputs of a run together. Each
     output keeps its better run (the first on ties). Returns the k kept runs and each output's final losses, in
     the order of its runs."""
     first_space = first_run_space(space, "cholesky")
