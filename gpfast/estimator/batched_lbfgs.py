@@ -314,13 +314,22 @@ def _bfgs_matrices(S: np.ndarray, Y: np.ndarray) -> np.ndarray:
     theta = np.where(valid.any(1), yy[rows, newest] / np.where(valid.any(1), sy[rows, newest], 1.0), 1.0)
     B = theta[:, None, None] * np.eye(S.shape[2])
     for i in range(S.shape[1]):
-        s, y = S[:, i], Y[:, i]
-        Bs = np.einsum("rij,rj->ri", B, s)
+        # B += y y' / s'y - (B s)(B s)' / s'Bs on the rows whose slot i holds a pair, as rank-one terms of unit
+        # vectors scaled by square roots (no division per entry); all rows once memories are full
+        has = np.flatnonzero(valid[:, i])
+        if has.size == 0:
+            continue
+        every = has.size == B.shape[0]
+        s, y, sy_i = (S[:, i], Y[:, i], sy[:, i]) if every else (S[has, i], Y[has, i], sy[has, i])
+        Bh = B if every else B[has]
+        Bs = (Bh @ s[:, :, None])[:, :, 0]
         sBs = np.einsum("ri,ri->r", s, Bs)
-        ok = (valid[:, i] & (sBs > 0))[:, None, None]
-        update = -Bs[:, :, None] * Bs[:, None, :] / np.where(sBs > 0, sBs, 1.0)[:, None, None]
-        update += y[:, :, None] * y[:, None, :] / np.where(valid[:, i], sy[:, i], 1.0)[:, None, None]
-        B = B + np.where(ok, update, 0.0)
+        good = sBs > 0
+        Bs *= np.sqrt(good / np.where(good, sBs, 1.0))[:, None]
+        y = y * np.sqrt(good / sy_i)[:, None]
+        Bh += y[:, :, None] * y[:, None, :] - Bs[:, :, None] * Bs[:, None, :]
+        if not every:
+            B[has] = Bh
     return B
 
 
