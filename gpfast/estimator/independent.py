@@ -239,7 +239,8 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
         theta0 = clipped_start(space, theta0)
 
     def evaluate(rows, thetas):
-        return batched_loss(Xs, targets[rows], thetas, p)
+        index = torch.as_tensor(np.asarray(rows, dtype=np.int64), device=targets.device)
+        return batched_loss(Xs, targets[index], thetas, p)
 
     restart_losses: list = []
     if est.max_iter > 0:
