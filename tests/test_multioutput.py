@@ -470,6 +470,21 @@ def test_independent_outputs_equal_single_fits():
     assert gp.log_marginal_likelihood(gp.theta_) == pytest.approx(gp.log_marginal_likelihood_, rel=1e-10)
 
 
+def test_independent_outputs_reach_the_noise_floor_of_single_fits():
+    """On noise-free outputs each output's noise goes below 1e-4 x var(y) (GPyTorch's default floor) to the single
+    fit's float64 Cholesky floor, and each output's kept log likelihood is its single fit's."""
+    rng, seed = fresh_rng()
+    X, _, _ = _data(rng, n=40)
+    Z = (X - X.mean(0)) / X.std(0)
+    Y = np.stack([np.sin(Z @ rng.normal(size=3)) * rng.uniform(0.5, 5) for _ in range(2)], 1)
+    gp = _gp(independent_outputs=True).fit(X, Y)
+    for j in range(2):
+        one = _gp().fit(X, Y[:, j])
+        msg = f"seed {seed}, output {j}"
+        assert gp.noise_[j] < 1e-4 * Y[:, j].var() and one.noise_ < 1e-4 * Y[:, j].var(), msg
+        assert min(gp.restart_losses_[j]) == pytest.approx(min(one.restart_losses_), rel=1e-6, abs=1e-6), msg
+
+
 def test_independent_outputs_lml_gradient_samples_and_pickle():
     import pickle
 

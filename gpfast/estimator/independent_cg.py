@@ -5,7 +5,7 @@ predicting through a CG posterior per output (:class:`gpfast.models.CGPosterior`
 Each output takes the steps of its own single fit (``ExactGP(solver="cg")`` on that column alone, same seed): the
 same model, box and start, the engine's products, preconditioner and probes of its own, and its own projected Adam
 (:func:`~gpfast.estimator.optimize.minimize_adam`) with its own stopping test. The outputs step in lockstep
-(:func:`~gpfast.estimator.independent.minimize_lockstep`); an output whose test is met leaves the batch while the
+(:func:`~gpfast.estimator.lockstep.minimize_lockstep`); an output whose test is met leaves the batch while the
 others go on.
 """
 
