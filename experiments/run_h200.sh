@@ -20,6 +20,7 @@
 #                 row c on the seven sets, bench_bilinear, step_anatomy, bench_tensor_cores; TC_BUDGET 585),
 #         backward_rank (the tensor-core backward's tests and sweep, row c on the seven sets and at preconditioner
 #                 ranks 1600 and 3200 on kin40k and protein, the CG posterior's cost parts at 1M; BR_BUDGET 570),
+#         batched_rank (batched_gps on the GPU, row c on the seven sets, the CUDA tests; BAR_BUDGET 570),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
 #                 CHECK_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
@@ -431,6 +432,30 @@ PYEOF
       brun 120 "$OUT/br_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 40 \
         --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -6 "$OUT/br_cg1m.log"
       stage_end br ;;
+    batched_rank)
+      # The vectorised optimiser of many independent GPs and the training preconditioner through L (default rank
+      # limit 3200), in one call of at most BAR_BUDGET seconds (default 570): build; a backtrace of the tensor-core
+      # backward's argument-error test (it crashed the interpreter), then every other CUDA test of the kernels, ops,
+      # pivots, graphs, engine, CG posterior and several outputs; batched_gps on the GPU; row c on the seven sets
+      # (warnings counted). Files in $OUT: bar_*.log and bar_results.tar.gz.
+      stage_begin bar ${BAR_BUDGET:-570} 240
+      if command -v gdb > /dev/null; then
+        brun 60 "$OUT/bar_gdb.log" gdb -batch -ex run -ex bt --args python -m pytest -q -m cuda -p no:cacheprovider \
+          tests/test_cuda_kernels.py -k kernel_errors; echo "gdb rc=$?"; grep -E "^#[0-9]+ " "$OUT/bar_gdb.log" | head -25
+      else
+        echo "no gdb"
+      fi
+      brun 170 "$OUT/bar_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_kernels.py \
+        tests/test_ops.py tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py \
+        tests/test_cg_posterior.py tests/test_multioutput.py tests/test_batched_lbfgs.py \
+        --deselect tests/test_cuda_kernels.py::test_bilinear_backward_kernel_errors; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/bar_tests.log" | head -30; tail -2 "$OUT/bar_tests.log"
+      brun 150 "$OUT/bar_batched.log" python -m experiments.batched_gps --device cuda; echo "batched rc=$?"
+      grep -E "^\| " "$OUT/bar_batched.log" | tail -8; cp experiments/results/batched_gps_cuda.* "$res"/ 2>/dev/null
+      brun 120 "$OUT/bar_uci.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/bar_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/bar_uci.log")"
+      stage_end bar ;;
     engine_check)
       # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
       # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed
