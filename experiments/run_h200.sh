@@ -21,6 +21,8 @@
 #         backward_rank (the tensor-core backward's tests and sweep, row c on the seven sets and at preconditioner
 #                 ranks 1600 and 3200 on kin40k and protein, the CG posterior's cost parts at 1M; BR_BUDGET 570),
 #         batched_rank (batched_gps on the GPU, row c on the seven sets, the CUDA tests; BAR_BUDGET 570),
+#         rank_compare (row c on the seven sets at rank limits 3200 and 800, the engine's CUDA tests, the private
+#                 backward op's argument errors one process each, memcheck; RC_BUDGET 570),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
 #                 CHECK_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
@@ -456,6 +458,25 @@ PYEOF
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/bar_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
       echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/bar_uci.log")"
       stage_end bar ;;
+    rank_compare)
+      # The training preconditioner's rank limit, 3200 (the default) against 800, on the seven sets in one call of at
+      # most RC_BUDGET seconds (default 570): build; each argument error of the tensor-core backward's private op in
+      # a process of its own (one crashed the interpreter); the engine's CUDA tests; row c at both limits; then
+      # compute-sanitizer memcheck over every kernel with what is left. Files: rc_*.log, rc_results.tar.gz.
+      stage_begin rc ${RC_BUDGET:-570} 240
+      brun 90 "$OUT/rc_cases.log" python -m experiments.kernel_error_cases; echo "cases rc=$?"; tail -6 "$OUT/rc_cases.log"
+      brun 60 "$OUT/rc_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_train.py \
+        tests/test_cuda_graphs.py tests/test_cg_posterior.py tests/test_pivoted_cholesky.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)" "$OUT/rc_tests.log" | head; tail -1 "$OUT/rc_tests.log"
+      for rank in 3200 800; do
+        brun 130 "$OUT/rc_uci.log" "${UCI[@]}" --rows gpfast --cg max_preconditioner_rank=$rank \
+          --stem uci_all_c_rank$rank --out "$res"; echo "rank $rank rc=$?"
+        grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_rank$rank.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      done
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/rc_uci.log")"; grep -B1 ConvergenceWarning "$OUT/rc_uci.log" | cut -c1-300
+      brun 200 "$OUT/rc_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 python -m experiments.sanitize_ops
+      echo "memcheck rc=$?"; tail -3 "$OUT/rc_memcheck.log"
+      stage_end rc ;;
     engine_check)
       # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
       # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed

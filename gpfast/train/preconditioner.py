@@ -129,25 +129,25 @@ class Preconditioner:
         noise64 = torch.as_tensor(noise, **as64)
         self.noise = noise64.to(self.dtype)
         self.scale = c.sqrt()
-        self.c = c
         if self.k == 0:
             self.log_det = self.n * noise64.log()
             return
         C = c * self.gram + noise64 * torch.eye(self.k, **as64)
-        self.R, _ = torch.linalg.cholesky_ex(C)  # no error check: that would wait for the device
-        self.log_det = (self.n - self.k) * noise64.log() + 2.0 * self.R.diagonal().log().sum()
+        R, _ = torch.linalg.cholesky_ex(C)  # no error check: that would wait for the device
+        # M = c C^{-1} once per step: applying C's factor by two triangular solves in every iteration instead
+        # took the rank-3200 steps on protein from 89 to 140 ms on the H200 (a solve with 17 right-hand sides
+        # runs far below the GEMM rate)
+        self.M = c * torch.cholesky_inverse(R)
+        if self.T is not None:
+            self.M = self.T @ self.M @ self.T.t()
+        self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:
         """P^{-1} V for V (n, t)."""
         if self.k == 0:
             return V / self.noise
-        # the k x t middle in float64: C^{-1} reaches 1 / noise
-        W = (self.basis.t() @ V).to(torch.float64)
-        if self.T is not None:
-            W = self.T.t() @ W
-        W = torch.cholesky_solve(W, self.R) * self.c
-        if self.T is not None:
-            W = self.T @ W
+        # the k x t middle in float64: M's entries reach c / noise
+        W = self.M @ (self.basis.t() @ V).to(torch.float64)
         return (V - self.basis @ W.to(self.dtype)) / self.noise
 
     def sample(self, W1: torch.Tensor, W2: torch.Tensor) -> torch.Tensor:
