@@ -23,6 +23,8 @@
 #         batched_rank (batched_gps on the GPU, row c on the seven sets, the CUDA tests; BAR_BUDGET 570),
 #         rank_compare (row c on the seven sets at rank limits 3200 and 800, the engine's CUDA tests, the private
 #                 backward op's argument errors one process each, memcheck; RC_BUDGET 570),
+#         fixes (the private backward op's argument errors, every CUDA test, the CG posterior's 1M cost parts;
+#                 FIX_BUDGET 540),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
 #                 CHECK_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
@@ -477,6 +479,20 @@ PYEOF
       brun 200 "$OUT/rc_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 python -m experiments.sanitize_ops
       echo "memcheck rc=$?"; tail -3 "$OUT/rc_memcheck.log"
       stage_end rc ;;
+    fixes)
+      # The private backward op's argument errors (each in a process of its own, then its test), every other CUDA
+      # test, and the CG posterior's cost model parts at 1M, in one call of at most FIX_BUDGET seconds (default
+      # 540). Files: fix_*.log and fix_results.tar.gz.
+      stage_begin fix ${FIX_BUDGET:-540} 240
+      brun 90 "$OUT/fix_cases.log" python -m experiments.kernel_error_cases; echo "cases rc=$?"; tail -6 "$OUT/fix_cases.log"
+      brun 40 "$OUT/fix_errors.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_kernels.py \
+        -k kernel_errors; echo "errors test rc=$?"; tail -2 "$OUT/fix_errors.log"
+      brun 170 "$OUT/fix_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests \
+        --deselect tests/test_cuda_kernels.py::test_bilinear_backward_kernel_errors; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/fix_tests.log" | head -30; tail -2 "$OUT/fix_tests.log"
+      brun 200 "$OUT/fix_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 40 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/fix_cg1m.log"
+      stage_end fix ;;
     engine_check)
       # The shortest check of the engine's device code (for a nearly spent budget): build, the CUDA tests of the
       # pivot blocks, the CUDA graphs, the engine and the CG posterior, then row c on bike (whose last solve missed

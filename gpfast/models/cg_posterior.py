@@ -172,9 +172,9 @@ class CGPosterior:
             self.work.update(self.ls64.to(dtype), s64.to(dtype), n64.to(dtype))
         diagonal = torch.full((self.n,), self.s, dtype=torch.float64, device=X.device)
         L = pivoted_cholesky(self.exact.kernel_rows, diagonal, min(int(rank), self.n))
-        self.precond64 = Preconditioner(L, self.s, torch.float64)
+        self.precond64 = Preconditioner(L, self.s, torch.float64, fold=True)
         self.precond64.set_scales(self.s, self.noise)
-        self.precond = Preconditioner(L, self.s, dtype, orthonormal=True)
+        self.precond = Preconditioner(L, self.s, dtype, fold=True)
         self.precond.set_scales(self.s, self.noise)
         r = y.to(device=X.device, dtype=torch.float64).reshape(self.n, -1) - self.mean
         self.alpha, _, _, gap = self._solve(r, lambda q_lo: torch.full_like(q_lo, self.mean_atol**2 / self.s))

@@ -90,39 +90,32 @@ class Preconditioner:
         The outputscale that ``L`` was built at.
     dtype : torch.dtype
         The working dtype of the vectors it is applied to.
-    orthonormal : bool, default=False
-        Apply P^{-1} through an orthonormal basis of L (a QR of L at construction, O(n k^2)): the same P, with
-        less rounding in a float32 working dtype; for a preconditioner built once (predictions), not for the
-        training steps' rebuilds.
+    fold : bool, default=False
+        How :meth:`set_scales` prepares P^{-1}. False (training steps, whose scales change every step): a k x k
+        float64 ``M = c C^{-1}`` per call, O(k^3), applied by GEMMs through L. True (predictions, one call):
+        ``Q = sqrt(c) L R^{-T}`` (n, k) from C's Cholesky factor R by a triangular solve, O(n k^2), applied as
+        ``(V - Q Q^T V) / noise``: backward stable, where forming C^{-1} (condition numbers of 1e7 and more) costs
+        digits that the CG posterior's certified variance bounds cannot spare (on the H200 such an interval missed
+        the float64 Cholesky variance by 3% of its width), and, rounded to float32, tripled its covariance error.
     """
 
-    def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype, orthonormal: bool = False):
+    def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype, fold: bool = False):
         self.L = L
         self.gram = L.t() @ L  # (k, k) float64
-        # the n x k matrix the per-iteration products read: L itself, or with ``orthonormal`` U of L = U T (a QR
-        # at each build), whose rounding to the working dtype stays relative to |V| where L's nearly dependent
-        # columns, rounded, are amplified by C^{-1}: in float32 the latter tripled the CG posterior's covariance
-        # error against Cholesky, while the engine's solves converged as before
-        self.T = None
-        if orthonormal and self.L.shape[1]:
-            U, self.T = torch.linalg.qr(L)
-            self.basis = U.to(dtype)
-        else:
-            self.basis = L.to(dtype)
+        self.fold = fold
+        self.L_work = None if fold else L.to(dtype)  # the factor the per-iteration products read
         self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
         self.dtype = dtype
         self.n, self.k = L.shape
 
     def set_scales(self, outputscale, noise) -> None:
-        """Woodbury factor for the current outputscale and noise (floats or 0-dim tensors; O(k^3), float64).
-        ``log_det`` is then a 0-dim float64 tensor on L's device.
+        """Woodbury factor for the current outputscale and noise (floats or 0-dim tensors; float64): O(k^3), or
+        O(n k^2) with ``fold``. ``log_det`` is then a 0-dim float64 tensor on L's device.
 
         With ``c = s / s_build`` and ``C = c L^T L + noise I`` (k, k), ``P^{-1} = (I - c L C^{-1} L^T) / noise``.
-        Only C's Cholesky factor changes with the scales, so a step costs O(k^3) here whatever n is; folding that
-        factor into an n x k matrix instead costs O(n k^2) every step (in float64 about 16 ms at n = 41k,
-        k = 3200 on an H200). With a QR of L at every build on top (the ``orthonormal`` form), rank 3200 took 25
-        rather than 38 iterations a step on protein (H200) but 136 rather than 108 ms a step on average, the
-        rebuild steps included; the training steps therefore use L itself.
+        Unfolded, only the k x k matrix changes with the scales, so a step costs O(k^3) here whatever n is; the
+        folded n x k form costs a triangular solve over all n rows at every change (in float64 about 16 ms at
+        n = 41k, k = 3200 on an H200), which a high rank would pay at every training step.
         """
         as64 = dict(dtype=torch.float64, device=self.L.device)
         c = torch.as_tensor(outputscale, **as64) / self.s_build
@@ -134,21 +127,24 @@ class Preconditioner:
             return
         C = c * self.gram + noise64 * torch.eye(self.k, **as64)
         R, _ = torch.linalg.cholesky_ex(C)  # no error check: that would wait for the device
-        # M = c C^{-1} once per step: applying C's factor by two triangular solves in every iteration instead
-        # took the rank-3200 steps on protein from 89 to 140 ms on the H200 (a solve with 17 right-hand sides
-        # runs far below the GEMM rate)
-        self.M = c * torch.cholesky_inverse(R)
-        if self.T is not None:
-            self.M = self.T @ self.M @ self.T.t()
+        if self.fold:
+            self.Q = torch.linalg.solve_triangular(R, self.scale * self.L.t(), upper=False).t().to(self.dtype)
+        else:
+            # once per step, applied by GEMMs: C's factor by two triangular solves in every iteration instead took
+            # the rank-3200 steps on protein from 89 to 140 ms on the H200 (17 right-hand sides run far below the
+            # GEMM rate)
+            self.M = c * torch.cholesky_inverse(R)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:
         """P^{-1} V for V (n, t)."""
         if self.k == 0:
             return V / self.noise
+        if self.fold:
+            return (V - self.Q @ (self.Q.t() @ V)) / self.noise
         # the k x t middle in float64: M's entries reach c / noise
-        W = self.M @ (self.basis.t() @ V).to(torch.float64)
-        return (V - self.basis @ W.to(self.dtype)) / self.noise
+        W = self.M @ (self.L_work.t() @ V).to(torch.float64)
+        return (V - self.L_work @ W.to(self.dtype)) / self.noise
 
     def sample(self, W1: torch.Tensor, W2: torch.Tensor) -> torch.Tensor:
         """Probes with covariance P from standard normal W1 (k, s) and W2 (n, s): ``L W1 + sqrt(noise) W2``."""
