@@ -508,6 +508,11 @@ def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kerne
     if vector and isinstance(grad, torch.Tensor):
         grad = grad.unsqueeze(-1)
     G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
+    d, t = x1c.shape[-1], vc.shape[-1]
+    if d > 32 or t > 32:  # checked here too: the CUDA op's own check of these crashes the interpreter on the H200
+        raise ValueError(
+            f"_rbf_matmul_backward_kernel: the fused kernels take d <= 32 and t <= 32, got d={d} and t={t}"
+        )
     gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(G, x1c, x2c, lc, sc, vc, kernel)
     _, _, gl, gs = _grads_to_inputs((None, None, gl, gs), x1, x2, lengthscale, outputscale, batch, False)
     return gl, gs

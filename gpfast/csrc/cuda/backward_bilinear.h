@@ -8,9 +8,12 @@
 namespace gpfast {
 namespace cuda {
 
-// Whether bwd_bilinear_kernel takes this backward: float32, no point gradients, d <= 32 and t <= 32.
+// Whether bwd_bilinear_kernel takes this backward by default: float32, no point gradients, d <= 32 and t <= 17 (one
+// solve and 16 probes, the engine's case). The kernel runs to t = 32 (the private op), but the accuracy tests hold it
+// at t = 1, 11 and 17 only, and at t = 32 its outputscale gradient was 2e-6 (relative) from the float64 row pass on
+// the H200, where t <= 17 stayed within 1e-6 in the same test.
 inline bool bilinear_backward_applies(const at::Tensor& x1, int64_t t, bool x_grads) {
-  return !x_grads && x1.scalar_type() == at::kFloat && x1.size(2) <= 32 && t <= 32;
+  return !x_grads && x1.scalar_type() == at::kFloat && x1.size(2) <= 32 && t <= 17;
 }
 
 // The lengthscale (B, d) and outputscale (B) gradients of sum(G * (K(x1, x2) V)), for canonical contiguous
