@@ -16,8 +16,10 @@ its own level; :func:`targets`):
 3. **Large n, several outputs.** ``n_large`` points and ``k_large`` outputs under one kernel (shared
    hyperparameters, scikit-learn's multi-output semantics), trained by gpfast's engine (``solver="auto"``: CG
    training above the training cap, with the k data columns in the engine's one batched solve; exact predictions),
-   against single engine fits of the outputs on a subset, scaled. Independent hyperparameters at this size
-   (a batched engine over the outputs) are not built: ``independent_outputs=True`` stops at the Cholesky cap.
+   against single engine fits of the outputs on a subset, scaled. With k outputs, batching one solve can gain at
+   most about k over the loop. Independent hyperparameters at this size (``independent_outputs=True`` above the
+   Cholesky cap: one engine per output, stepped together, :class:`gpfast.train.batched.BatchedEngine`) are not in
+   this table: their products are not batched, so they take about the loop's time.
 
 Times are wall clock, after a warm-up fit of each kind on a few points (loading the compiled ops and first calls),
 with the device synchronised. Writes experiments/results/batched_gps_<device>.{md,json} (``--stem`` to change),
