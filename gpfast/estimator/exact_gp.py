@@ -426,7 +426,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
         With ``solver_ == "cholesky"`` the posterior is exact in float64 (factorisation done once in
         ``fit``, test points processed in chunks); with ``"cg"`` every mean and variance is solved for by
         preconditioned CG in the training dtype with float64 refinement, and stopped on a certified bound of its
-        own error (variances to ``cg.predict_cg_tolerance`` of themselves, means to 1e-5 std(y);
+        own error (variances to ``cg.predict_cg_tolerance`` of themselves, means to 1e-3 std(y);
         :class:`gpfast.models.CGPosterior`, which warns when a bound cannot be met).
         """
         if return_std and return_cov:

@@ -76,7 +76,7 @@ class CGSettings:
         before that).
     predict_cg_tolerance : float, default=0.01
         Predictions by CG (:class:`gpfast.models.CGPosterior`) certify every predictive variance to within this
-        fraction of itself (0.01: 0.5% in the standard deviation); the means are certified to 1e-5 std(y).
+        fraction of itself (0.01: 0.5% in the standard deviation); the means are certified to 1e-3 std(y).
     predict_max_cg_iterations : int, default=1000
         Iteration cap of each of their solves (they start from zero, so they need far more iterations than a
         warm-started training step); a variance left uncertified at the cap is reported with a warning.
