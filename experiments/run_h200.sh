@@ -509,15 +509,16 @@ PYEOF
       stage_end check ;;
     accuracy_large)
       # Row "exact" (50 Adam steps with float64 Cholesky gradients, about 4.7 s a step) on keggdirected, then the CG
-      # posterior's cost at 1M points, in one call of at most ACCURACY_BUDGET seconds (default 560). Row c of the
-      # large sets comes from the engine stages; keggundirected's exact row (about 10 s a step, 520 s) does not fit
+      # posterior's cost model parts at 1M points (each printed as it ends), in one call of at most ACCURACY_BUDGET
+      # seconds (default 560). Row c of the large sets comes from the engine stages; keggundirected's exact row (about 10 s a step, 520 s) does not fit
       # in one call beside the build. Files: accuracy_large_*.log and accuracy_large_results.tar.gz.
       stage_begin accuracy_large ${ACCURACY_BUDGET:-560}
       brun 330 "$OUT/accuracy_large_uci.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
         --out "$res"; echo "uci keggdirected exact rc=$?"
       grep -E "^\| kegg" "$OUT/accuracy_large_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
-      brun 120 "$OUT/accuracy_large_cg1m.log" python -m experiments.cg_prediction --scale 1000000 --sample 4 \
-        --stem cg_prediction_1m --out "$res"; echo "cg_prediction 1M rc=$?"; tail -4 "$OUT/accuracy_large_cg1m.log"
+      brun 200 "$OUT/accuracy_large_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 \
+        --cg-iters 20 --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction 1M rc=$?"
+      tail -8 "$OUT/accuracy_large_cg1m.log"
       stage_end accuracy_large ;;
     final)
       # The last call of a round with little device time: build, every CUDA test, kin40k's rows c and exact, then the
