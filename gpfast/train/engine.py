@@ -492,12 +492,14 @@ _RANK_BYTES_PER_POINT = 24
 
 
 def _rank_top(cfg: CGSettings, n: int, free_memory: int | None) -> int:
-    """The accuracy rule's rank limit: ``max_preconditioner_rank``, lowered so that a rebuild's factors take at most
-    a tenth of the free memory at the fit's start (the stored K may take half of it)."""
-    if not free_memory:
-        return cfg.max_preconditioner_rank
-    by_memory = int(0.1 * free_memory) // (_RANK_BYTES_PER_POINT * max(n, 1))
-    return max(min(cfg.max_preconditioner_rank, by_memory), min(cfg.preconditioner_rank, n))
+    """The accuracy rule's rank limit: ``max_preconditioner_rank``, lowered to n / 4 (an iteration's products with the
+    n x k factor then read at most half of what a product with the stored K reads: at n = 3,000 on the CPU the limit
+    3200 made the rank reach n and the preconditioner cost more than the products) and so that a rebuild's factors
+    take at most a tenth of the free memory at the fit's start (the stored K may take half of it)."""
+    top = min(cfg.max_preconditioner_rank, n // 4)
+    if free_memory:
+        top = min(top, int(0.1 * free_memory) // (_RANK_BYTES_PER_POINT * max(n, 1)))
+    return max(top, min(cfg.preconditioner_rank, n))
 
 
 def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:

@@ -95,12 +95,12 @@ class CGSettings:
         solve at the first iteration that meets the tolerance (tests that count iterations).
     max_preconditioner_rank : int, default 3200
         When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``)
-        and the preconditioner is rebuilt at the next step, up to this rank (and to what a tenth of the free memory
-        holds, 24 bytes per point and unit of rank). H200, 50 Adam steps, one run at each limit (3200 / 800):
-        median step pol 16.9 / 21.0 ms, elevators 17.7 / 14.5, bike 15.1 / 16.9, kin40k 38.0 / 56.7, protein
-        106.8 / 98.6, keggdirected 44.4 / 64.7, keggundirected 75.8 / 94.0; CG iterations a step fell by 17-73%;
-        the same test RMSE and NLL; bike's default fit warned at 800 (its last gradient at risk) and no set at
-        3200. The rebuilds at a high rank cost more than the saved iterations on pol, elevators, protein and
+        and the preconditioner is rebuilt at the next step, up to this rank (and to n / 4, and to what a tenth of
+        the free memory holds, 24 bytes per point and unit of rank). H200, 50 Adam steps, one run at each limit
+        (3200 / 800): median step pol 16.9 / 21.0 ms, elevators 17.7 / 14.5, bike 15.1 / 16.9, kin40k 38.0 / 56.7,
+        protein 106.8 / 98.6, keggdirected 44.4 / 64.7, keggundirected 75.8 / 94.0; CG iterations a step fell by
+        17-73%; the same test RMSE and NLL; bike's default fit warned at 800 (its last gradient at risk) and no set
+        at 3200. The rebuilds at a high rank cost more than the saved iterations on pol, elevators, protein and
         keggundirected: training took 29.4 s on the seven sets at 3200 against 26.0 s at 800.
     cg_iteration_limit : int, default 40
         Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
