@@ -201,7 +201,7 @@ def fit_estimator(est, X, y) -> dict:
     data = standardized(Xt, yt, bool(est.standardize), settings.device)
     # standardised initial values: fractions of each output's variance
     inits = _params.initial_values(est, d, torch.from_numpy(data.x_std), 1.0)
-    fitted = fit(est, data.X, data.y, inits)
+    fitted = fit(est, data.X, data.y, inits, None if est.standardize else _scales(data.y))
     return dict(
         **data.attributes(),
         model_=None,
@@ -219,13 +219,26 @@ def fit_estimator(est, X, y) -> dict:
     )
 
 
-def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
+def _scales(Y: torch.Tensor) -> np.ndarray:
+    """Each column's standard deviation (population), 1 where a column is constant or not finite."""
+    std = Y.std(0, unbiased=False).cpu().numpy()
+    return np.where(np.isfinite(std) & (std > 0), std, 1.0)
+
+
+def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict, scales: np.ndarray | None = None) -> dict:
     """Train one GP per output of the standardised ``Ys`` (n, k) at standardised inputs ``Xs`` (n, d), float64 on
     the fit's device, from the initial values ``inits`` (standardised, as :func:`gpfast.estimator.params.
-    initial_values` gives them). Returns the fitted attributes that depend on the training."""
+    initial_values` gives them). Returns the fitted attributes that depend on the training.
+
+    ``scales`` (k,): targets that are not standardised (``standardize=False``) train as ``Ys[:, j] / scales[j]``,
+    and the fitted outputscale, noise and mean are scaled back. A single fit on such a target takes its box and its
+    default start from the target's own variance; one box for all outputs (the unit one) would hold an output of
+    std 1000 far from its optimum (its predictions were 2 std(y) from its single fit's)."""
     n, d = Xs.shape
     k = Ys.shape[1]
-    targets = Ys.T.contiguous()
+    raw = Ys.T.contiguous()
+    scale = torch.ones(k, dtype=Ys.dtype, device=Ys.device) if scales is None else torch.as_tensor(scales).to(Ys)
+    targets = raw / scale[:, None]
     # one GPyTorch model gives the box of the single fit for every output: the noise floor is the float64 Cholesky
     # path's, as in a single fit (GPyTorch's default constraint would hold the noise at 1e-4 x var(y))
     likelihood = gpytorch.likelihoods.GaussianLikelihood(
@@ -257,12 +270,18 @@ def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict) -> dict:
             )
     else:
         runs, theta = [], np.tile(theta0, (k, 1))
-    posterior = IndependentPosterior(Xs, targets, theta, p)
+    log_scale = np.log(scale.cpu().numpy())
+    theta = theta.copy()
+    theta[:, p : p + 2] += 2 * log_scale[:, None]  # outputscale and noise: variances
+    theta[:, p + 2] *= np.exp(log_scale)  # the mean: in y's units
+    posterior = IndependentPosterior(Xs, raw, theta, p)
     lml = posterior.log_marginal_likelihood()
+    # the per-point losses of y / scale are those of y less log(scale)
+    restart_losses = [[v + float(log_scale[j]) for v in losses] for j, losses in enumerate(restart_losses)]
     return dict(
         _posterior=posterior,
         _independent_theta=theta,
-        history_=[r.history for r in runs],
+        history_=[[v + float(log_scale[j]) for v in r.history] for j, r in enumerate(runs)],
         n_iter_=[r.n_iter for r in runs],
         converged_=[r.converged for r in runs],
         restart_losses_=restart_losses,
