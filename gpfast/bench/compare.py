@@ -165,6 +165,14 @@ def _run_row(name, X, y, Xt, iters, lr, seed, device, verbose, init, cg=None):
     return _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init)
 
 
+def _check_arguments(rows: Sequence[str], lr) -> None:
+    unknown = [r for r in rows if r not in ROWS + REFERENCE_ROWS]
+    if unknown:
+        raise ValueError(f"unknown row(s) {unknown}; known rows: {', '.join(ROWS + REFERENCE_ROWS)}")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+
+
 def compare(
     dataset,
     split: int = 0,
@@ -204,8 +212,7 @@ def compare(
         The initial hyperparameters of every row, in standardised units (keys ``init_lengthscale`` (list of d),
         ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
     cg : dict or None
-        :class:`gpfast.CGSettings` fields for the ``"gpfast"`` and ``"exact"`` rows (``ExactGP(cg=...)``), recorded
-        in each row as ``cg_settings``; None keeps the defaults (recorded as ``{}``).
+        :class:`gpfast.CGSettings` fields of rows gpfast and exact (``ExactGP(cg=...)``), kept as ``cg_settings``.
 
     Returns
     -------
@@ -218,11 +225,7 @@ def compare(
         initial hyperparameters, ``status`` (``"ok"``, ``"OOM"`` or ``"error: ..."``), the machine and date.
         Metrics of a failed row are ``None``.
     """
-    unknown = [r for r in rows if r not in ROWS + REFERENCE_ROWS]
-    if unknown:
-        raise ValueError(f"unknown row(s) {unknown}; known rows: {', '.join(ROWS + REFERENCE_ROWS)}")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    _check_arguments(rows, lr)
     data, dev, X, y, Xt, y_test = _inputs(dataset, split, data_dir, device)
     init = default_init(X.shape[1]) if init is None else init
     common = {
@@ -234,7 +237,6 @@ def compare(
     }
     common.update(iters=int(iters), lr=float(lr), seed=int(seed), device=str(dev), dtype="float32")
     common.update(machine=machine(dev), date=now(), cg_settings=dict(cg or {}), **init)
-
     if warmup:
         nw = min(WARM_UP_POINTS, X.shape[0])
         warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], 1, lr, seed, dev, False, init, cg) for name in rows)
