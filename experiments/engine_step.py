@@ -18,7 +18,7 @@ import time
 import gpytorch
 import torch
 
-from experiments import RESULTS
+from experiments import RESULTS, cg_fields
 from gpfast import datasets
 from gpfast.bench.report import md_table, write_results
 from gpfast.bench.timing import sync
@@ -87,13 +87,7 @@ def main(argv=None):
     ap.add_argument("--stem", default="engine_step")
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
     args = ap.parse_args(argv)
-    options = {}
-    for kv in args.option:
-        key, value = kv.split("=", 1)
-        options[key] = (
-            value if key == "product" else (None if value == "None" else float(value) if "." in value else int(value))
-        )
-    row = run(args.n, args.d, args.steps, args.device, options)
+    row = run(args.n, args.d, args.steps, args.device, cg_fields(args.option, "--option"))
     table = md_table(
         ["n", "d", "product", "median step (s)", "steps (s)", "CG iterations", "products / step", "final residuals"],
         [

@@ -17,16 +17,20 @@ import torch
 from gpfast import ops
 
 
+def _inputs(B, n, m, d, dev, dtype):
+    """Random canonical inputs (x1 (B, n, d), x2 (B, m, d), lengthscale (B, d), outputscale (B,))."""
+    x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
+    x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
+    return x1, x2, torch.rand(B, d, device=dev, dtype=dtype) + 0.5, torch.rand(B, device=dev, dtype=dtype) + 0.5
+
+
 def run_all():
     torch.manual_seed(0)
     dev = "cuda"
     for dtype in (torch.float32, torch.float64):
         # covariance forward: (B, n, m, d) with m % 4 != 0 (scalar stores) and m % 4 == 0 (vector stores)
         for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40)]:
-            x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
-            x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
-            l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
-            s = torch.full((B,), 1.3, device=dev, dtype=dtype)
+            x1, x2, l, s = _inputs(B, n, m, d, dev, dtype)
             torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
             for kernel in ("diff", "expand", "tile") if d <= 32 else ("tile",):
                 torch.ops.gpfast._rbf_covariance_kernel(x1, x2, l, s, kernel)
@@ -60,10 +64,7 @@ def run_all():
             (1, 300, 37, 32, 12),
             (2, 19, 1027, 9, 2),
         ]:
-            x1 = torch.randn(B, n, d, device=dev, dtype=dtype)
-            x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
-            l = torch.rand(B, d, device=dev, dtype=dtype) + 0.5
-            s = torch.rand(B, device=dev, dtype=dtype) + 0.5
+            x1, x2, l, s = _inputs(B, n, m, d, dev, dtype)
             v = torch.randn(B, m, t, device=dev, dtype=dtype)
             w = torch.randn(B, n, m, device=dev, dtype=dtype)
             g = torch.randn(B, n, t, device=dev, dtype=dtype)
@@ -91,10 +92,7 @@ def run_bilinear_backward(dev):
         (1, 300, 37, 20, 21),
         (1, 129, 2000, 32, 32),
     ]:
-        x1 = torch.randn(B, n, d, device=dev)
-        x2 = torch.randn(B, m, d, device=dev)
-        l = torch.rand(B, d, device=dev) + 0.5
-        s = torch.rand(B, device=dev) + 0.5
+        x1, x2, l, s = _inputs(B, n, m, d, dev, torch.float32)
         v1, v2 = torch.randn(B, n, t, device=dev), torch.randn(B, m, t, device=dev)
         g = torch.randn(B, n, t, device=dev)
         for kernel in kernels:

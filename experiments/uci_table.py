@@ -18,14 +18,13 @@ then fine-tuning, and its own preprocessing), so compare with care.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import statistics
 import sys
 from pathlib import Path
 
-from experiments import RESULTS
+from experiments import RESULTS, cg_fields
 from gpfast.bench.compare import REFERENCE_ROWS, ROWS, compare
 from gpfast.bench.report import md_table, write_csv
 from gpfast.bench.timing import git_rev, machine, today
@@ -232,20 +231,6 @@ def plot(summary: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _cg_fields(pairs: list[str]) -> dict:
-    """``["field=value", ...]`` as a dict, each value read as a Python literal (a number, True, None) if it is."""
-    fields = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--cg takes FIELD=VALUE pairs, got {pair!r}")
-        try:
-            fields[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            fields[key] = value
-    return fields
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default=None)
@@ -289,7 +274,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict] = []
     notes: list[str] = []
-    cg = _cg_fields(args.cg)
+    cg = cg_fields(args.cg, "--cg")
     if cg:
         notes.append("Row gpfast's CG settings (gpfast.CGSettings, the rest default): " + ", ".join(args.cg) + ".")
     if args.merge:

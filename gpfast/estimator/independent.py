@@ -201,7 +201,7 @@ def fit_estimator(est, X, y) -> dict:
     data = standardized(Xt, yt, bool(est.standardize), settings.device)
     # standardised initial values: fractions of each output's variance
     inits = _params.initial_values(est, d, torch.from_numpy(data.x_std), 1.0)
-    fitted = fit(est, data.X, data.y, inits, None if est.standardize else _scales(data.y))
+    fitted = fit(est, data.X, data.y, inits, None if est.standardize else column_stats(data.y).std.cpu().numpy())
     return dict(
         **data.attributes(),
         model_=None,
@@ -217,12 +217,6 @@ def fit_estimator(est, X, y) -> dict:
         **fitted,
         **hyperparameter_attributes(fitted["_independent_theta"], data.x_std, data.y_mean, data.y_std),
     )
-
-
-def _scales(Y: torch.Tensor) -> np.ndarray:
-    """Each column's standard deviation (population), 1 where a column is constant or not finite."""
-    std = Y.std(0, unbiased=False).cpu().numpy()
-    return np.where(np.isfinite(std) & (std > 0), std, 1.0)
 
 
 def fit(est, Xs: torch.Tensor, Ys: torch.Tensor, inits: dict, scales: np.ndarray | None = None) -> dict:

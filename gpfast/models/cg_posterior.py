@@ -338,6 +338,7 @@ class CGPosterior:
                 if self._out_of_time():
                     break
                 idx = todo[a : a + block]
+                # evaluated again rather than kept from the first pass: all m columns would take n x m float64
                 Kx = rbf_covariance(self.x64, x[idx], self.ls64, self.s, check_values=False)
                 _, _, lo, gap = self._solve(Kx, target)
                 q_lo[idx] = torch.maximum(q_lo[idx], lo)
