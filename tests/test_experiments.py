@@ -123,6 +123,21 @@ def test_engine_step_and_stored_product_scripts_write_their_tables(tmp_path):
     assert out["best"] in {r["layout"] for r in out["rows"]} and all(r["rel_err"] < 1e-5 for r in out["rows"])
 
 
+def test_bench_inverse_writes_its_table(tmp_path):
+    """experiments/bench_inverse.py at a tiny CPU size: the factorisation, torch's inverse and the blocked one, whose
+    difference from torch's is at rounding level."""
+    from experiments import bench_inverse
+
+    bench_inverse.main(["--sizes", "300", "--blocks", "64", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "bench_inverse.json").read_text())["rows"]
+    assert [r["method"] for r in rows] == [
+        "potrf (torch.linalg.cholesky)",
+        "torch.cholesky_inverse",
+        "inverse_from_cholesky, block 64",
+    ]
+    assert all(r["ms"] > 0 for r in rows) and rows[2]["max_rel_diff"] < 1e-12
+
+
 def test_uci_speedup_reads_json_and_markdown_tables(tmp_path):
     from experiments import uci_speedup
 

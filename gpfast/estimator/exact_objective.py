@@ -9,7 +9,8 @@ Rasmussen & Williams (2006), eq. 2.30 and 5.9, with ``A = K + noise I`` and ``r 
 and ``d nll / dA`` flows into the lengthscales and the outputscale through the fused op's backward (O(n^2 d)),
 into the noise as its trace and into the mean as ``-sum(alpha)``. Against GPyTorch's autograd through its
 Cholesky (a float32 factorisation, a triangular-solve backward and a dense kernel built twice), this costs one
-float64 Cholesky (n^3 / 3 flops) and one inverse from it (2 n^3 / 3), and gives the gradient that a line search
+float64 Cholesky (n^3 / 3 flops) and one inverse from it (2 n^3 / 3 on the CPU, n^3 on CUDA:
+:func:`~gpfast.models.exact_posterior.inverse_from_cholesky`), and gives the gradient that a line search
 needs: exact, deterministic, in float64. A factorisation that fails is retried with a growing jitter
 (:func:`~gpfast.models.exact_posterior.robust_cholesky`), which then counts as part of the noise.
 """
@@ -24,7 +25,7 @@ from linear_operator.utils.errors import NotPSDError
 
 from gpfast import ops
 from gpfast.models import ExactGPModel
-from gpfast.models.exact_posterior import CholeskyError, CholeskyJitterWarning, robust_cholesky
+from gpfast.models.exact_posterior import CholeskyError, CholeskyJitterWarning, inverse_from_cholesky, robust_cholesky
 
 __all__ = ["cholesky_objective", "negative_log_likelihood"]
 
@@ -62,7 +63,7 @@ class _GaussianNLL(torch.autograd.Function):
     def backward(ctx, grad):
         L, alpha = ctx.saved_tensors
         k = alpha.shape[1]
-        W = torch.cholesky_inverse(L)  # A^-1 by LAPACK's potri: 2 n^3 / 3 flops
+        W = inverse_from_cholesky(L)  # A^-1: LAPACK potri on the CPU, by blocks of GEMMs on CUDA
         if k == 1:
             W.addr_(alpha[:, 0], alpha[:, 0], alpha=-1.0)
         else:
