@@ -510,7 +510,16 @@ def test_checks_stay_within_two_reads_and_follow_the_last_count():
     assert _checks(None, 15, None) == [5, 7] and _checks(9, 15, None) == [9, 12] and _checks(3, 15, None) == [3, 5]
     assert _checks(None, 10, 3) == [3, 6, 9]
     # converged at the first check: try one fewer; at the second: just after the first; at the cap: no estimate
-    assert _estimate(9, [9, 12]) == 8 and _estimate(12, [9, 12]) == 10 and _estimate(15, [9, 12]) == 15
+    assert _estimate(9, [9, 12], 15, 0.01, [(9, 0.001)], 0.001, True) == 8
+    assert _estimate(12, [9, 12], 15, 0.01, [(9, 0.02), (12, 0.005)], 0.005, True) == 10
+    assert _estimate(15, [9, 12], 15, 0.01, [(9, 0.05), (12, 0.03)], 0.02, True) == 15  # missed at the cap
+    # ran to the cap but ended below the tolerance: where the log residual line from the last check crosses it
+    # (from 0.03 at 15 to 0.002 at 35: log(3) / log(15) of the way, 8.1 iterations, so 24)
+    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.002, True) == 24
+    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.0099, True) == 34  # only just: one before
+    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.011)], 1e-12, True) == 16  # fast: one after the check
+    assert _estimate(35, [], 35, 0.01, [], 0.002, True) == 35  # no check read: nothing to place it by
+    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.002, False) == 35  # a cold solve
 
 
 @pytest.mark.parametrize("d, lengthscale", [(3, 0.8), (8, 1.5)])
@@ -612,25 +621,51 @@ def test_engine_fit_matches_adam_with_exact_gradients(options):
     assert not got["warned"], got  # the engine met its tolerance at the end, or nearly: no warning
 
 
+def test_a_warm_solve_that_ends_below_the_tolerance_at_the_cap_places_the_next_checks_before_it():
+    """800 points, no preconditioner, cap 40: the cold first solve and the first warm one run to the cap (checks at
+    13 and 17), the warm one ending near 1e-3, well below the 0.01 tolerance. Placing the next checks at a third of
+    the cap again kept every step at 40 iterations (all three seeds tried); read off the residuals, the checks land
+    near the ~20-27 iterations the warm solves need, and the steps meet the tolerance there."""
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    model = _problem(n=800, d=4, seed=seed, noise=0.1)
+    engine = Engine(CGSettings(max_cg_iterations=40, preconditioner_rank=0, max_preconditioner_rank=0, product="stored"))
+    step = engine.objective(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(8):
+        opt.zero_grad()
+        step()
+        opt.step()
+    its, res = engine.record.cg_iterations, engine.record.cg_residuals
+    assert its[1] == 40 and res[1] <= 0.01, (seed, its, res)  # the case this is about
+    assert all(i < 40 for i in its[2:]) and all(r <= 0.01 for r in res[2:]), (seed, its, res)
+
+
+def _solve(iterations: int, checked=()):
+    """What the engine's bookkeeping reads of a CG result: its count and its host reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(iterations=iterations, checked=list(checked))
+
+
 def test_missed_solves_raise_the_rank_then_the_cap():
     from gpfast.train.engine import _State
 
     cfg = CGSettings(max_preconditioner_rank=400, cg_iteration_limit=40)  # rank 100, cap 15 to start
     state = _State(cfg)
     state.x = torch.zeros(10_000, 3)
-    state.after_step(cfg, True, [1.0], 4, [4, 8], 0.005)  # met: nothing changes
+    state.after_step(cfg, True, [1.0], _solve(4, [(4, 0.005)]), [4, 8], 0.005, True)  # met: nothing changes
     assert (state.rank, state.cap, state.rebuild_next) == (100, 15, False)
     seen = []
     for _ in range(6):
-        state.after_step(cfg, False, [1.0], 15, [5, 10], 0.05)
+        state.after_step(cfg, False, [1.0], _solve(15, [(5, 0.2), (10, 0.1)]), [5, 10], 0.05, True)
         seen.append((state.rank, state.cap, state.rebuild_next))
     assert seen == [(200, 15, True), (400, 15, True), (400, 23, False), (400, 35, False), (400, 40, False)] + [
         (400, 40, False)
     ]
     small = _State(cfg)
     small.x = torch.zeros(150, 3)
-    small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)  # the rank stops at n, then the cap grows
-    small.after_step(cfg, True, [1.0], 15, [5, 10], 0.05)
+    small.after_step(cfg, True, [1.0], _solve(15), [5, 10], 0.05, True)  # the rank stops at n, then the cap grows
+    small.after_step(cfg, True, [1.0], _solve(15), [5, 10], 0.05, True)
     assert (small.rank, small.cap) == (150, 23)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,7 +33,9 @@ class CGResult:
     over ``|b|``; iterations: CG iterations (products with A inside the loop); products: all products with A
     (iterations, plus one for the initial residual when a warm start was given); alphas, betas: per iteration,
     the (t,) step and direction coefficients (zero for frozen columns), for the Lanczos matrices; broke_down:
-    columns frozen for non-positive curvature; graphed: the iterations after the first were CUDA-graph replays.
+    columns frozen for non-positive curvature; graphed: the iterations after the first were CUDA-graph replays;
+    checked: (iteration, measure) at each host read of the convergence measure, in order (those reads are the
+    only places the measure is known before the end; the caller can place its next checks from them).
     """
 
     x: torch.Tensor
@@ -45,6 +47,7 @@ class CGResult:
     betas: list[torch.Tensor]
     broke_down: torch.Tensor
     graphed: bool = False
+    checked: list[tuple[int, float]] = field(default_factory=list)
 
 
 def pcg(
@@ -108,20 +111,27 @@ def pcg(
     rel = torch.linalg.vector_norm(R, dim=0) / b_norm
     broke = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)
     checks = set(range(max_iter)) if check_at is None else set(check_at)
-    if max_iter <= 0 or (0 in checks and bool(measure(rel) <= tol)):
-        return CGResult(X, R, rel, 0, products, [], [], broke, False)
+    checked: list[tuple[int, float]] = []
+
+    def converged(iterations: int) -> bool:
+        value = float(measure(rel))  # the host read
+        checked.append((iterations, value))
+        return value <= tol
+
+    if max_iter <= 0 or (0 in checks and converged(0)):
+        return CGResult(X, R, rel, 0, products, [], [], broke, False, checked)
     it = _Iteration(matmul, precond, X, R, rel, b_norm, broke, freeze, max_iter)
-    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, lambda: bool(measure(rel) <= tol), checks)
+    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, converged, checks)
     products += iterations
     it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
     alphas = list(it.alphas[:iterations].unbind(0))
     betas = list(it.betas[:iterations].unbind(0))
-    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed)
+    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed, checked)
 
 
 def _run(it: _Iteration, graph: CUDAGraphs | None, max_iter: int, converged, checks) -> tuple[int, bool]:
-    """Iterate until ``max_iter`` or until ``converged()`` at a check; with ``graph``, the first iteration runs op by
-    op and the others replay its capture. Returns (iterations, whether any replayed)."""
+    """Iterate until ``max_iter`` or until ``converged(iterations)`` at a check; with ``graph``, the first iteration
+    runs op by op and the others replay its capture. Returns (iterations, whether any replayed)."""
     with graph.stream() if graph is not None else contextlib.nullcontext():
         replay = None
         iterations = 0
@@ -131,7 +141,7 @@ def _run(it: _Iteration, graph: CUDAGraphs | None, max_iter: int, converged, che
             else:
                 replay.replay()
             iterations += 1
-            if iterations == max_iter or (iterations in checks and converged()):
+            if iterations == max_iter or (iterations in checks and converged(iterations)):
                 return iterations, replay is not None
             if graph is not None and replay is None:
                 replay = graph.capture(it.step)
