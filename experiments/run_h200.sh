@@ -26,7 +26,10 @@
 #         fixes (the private backward op's argument errors, every CUDA test, the CG posterior's 1M cost parts;
 #                 FIX_BUDGET 540),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
-#                 CHECK_BUDGET 300)
+#                 CHECK_BUDGET 300), session3 (every CUDA test, bench_inverse, row c on the seven sets, row exact on
+#                 keggdirected, batched stored products; S3_BUDGET 585), session3b (row exact on keggundirected, the
+#                 CG posterior's 1M cost parts; S3B_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
+#                 S3C_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -532,6 +535,46 @@ PYEOF
       brun 150 "$OUT/final_cgpred.log" python -m experiments.cg_prediction --agree ${CG_AGREE_N:-30000} --points 300 \
         --out "$res"; echo "cg_prediction rc=$?"; grep -E "^n=|^\| " "$OUT/final_cgpred.log" | cut -c1-250 | tail -8
       stage_end final ;;
+    session3)
+      # The exact path's blocked inverse and the engine's check placement, in one call of at most S3_BUDGET seconds
+      # (default 585): build; every CUDA test; bench_inverse (torch's inverse against the blocked one at 20k and
+      # 40k); row c on the seven sets; row exact on keggdirected; then 8 stored products at 20k in a loop against one
+      # torch.bmm (independent outputs). Files: s3_*.log and s3_results.tar.gz.
+      stage_begin s3 ${S3_BUDGET:-585} 240
+      brun 100 "$OUT/s3_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3_tests.log" | head -20; tail -1 "$OUT/s3_tests.log"
+      brun 90 "$OUT/s3_inverse.log" python -m experiments.bench_inverse --sizes 20000 40000 --blocks 1024 2048 4096 \
+        --out "$res"; echo "inverse rc=$?"; grep -E "^\| [0-9]" "$OUT/s3_inverse.log"
+      brun 150 "$OUT/s3_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s3_uci_c.log")"
+      brun 300 "$OUT/s3_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
+        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s3_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      brun 40 "$OUT/s3_batch.log" python -m experiments.bench_stored_product --n 20000 --t 11 --batch 8 --reps 10 \
+        --stem bench_stored_product_batch8 --out "$res"; echo "batch rc=$?"; grep -E "^\| (loop|torch)" "$OUT/s3_batch.log"
+      stage_end s3 ;;
+    session3b)
+      # Row exact on keggundirected (about 10 s a step with torch's inverse), then the CG posterior's cost parts at
+      # 1M (each printed as it ends), in one call of at most S3B_BUDGET seconds (default 585); on a warm machine the
+      # build is the cached one. Files: s3b_*.log and s3b_results.tar.gz.
+      stage_begin s3b ${S3B_BUDGET:-585} 240
+      brun 560 "$OUT/s3b_exact.log" "${UCI[@]}" --datasets keggundirected --rows exact \
+        --stem uci_keggundirected_exact --out "$res"; echo "exact keggundirected rc=$?"
+      grep -E "^\| kegg" "$OUT/s3b_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      brun 300 "$OUT/s3b_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3b_cg1m.log"
+      stage_end s3b ;;
+    session3c)
+      # step_anatomy on the seven sets, then compute-sanitizer memcheck and racecheck over every kernel, in one call of
+      # at most S3C_BUDGET seconds (default 585). Files: s3c_*.log and s3c_results.tar.gz.
+      stage_begin s3c ${S3C_BUDGET:-585} 240
+      brun 130 "$OUT/s3c_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s3c_anatomy.log" | tail -9
+      for tool in memcheck racecheck; do
+        brun 200 "$OUT/s3c_$tool.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        echo "$tool rc=$?"; tail -3 "$OUT/s3c_$tool.log"
+      done
+      stage_end s3c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -121,6 +121,10 @@ def test_engine_step_and_stored_product_scripts_write_their_tables(tmp_path):
     bench_stored_product.main(["--n", "200", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
     out = json.loads((tmp_path / "bench_stored_product.json").read_text())
     assert out["best"] in {r["layout"] for r in out["rows"]} and all(r["rel_err"] < 1e-5 for r in out["rows"])
+    bench_stored_product.main(["--n", "200", "--batch", "3", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "bench_stored_product.json").read_text())
+    assert [r["layout"] for r in out["rows"]] == ["loop of engine products, batch 3", "torch.bmm, batch 3"]
+    assert all(r["rel_err"] < 1e-5 for r in out["rows"])
 
 
 def test_bench_inverse_writes_its_table(tmp_path):

@@ -628,7 +628,8 @@ def test_a_warm_solve_that_ends_below_the_tolerance_at_the_cap_places_the_next_c
     near the ~20-27 iterations the warm solves need, and the steps meet the tolerance there."""
     seed = int(torch.randint(0, 2**31 - 1, ()))
     model = _problem(n=800, d=4, seed=seed, noise=0.1)
-    engine = Engine(CGSettings(max_cg_iterations=40, preconditioner_rank=0, max_preconditioner_rank=0, product="stored"))
+    cfg = CGSettings(max_cg_iterations=40, preconditioner_rank=0, max_preconditioner_rank=0, product="stored")
+    engine = Engine(cfg)
     step = engine.objective(model)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(8):
