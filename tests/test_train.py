@@ -738,3 +738,33 @@ def test_rank_limit_follows_free_memory():
     assert _rank_top(cfg, 3000, None) == 750
     assert _rank_top(cfg, 300, None) == 100
     assert _rank_top(cfg, 50, 1) == 50
+
+
+@pytest.mark.parametrize("last_step_met", [False, True])
+def test_the_at_risk_test_is_about_the_last_evaluation_that_moved_the_hyperparameters(last_step_met):
+    """Adam evaluates once more after its last step (the loss where it stops); ``finish(steps)`` judges the fit by
+    the last step's solve. The run of the warning case above (one iteration, no preconditioner: every solve misses
+    and the re-solved gradient moves far) warns as before when the 15th step missed; when that step's solve is
+    recorded as met, the extra evaluation's miss puts nothing at risk: no re-solve, no warning."""
+    model = _problem(n=300, d=3, seed=7)
+    options = {"cg_tolerance": 1e-6, "max_cg_iterations": 1, "cg_iteration_limit": 1, "preconditioner_rank": 0,
+               "max_preconditioner_rank": 0}  # fmt: skip
+    engine = Engine(CGSettings(product="stored", num_probes=10, **options))
+    closure = engine.objective(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        for _ in range(15):
+            closure()
+            opt.step()
+        closure()
+    rec = engine.record
+    assert len(rec.cg_residuals) == 16 and min(rec.cg_residuals) > 1e-6
+    if last_step_met:
+        rec.cg_residuals[14] = 0.0  # stands for a 15th step whose solve met the tolerance
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rec = engine.finish(steps=15)
+    warned = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert len(warned) == int(not last_step_met), [str(w.message) for w in warned]
+    assert math.isnan(rec.final_step_error) == last_step_met, rec.final_step_error

@@ -342,7 +342,8 @@ def _run(run_plan: RunPlan, model: ExactGPModel, n_steps: int, free: int, checkp
                 engine.load_state_dict(log.engine_state)
             log.objective_state = engine.state_dict
         result = fit_hyperparameters(model, n_steps, solver, objective=engine.objective, recorder=log, **fit_kw)
-        record = engine.finish()
+        # Adam evaluates once more after its last step, for the loss where it stops; that gradient moves nothing
+        record = engine.finish(n_steps if fit_kw["optimizer"] == "adam" else None)
     else:
         objective = gpytorch_objective if run_plan.trainer == "gpytorch" else None
         result = fit_hyperparameters(model, n_steps, solver, objective=objective, recorder=log, **fit_kw)

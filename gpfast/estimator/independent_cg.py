@@ -164,7 +164,7 @@ def _train(est, plan: _solver.FitPlan, Xs: torch.Tensor, Ys: torch.Tensor, inits
 
     def evaluate(rows, thetas):
         for j in training - set(rows):  # every output still training waits in each round: these have stopped
-            batch.finish_output(j)
+            batch.finish_output(j, max_iter)  # Adam: as each single fit, the last step is at most the max_iter-th
         training.intersection_update(rows)
         out = [funs[j](theta) for j, theta in zip(rows, thetas)]
         return np.array([o[0] for o in out]), np.stack([o[1] for o in out])
@@ -176,5 +176,5 @@ def _train(est, plan: _solver.FitPlan, Xs: torch.Tensor, Ys: torch.Tensor, inits
         try:
             runs = minimize_lockstep(evaluate, np.stack(starts), spaces[0], Xs.shape[0], max_iter, est.tol, minimize)
         finally:
-            records = batch.finish()
+            records = batch.finish(max_iter)
     return models, spaces, runs, records

@@ -70,13 +70,14 @@ class BatchedEngine:
         step.postfix = closure.postfix
         return step
 
-    def finish_output(self, j: int) -> EngineRecord:
-        """End output j's run when it leaves the batch (:meth:`Engine.finish`: release its stored K at once, so that
-        the outputs still training have the memory, and warn when its last solve missed); returns its record."""
+    def finish_output(self, j: int, steps: int | None = None) -> EngineRecord:
+        """End output j's run when it leaves the batch (:meth:`Engine.finish`, with the optimiser's step limit
+        ``steps``: release its stored K at once, so that the outputs still training have the memory, and warn when
+        its last step's solve missed and put the fit at risk); returns its record."""
         if self.records[j] is None:
-            self.records[j] = self.engines[j].finish()
+            self.records[j] = self.engines[j].finish(steps)
         return self.records[j]
 
-    def finish(self) -> list[EngineRecord]:
+    def finish(self, steps: int | None = None) -> list[EngineRecord]:
         """End the run of every output still in the batch (:meth:`finish_output`) and return the k records."""
-        return [self.finish_output(j) for j in range(len(self.engines))]
+        return [self.finish_output(j, steps) for j in range(len(self.engines))]

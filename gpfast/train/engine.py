@@ -323,12 +323,21 @@ class Engine:
         scale = np.sqrt(np.asarray(state.g2) / (1.0 - ADAM_BETA2**state.g2_steps))
         return float(np.max(np.abs(g - np.asarray(state.g)) / np.maximum(scale, np.finfo(np.float64).tiny)))
 
-    def finish(self) -> EngineRecord:
-        """End the run: release the stored K, warn when the last step's CG missed its tolerance (or CG broke
-        down), and return the records."""
+    def finish(self, steps: int | None = None) -> EngineRecord:
+        """End the run: release the stored K, warn when the last step's CG missed its tolerance and that put the
+        result at risk (or CG broke down), and return the records.
+
+        ``steps``: the optimiser's step limit, when it evaluates once more after its last step (Adam does, for the
+        loss at the point it returns): the evaluations after the first ``steps`` move nothing, and the at-risk test
+        is about the last one that did (default: every evaluation moved the hyperparameters). When that step's
+        solve met the tolerance, the fit is not at risk whatever a later evaluation did. When it missed, the test
+        runs on the latest solve, which has the same cap, rank and preconditioner a step later
+        (:meth:`_final_step_error`); if that one met the tolerance, the miss was marginal."""
         cfg, rec = self.settings, self.record
         state = self._state
-        if rec.cg_residuals and state is not None and rec.cg_residuals[-1] > cfg.cg_tolerance:
+        last = len(rec.cg_residuals) - 1 if steps is None else min(steps, len(rec.cg_residuals)) - 1
+        at_risk = last >= 0 and rec.cg_residuals[last] > cfg.cg_tolerance
+        if at_risk and state is not None and rec.cg_residuals[-1] > cfg.cg_tolerance:
             rec.final_step_error = self._final_step_error()
         if self.product is not None:
             self.product.release()
