@@ -210,6 +210,15 @@ def test_pcg_solves_warm_starts_and_lanczos_log_det():
     est, se = slq_log_det(res.alphas, res.betas, range(400), (Z * Z).sum(0), 0.0)
     assert se < 0.05 * abs(est)
     assert est == pytest.approx(float(torch.logdet(A)), rel=0.05)
+    # the reads: at the named checks, each recorded with its measure; after a missed read, after_miss names the
+    # one read left (here 6, in place of 8), and past it the solve runs to its cap with no more reads
+    seen = []
+    res = pcg(lambda V: A @ V, B, lambda V: V, tol=1e-10, max_iter=20, check_at=[3, 8],
+              after_miss=lambda i, r: seen.append((i, r)) or 6)  # fmt: skip
+    assert [i for i, _ in res.checked] == [3, 6] and res.iterations == 20 and seen == res.checked
+    assert res.checked[0][1] == pytest.approx(float(capped.rel_residual.max()), rel=1e-12)  # the 3-iteration solve's
+    plain = pcg(lambda V: A @ V, B, lambda V: V, tol=1e-10, max_iter=20, check_at=[3, 8])
+    assert [i for i, _ in plain.checked] == [3, 8] and all(r > 1e-10 for _, r in plain.checked)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -501,7 +510,7 @@ def test_an_engine_step_reads_the_device_at_most_three_times(monkeypatch, option
 
 
 def test_checks_stay_within_two_reads_and_follow_the_last_count():
-    from gpfast.train.engine import _checks, _estimate
+    from gpfast.train.engine import AFTER_MISS_MARGIN, _after_miss, _checks, _estimate, _rate
 
     for cap in (1, 2, 3, 15, 40, 500):
         for estimate in (None, 0, 1, 2, 3, 7, 14, 15, 39, 40, 499):
@@ -509,17 +518,24 @@ def test_checks_stay_within_two_reads_and_follow_the_last_count():
             assert len(c) <= 2 and all(1 <= i < cap for i in c), (cap, estimate, c)
     assert _checks(None, 15, None) == [5, 7] and _checks(9, 15, None) == [9, 12] and _checks(3, 15, None) == [3, 5]
     assert _checks(None, 10, 3) == [3, 6, 9]
-    # converged at the first check: try one fewer; at the second: just after the first; at the cap: no estimate
-    assert _estimate(9, [9, 12], 15, 0.01, [(9, 0.001)], 0.001, True) == 8
-    assert _estimate(12, [9, 12], 15, 0.01, [(9, 0.02), (12, 0.005)], 0.005, True) == 10
-    assert _estimate(15, [9, 12], 15, 0.01, [(9, 0.05), (12, 0.03)], 0.02, True) == 15  # missed at the cap
-    # ran to the cap but ended below the tolerance: where the log residual line from the last check crosses it
-    # (from 0.03 at 15 to 0.002 at 35: log(3) / log(15) of the way, 8.1 iterations, so 24)
-    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.002, True) == 24
-    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.0099, True) == 34  # only just: one before
-    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.011)], 1e-12, True) == 16  # fast: one after the check
-    assert _estimate(35, [], 35, 0.01, [], 0.002, True) == 35  # no check read: nothing to place it by
-    assert _estimate(35, [11, 15], 35, 0.01, [(11, 0.05), (15, 0.03)], 0.002, False) == 35  # a cold solve
+    # a cold solve: converged at the first check, try one fewer; at the second, just after the first; at the cap, no
+    # estimate (the next checks go to a third of it)
+    assert _estimate(9, [9, 12], 0.01, [(9, 0.001)], None, False) == 8
+    assert _estimate(12, [9, 12], 0.01, [(9, 0.02), (12, 0.005)], None, False) == 10
+    assert _estimate(15, [9, 12], 0.01, [(9, 0.05), (12, 0.03), (15, 0.02)], None, True) == 15
+    # warm solves: where the log measure crossed the tolerance. Ran to the cap of 35 and ended at 0.002, from 0.03 at
+    # the last check (15): log(3) / log(15) of the way, 8.1 iterations, so 24; only just: one before the cap
+    pts = [(11, 0.05), (15, 0.03)]
+    assert _estimate(35, [11, 15], 0.01, pts + [(35, 0.002)], 0.9, True) == 24
+    assert _estimate(35, [11, 15], 0.01, pts + [(35, 0.0099)], 0.9, True) == 34
+    assert _estimate(35, [11, 15], 0.01, pts + [(35, 0.02)], 0.9, True) == 35  # missed: the count itself
+    # met at the second read (from 0.02 at 9 to 0.005 at 12: half-way), and at the first, back along the rate
+    assert _estimate(12, [9, 12], 0.01, [(9, 0.02), (12, 0.005)], 0.8, False) == 11
+    assert _estimate(9, [9, 12], 0.01, [(9, 0.005)], 0.5, False) == 8  # 0.005 is one halving past 0.01
+    assert _estimate(9, [9, 12], 0.01, [(9, 0.0099)], 0.5, False) == 9  # only just met: the same count again
+    assert _rate([(10, 0.04), (12, 0.01)]) == pytest.approx(0.5) and _rate([(10, 0.01), (12, 0.02)]) is None
+    next_read = _after_miss(0.5, 0.01)
+    assert next_read(10, 0.04) == 10 + 1 + math.ceil(AFTER_MISS_MARGIN * 2) and _after_miss(None, 0.01) is None
 
 
 @pytest.mark.parametrize("d, lengthscale", [(3, 0.8), (8, 1.5)])

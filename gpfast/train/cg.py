@@ -62,6 +62,7 @@ def pcg(
     measure: Callable[[torch.Tensor], torch.Tensor] | None = None,
     check_at: Sequence[int] | None = None,
     graph: CUDAGraphs | None = None,
+    after_miss: Callable[[int, float], int] | None = None,
 ) -> CGResult:
     """Solve ``A X = B`` column by column with preconditioner ``precond`` (applies P^{-1}).
 
@@ -90,6 +91,10 @@ def pcg(
     graph : CUDAGraphs or None
         On CUDA, run the first iteration op by op and replay the others as one captured CUDA graph each
         (:class:`CUDAGraphs`): the same arithmetic, one launch per iteration instead of ~25.
+    after_miss : callable or None
+        When a read at iteration i finds the measure r above ``tol``, ``after_miss(i, r)`` names the one iteration
+        to read next, in place of the later ``check_at`` entries (the caller's estimate of where the solve will
+        converge; none at or past ``max_iter``).
 
     Returns
     -------
@@ -116,7 +121,12 @@ def pcg(
     def converged(iterations: int) -> bool:
         value = float(measure(rel))  # the host read
         checked.append((iterations, value))
-        return value <= tol
+        if value <= tol:
+            return True
+        if after_miss is not None:
+            checks.difference_update([c for c in checks if c > iterations])
+            checks.add(after_miss(iterations, value))
+        return False
 
     if max_iter <= 0 or (0 in checks and converged(0)):
         return CGResult(X, R, rel, 0, products, [], [], broke, False, checked)

@@ -219,8 +219,11 @@ class Engine:
         estimate = None if (first or resample) else state.estimate
         checks = _checks(estimate, cap, cfg.cg_check_every)
         measure = functools.partial(_measure, k=k)
+        after_miss = (
+            _after_miss(state.rate, cfg.cg_tolerance) if estimate is not None and cfg.cg_check_every is None else None
+        )
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks,
-                  graph=state.graphs)  # fmt: skip
+                  graph=state.graphs, after_miss=after_miss)  # fmt: skip
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
         alpha = _data_solutions(res.x, k)
         grad = hutchinson_gradient(product, alpha, U, Z)
@@ -402,6 +405,7 @@ class _State:
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
+        self.rate: float | None = None  # the convergence measure's factor per iteration in the last warm solves
         self.postfix: dict = {}
         self.graphs: CUDAGraphs | None = None  # set by the engine on a single GPU
         self.B: torch.Tensor | None = None  # the last step's right-hand sides [r, Z], for the final re-solve
@@ -410,7 +414,7 @@ class _State:
 
     _LISTS = ("l_build", "g", "hyper", "g2")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
-                "estimate", "g2_steps")  # fmt: skip
+                "estimate", "rate", "g2_steps")  # fmt: skip
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
         """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
@@ -436,7 +440,13 @@ class _State:
             self.l_build = list(lengthscale)
         change = max(abs(math.log(a / b)) for a, b in zip(lengthscale, self.l_build))
         self.rebuild_next = change > cfg.rebuild_lengthscale_change
-        self.estimate = _estimate(result.iterations, checks, self.cap, cfg.cg_tolerance, result.checked, res, warm)
+        points = [(i, r) for i, r in result.checked if 0 < i < result.iterations] + [(result.iterations, res)]
+        if warm:
+            self.rate = _rate(points) or self.rate
+        rate = self.rate if warm else None
+        self.estimate = _estimate(
+            result.iterations, checks, cfg.cg_tolerance, points, rate, result.iterations >= self.cap
+        )
         if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
             top = min(self.rank_top, self.x.shape[0])
             if 0 < self.rank < top:
@@ -523,28 +533,73 @@ def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:
     return sorted({q, min(q + max(2, math.ceil(q / 3)), (q + cap) // 2)} & set(range(1, cap)))
 
 
-def _estimate(iterations: int, checks: list[int], cap: int, tol: float, checked, final: float, warm: bool) -> int:
-    """The next solve's expected count from this one's: converged at the first check, so perhaps earlier (one
-    fewer, so that the count can fall); at the second, so just after the first. A warm-started solve that ran to
-    the cap with its last check above ``tol`` but ended below it (``final``) met the tolerance somewhere in
-    between: the count at which it did is read off the straight line through the log residuals at that check and
-    at the cap (CG's residual falls about geometrically over a few iterations). Taking the cap as the count
-    instead puts the next checks at a third of the cap, where such a solve again has not converged, so it runs to
-    the cap step after step (protein on the H200: 35 iterations a step at a cap of 35, with a final residual of
-    0.002 against the tolerance 0.01). A cold solve (the first step, or new probes) is no guide to the warm ones
-    after it, which need far fewer iterations: there the third of the cap stays (on 800 points with no
-    preconditioner, a cold solve crossed the tolerance at ~48 iterations and the warm ones after it at ~20).
-    Otherwise the count itself."""
+def _rate(points: list[tuple[int, float]]) -> float | None:
+    """The convergence measure's factor per iteration between the solve's last two known points (its host reads
+    and its end), if it fell between them."""
+    if len(points) < 2:
+        return None
+    (i, r), (j, q) = points[-2], points[-1]
+    if j <= i or not (0 < q < r):
+        return None
+    return (q / r) ** (1.0 / (j - i))
+
+
+def _crossing(points: list[tuple[int, float]], tol: float, rate: float | None) -> float | None:
+    """Where the convergence measure fell to ``tol``, from the solve's known points (iteration, measure): on the
+    straight line through the log measures either side of the first point at or below ``tol`` (CG's residual
+    falls about geometrically over a few iterations), or, when already the first point is there, back along
+    ``rate`` from it. None: the solve missed, or there is nothing to place the crossing by."""
+    for k, (j, q) in enumerate(points):
+        if q <= tol:
+            if k > 0:
+                i, r = points[k - 1]
+                return i + (j - i) * math.log(r / tol) / math.log(r / q) if q > 0 else i + 1.0
+            if rate is not None and q > 0:
+                return j - math.log(tol / q) / math.log(1.0 / rate)
+            return None
+    return None
+
+
+def _estimate(iterations: int, checks: list[int], tol: float, points, rate: float | None, ran_out: bool) -> int:
+    """The next solve's expected count. For a warm-started solve (``rate`` given: the factor per iteration of its
+    convergence measure, or of the last solve that showed one) it is where this solve's measure crossed ``tol``
+    (:func:`_crossing`, from its host reads ``points`` and its end): a solve that ran to the cap but ended below
+    ``tol`` met it somewhere between its last check and the cap, and one that met it at a check met it a little
+    before. Taking the cap as the count instead put the next checks at a third of the cap, where such a solve
+    again had not converged, so it ran to the cap step after step (protein on the H200: 35 iterations a step at a
+    cap of 35, final residual 0.002 against the tolerance 0.01); taking one fewer after a met check let the count
+    fall by one a step (protein: 35, 33, 32, ... 20 over the fit).
+
+    A cold solve (the first step, or new probes; ``rate`` None) is no guide to the warm ones after it, which need
+    far fewer iterations (800 points, no preconditioner: ~48 against ~20): converged at the first check, the next
+    estimate is one fewer; at the second, just after the first; otherwise the count itself, so that the next
+    checks go to a third of the cap. ``ran_out``: the solve ran to its cap (so the next count is below it)."""
+    crossing = _crossing(points, tol, rate) if rate is not None else None
+    if crossing is not None:
+        return max(1, min(math.ceil(crossing - 1e-9), iterations - 1 if ran_out else iterations))
     if checks and iterations == checks[0]:
         return iterations - 1
     if len(checks) > 1 and iterations == checks[1]:
         return checks[0] + 1
-    last = [(i, r) for i, r in checked if 0 < i < iterations]
-    if warm and iterations == cap and 0 < final <= tol and last and last[-1][1] > tol:
-        i, r = last[-1]
-        share = math.log(r / tol) / math.log(r / final)
-        return min(max(i + 1, math.ceil(i + share * (cap - i))), cap - 1)
     return iterations
+
+
+#: After a missed check the engine reads next where the measure should cross the tolerance at the last solves'
+#: rate, with this margin on the iterations still needed (and one more): reading too early costs the rest of the
+#: solve up to the cap (no more reads are left), too late only the iterations past the crossing.
+AFTER_MISS_MARGIN = 1.25
+
+
+def _after_miss(rate: float | None, tol: float):
+    """For :func:`~gpfast.train.cg.pcg`: the iteration of the next read after a read found the measure at r > tol
+    at iteration i, from the last warm solves' ``rate`` (None: keep the fixed checks)."""
+    if rate is None or not 0 < rate < 1:
+        return None
+
+    def next_read(i: int, r: float) -> int:
+        return i + 1 + math.ceil(AFTER_MISS_MARGIN * math.log(r / tol) / math.log(1.0 / rate))
+
+    return next_read
 
 
 def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
