@@ -29,7 +29,8 @@
 #                 CHECK_BUDGET 300), session3 (every CUDA test, bench_inverse, row c on the seven sets, row exact on
 #                 keggdirected, batched stored products; S3_BUDGET 585), session3b (row exact on keggundirected, the
 #                 CG posterior's 1M cost parts; S3B_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
-#                 S3C_BUDGET 585)
+#                 S3C_BUDGET 585), session3d (the engine's tests, exact_step, row c on the seven sets; S3D_BUDGET
+#                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -575,6 +576,30 @@ PYEOF
         echo "$tool rc=$?"; tail -3 "$OUT/s3c_$tool.log"
       done
       stage_end s3c ;;
+    session3d)
+      # The engine's check placement from its own reads and the at-risk test on the last step, and where an exact
+      # step's time goes, in one call of at most S3D_BUDGET seconds (default 585): build; the CUDA tests of the engine,
+      # the CG posterior and the exact routines; exact_step at keggdirected's size; row c on the seven sets.
+      # Files: s3d_*.log and s3d_results.tar.gz.
+      stage_begin s3d ${S3D_BUDGET:-585} 240
+      brun 80 "$OUT/s3d_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_train.py \
+        tests/test_cuda_graphs.py tests/test_cg_posterior.py tests/test_models.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3d_tests.log" | head -20; tail -1 "$OUT/s3d_tests.log"
+      brun 100 "$OUT/s3d_exact_step.log" python -m experiments.exact_step --n 44000 --d 20 --reps 2 --out "$res"
+      echo "exact_step rc=$?"; grep -E "^\| [0-9]" "$OUT/s3d_exact_step.log"
+      brun 150 "$OUT/s3d_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s3d_uci_c.log")"
+      stage_end s3d ;;
+    session3e)
+      # Row exact on keggdirected, then the CG posterior's cost parts at 1M (each printed as it ends), in one call of
+      # at most S3E_BUDGET seconds (default 585). Files: s3e_*.log and s3e_results.tar.gz.
+      stage_begin s3e ${S3E_BUDGET:-585} 240
+      brun 340 "$OUT/s3e_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
+        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s3e_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      brun 300 "$OUT/s3e_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3e_cg1m.log"
+      stage_end s3e ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -142,6 +142,15 @@ def test_bench_inverse_writes_its_table(tmp_path):
     assert all(r["ms"] > 0 for r in rows) and rows[2]["max_rel_diff"] < 1e-12
 
 
+def test_exact_step_writes_its_parts(tmp_path):
+    """experiments/exact_step.py at a tiny CPU size: every part of the exact step timed, and the whole step."""
+    from experiments import exact_step
+
+    exact_step.main(["--n", "200", "--d", "3", "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "exact_step.json").read_text())["rows"]
+    assert len(rows) == 7 and rows[-1]["part"] == "whole step (loss and gradient)" and all(r["ms"] > 0 for r in rows)
+
+
 def test_uci_speedup_reads_json_and_markdown_tables(tmp_path):
     from experiments import uci_speedup
 
