@@ -30,7 +30,8 @@
 #                 keggdirected, batched stored products; S3_BUDGET 585), session3b (row exact on keggundirected, the
 #                 CG posterior's 1M cost parts; S3B_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
 #                 S3C_BUDGET 585), session3d (the engine's tests, exact_step, row c on the seven sets; S3D_BUDGET
-#                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585)
+#                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585),
+#                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -600,6 +601,16 @@ PYEOF
       brun 300 "$OUT/s3e_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
         --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3e_cg1m.log"
       stage_end s3e ;;
+    session3f)
+      # The last minutes of a session: build; the exact UCI row's first evaluations on keggdirected (time, jitter,
+      # runs: experiments.exact_row_probe); the CG posterior's cost parts at 200k (its set-up at 1M did not end in
+      # 235 s). Files: s3f_*.log and s3f_results.tar.gz.
+      stage_begin s3f ${S3F_BUDGET:-250} 120
+      brun 70 "$OUT/s3f_probe.log" python -m experiments.exact_row_probe --dataset keggdirected --iters 3 \
+        --data-dir .data/uci; echo "probe rc=$?"; tail -6 "$OUT/s3f_probe.log"
+      brun 90 "$OUT/s3f_cg200k.log" python -m experiments.cg_prediction --pieces 200000 --test 1000 --cg-iters 10 \
+        --stem cg_prediction_pieces_200k --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3f_cg200k.log"
+      stage_end s3f ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
