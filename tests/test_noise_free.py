@@ -22,7 +22,7 @@ from gpfast.estimator.hyperparameters import (
     repeated_rows,
 )
 from gpfast.estimator.optimize import LBFGS_FLAT_GTOL, minimize_lbfgs
-from gpfast.estimator.restarts import LOW_NOISE_START, best_of_restarts, low_noise_start
+from gpfast.estimator.restarts import LOW_NOISE_MAX_N, LOW_NOISE_START, best_of_restarts, low_noise_start
 from gpfast.models import ExactGPModel
 
 
@@ -91,11 +91,13 @@ def test_low_noise_start_is_made_only_on_the_exact_path_after_a_low_noise_end():
     theta0 = space.initial()
     low_end, high_end = theta0.copy(), theta0.copy()
     low_end[3], high_end[3] = np.log(1e-3), np.log(0.1)
-    start = low_noise_start(space, theta0, low_end, "cholesky")
+    start = low_noise_start(space, theta0, low_end, "cholesky", 500)
     assert start is not None and start[3] == pytest.approx(np.log(LOW_NOISE_START))
     np.testing.assert_array_equal(np.delete(start, 3), np.delete(theta0, 3))
-    assert low_noise_start(space, theta0, high_end, "cholesky") is None
-    assert low_noise_start(space, theta0, low_end, "cg") is None
+    assert low_noise_start(space, theta0, high_end, "cholesky", 500) is None
+    assert low_noise_start(space, theta0, low_end, "cg", 500) is None
+    assert low_noise_start(space, theta0, low_end, "cholesky", LOW_NOISE_MAX_N) is not None
+    assert low_noise_start(space, theta0, low_end, "cholesky", LOW_NOISE_MAX_N + 1) is None  # too dear for its gain
     # the extra start runs second, and the best run is kept
     seen = []
     best, losses = best_of_restarts(

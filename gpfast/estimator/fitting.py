@@ -296,7 +296,9 @@ def run_plan(plan: FitPlan, model: ExactGPModel, space: HyperparameterSpace, sta
         return pre, result, record
 
     def low_noise(r):
-        return low_noise_start(space, starts[0], r[1].theta, plan.full.train_solver) if max_iter > 0 else None
+        return (
+            low_noise_start(space, starts[0], r[1].theta, plan.full.train_solver, X.shape[0]) if max_iter > 0 else None
+        )
 
     with one_thread_if_small(X):
         (pre, result, record), restart_losses = best_of_restarts(starts, run, lambda r: r[1].loss, low_noise)

@@ -294,7 +294,7 @@ def _train(evaluate, theta0: np.ndarray, space: HyperparameterSpace, n: int, k: 
     first_space = first_run_space(space, "cholesky")
     runs = minimize_batched_lbfgs(evaluate, np.tile(theta0, (k, 1)), first_space, n, max_iter, tol)
     losses = [[float(r.loss)] for r in runs]
-    starts = {j: low_noise_start(space, theta0, r.theta, "cholesky") for j, r in enumerate(runs)}
+    starts = {j: low_noise_start(space, theta0, r.theta, "cholesky", n) for j, r in enumerate(runs)}
     again = [j for j, start in starts.items() if start is not None]
     if again:
 
