@@ -31,7 +31,8 @@
 #                 CG posterior's 1M cost parts; S3B_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
 #                 S3C_BUDGET 585), session3d (the engine's tests, exact_step, row c on the seven sets; S3D_BUDGET
 #                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585),
-#                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250)
+#                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250),
+#         exact_kegg (row exact on the sets in EXACT_SETS, default keggdirected; EK_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -611,6 +612,18 @@ PYEOF
       brun 90 "$OUT/s3f_cg200k.log" python -m experiments.cg_prediction --pieces 200000 --test 1000 --cg-iters 10 \
         --stem cg_prediction_pieces_200k --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3f_cg200k.log"
       stage_end s3f ;;
+    exact_kegg)
+      # Row exact (50 Adam steps with float64 Cholesky gradients, one run: no low-noise second run above 20,000
+      # points) on the sets in EXACT_SETS (default keggdirected, about 51 x 3.2 s; keggundirected about 51 x 7 s:
+      # give it a call of its own), in one call of at most EK_BUDGET seconds (default 585). Merge the rows into
+      # experiments/results/uci_engine_vs_exact with `python -m experiments.uci_table --merge`. Files: ek_*.log and
+      # ek_results.tar.gz.
+      stage_begin ek ${EK_BUDGET:-585} 240
+      for set in ${EXACT_SETS:-keggdirected}; do
+        brun 560 "$OUT/ek_$set.log" "${UCI[@]}" --datasets $set --rows exact --stem uci_${set}_exact --out "$res"
+        echo "exact $set rc=$?"; grep -E "^\| kegg" "$OUT/ek_$set.log" | cut -d'|' -f2,5,7,8,12,13
+      done
+      stage_end ek ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
