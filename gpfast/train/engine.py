@@ -11,10 +11,11 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
    the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
-   on the host at two iterations at most, placed by the last step's count (:func:`_checks`). Targets (k, n), k
-   outputs under one kernel, give k data columns [r_1 ... r_k, z_1 ... z_s] in the same solve; the loss and its
-   gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once), so
-   that k equal outputs train as one.
+   on the host at two iterations at most: where the last warm solve crossed the tolerance, then, after a miss,
+   where the solves' rate per iteration says it will be met (:func:`_estimate`, :func:`_after_miss`). Targets
+   (k, n), k outputs under one kernel, give k data columns [r_1 ... r_k, z_1 ... z_s] in the same solve; the loss
+   and its gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once),
+   so that k equal outputs train as one.
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
    parameters through their constraints. A non-finite gradient raises FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
