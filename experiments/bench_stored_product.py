@@ -158,10 +158,10 @@ def main(argv=None):
             "n",
             "t",
             "ms",
-            "floor ms (4 n^2 B per output at 4.27 TB/s)",
+            "floor ms (4 n^2 B, every output's, at 4.27 TB/s)" if args.batch else "floor ms (4 n^2 B at 4.27 TB/s)",
             "TB/s",
             "share of 4.27 TB/s",
-            "rel. err vs fp64 (256 rows)",
+            "rel. err vs fp64 (64 rows per output)" if args.batch else "rel. err vs fp64 (256 rows)",
             "repeatable",
         ],
         [
