@@ -27,8 +27,7 @@
 #                 FIX_BUDGET 540),
 #         engine_check (build, the CUDA tests of the pivot blocks, graphs, engine and CG posterior, row c on bike;
 #                 CHECK_BUDGET 300), session3 (every CUDA test, bench_inverse, row c on the seven sets, row exact on
-#                 keggdirected, batched stored products; S3_BUDGET 585), session3b (row exact on keggundirected, the
-#                 CG posterior's 1M cost parts; S3B_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
+#                 keggdirected, batched stored products; S3_BUDGET 585), session3c (step_anatomy, memcheck, racecheck;
 #                 S3C_BUDGET 585), session3d (the engine's tests, exact_step, row c on the seven sets; S3D_BUDGET
 #                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585),
 #                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250),
@@ -556,17 +555,6 @@ PYEOF
       brun 40 "$OUT/s3_batch.log" python -m experiments.bench_stored_product --n 20000 --t 11 --batch 8 --reps 10 \
         --stem bench_stored_product_batch8 --out "$res"; echo "batch rc=$?"; grep -E "^\| (loop|torch)" "$OUT/s3_batch.log"
       stage_end s3 ;;
-    session3b)
-      # Row exact on keggundirected (about 10 s a step with torch's inverse), then the CG posterior's cost parts at
-      # 1M (each printed as it ends), in one call of at most S3B_BUDGET seconds (default 585); on a warm machine the
-      # build is the cached one. Files: s3b_*.log and s3b_results.tar.gz.
-      stage_begin s3b ${S3B_BUDGET:-585} 240
-      brun 560 "$OUT/s3b_exact.log" "${UCI[@]}" --datasets keggundirected --rows exact \
-        --stem uci_keggundirected_exact --out "$res"; echo "exact keggundirected rc=$?"
-      grep -E "^\| kegg" "$OUT/s3b_exact.log" | cut -d'|' -f2,5,7,8,12,13
-      brun 300 "$OUT/s3b_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
-        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3b_cg1m.log"
-      stage_end s3b ;;
     session3c)
       # step_anatomy on the seven sets, then compute-sanitizer memcheck and racecheck over every kernel, in one call of
       # at most S3C_BUDGET seconds (default 585). Files: s3c_*.log and s3c_results.tar.gz.
