@@ -14,33 +14,22 @@ difference between the two inverses relative to the largest element. Writes expe
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from experiments import RESULTS
 from gpfast import ops
 from gpfast.bench.report import md_table, write_results
-from gpfast.bench.timing import cuda_time_ms
+from gpfast.bench.timing import time_ms
 from gpfast.models.exact_posterior import inverse_from_cholesky
 
 #: NVIDIA's H200 data sheet: FP64 tensor core, 67 TFLOP/s.
 FP64_PEAK = 67e12
 
 
-def _time_ms(fn, device: str, reps: int) -> float:
-    if device == "cuda":
-        return cuda_time_ms(fn, warmup=1, reps=reps)
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return 1e3 * (time.perf_counter() - t0) / reps
-
-
 def _potrf_ms(L: torch.Tensor, device: str, reps: int) -> float:
     A = L @ L.T  # torch.linalg.cholesky leaves A as it is, so every repetition factors the same matrix
-    return _time_ms(lambda: torch.linalg.cholesky(A), device, reps)
+    return time_ms(lambda: torch.linalg.cholesky(A), device, reps)
 
 
 def bench(n: int, blocks: list[int], reps: int, device: str) -> list[dict]:
@@ -72,12 +61,12 @@ def bench(n: int, blocks: list[int], reps: int, device: str) -> list[dict]:
     rows.append(row("potrf (torch.linalg.cholesky)", n**3 / 3, _potrf_ms(L, device, reps), None))
     # torch.cholesky_inverse: cuSOLVER's potrs on an identity on CUDA (2 n^3), LAPACK's potri on the CPU (2 n^3 / 3)
     flops = 2 * n**3 if device == "cuda" else 2 * n**3 / 3
-    rows.append(row("torch.cholesky_inverse", flops, _time_ms(lambda: torch.cholesky_inverse(L), device, reps), 0.0))
+    rows.append(row("torch.cholesky_inverse", flops, time_ms(lambda: torch.cholesky_inverse(L), device, reps), 0.0))
     for b in blocks:
         W = inverse_from_cholesky(L, block=b)
         err = float((W - ref).abs().max() / scale)
         del W
-        ms = _time_ms(lambda b=b: inverse_from_cholesky(L, block=b), device, reps)
+        ms = time_ms(lambda b=b: inverse_from_cholesky(L, block=b), device, reps)
         rows.append(row(f"inverse_from_cholesky, block {b}", n**3, ms, err))
     return rows
 

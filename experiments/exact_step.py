@@ -13,26 +13,15 @@ Writes experiments/results/exact_step.{md,json}.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from experiments import RESULTS
 from gpfast import ops
 from gpfast.bench.report import md_table, write_results
-from gpfast.bench.timing import cuda_time_ms
+from gpfast.bench.timing import time_ms
 from gpfast.estimator.exact_objective import negative_log_likelihood
 from gpfast.models.exact_posterior import inverse_from_cholesky
-
-
-def _ms(fn, device: str, reps: int) -> float:
-    if device == "cuda":
-        return cuda_time_ms(fn, warmup=1, reps=reps)
-    fn()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    return 1e3 * (time.perf_counter() - t0) / reps
 
 
 def _factor_parts(X, y, ls, s, noise, device: str, reps: int, add) -> None:
@@ -45,14 +34,16 @@ def _factor_parts(X, y, ls, s, noise, device: str, reps: int, add) -> None:
     alpha = torch.cholesky_solve(y.reshape(-1, 1), L)
     W = inverse_from_cholesky(L)
     W.addr_(alpha[:, 0], alpha[:, 0], alpha=-1.0).mul_(0.5)
-    add("covariance (fused forward)", _ms(lambda: ops.rbf_covariance(X, X, ls, s, check_values=False), device, reps))
-    add("A = K + noise I (copy)", _ms(lambda: K.clone().diagonal().add_(noise), device, reps))
-    add("cholesky", _ms(lambda: torch.linalg.cholesky_ex(A), device, reps))
-    add("alpha (cholesky_solve)", _ms(lambda: torch.cholesky_solve(y.reshape(-1, 1), L), device, reps))
-    add("inverse from the factor", _ms(lambda: inverse_from_cholesky(L), device, reps))
+    add(
+        "covariance (fused forward)", time_ms(lambda: ops.rbf_covariance(X, X, ls, s, check_values=False), device, reps)
+    )
+    add("A = K + noise I (copy)", time_ms(lambda: K.clone().diagonal().add_(noise), device, reps))
+    add("cholesky", time_ms(lambda: torch.linalg.cholesky_ex(A), device, reps))
+    add("alpha (cholesky_solve)", time_ms(lambda: torch.cholesky_solve(y.reshape(-1, 1), L), device, reps))
+    add("inverse from the factor", time_ms(lambda: inverse_from_cholesky(L), device, reps))
     add(
         "fused backward (lengthscale, outputscale)",
-        _ms(lambda: ops.rbf_covariance_backward(W, X, X, ls, s, x_grads=False), device, reps),
+        time_ms(lambda: ops.rbf_covariance_backward(W, X, X, ls, s, x_grads=False), device, reps),
     )
 
 
@@ -78,7 +69,7 @@ def parts(n: int, d: int, reps: int, device: str) -> list[dict]:
     def step():
         negative_log_likelihood(X, y, leaves[0], leaves[1], leaves[2], zero).backward()
 
-    add("whole step (loss and gradient)", _ms(step, device, reps))
+    add("whole step (loss and gradient)", time_ms(step, device, reps))
     return rows
 
 

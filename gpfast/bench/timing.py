@@ -10,6 +10,7 @@ import resource
 import statistics
 import subprocess
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "machine",
     "now",
     "sync",
+    "time_ms",
     "today",
     "warm_up",
 ]
@@ -69,6 +71,21 @@ def cuda_time_ms(fn, warmup: int = 3, reps: int = 20) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_ms(fn, device, reps: int = 3, warmup: int = 1) -> float:
+    """Median time of ``fn()`` in ms: by CUDA events on a CUDA ``device`` (:func:`cuda_time_ms`), by the wall clock
+    on the CPU (after ``warmup`` calls)."""
+    if torch.device(device).type == "cuda":
+        return cuda_time_ms(fn, warmup=warmup, reps=reps)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
 
 

@@ -92,9 +92,10 @@ def pcg(
         On CUDA, run the first iteration op by op and replay the others as one captured CUDA graph each
         (:class:`CUDAGraphs`): the same arithmetic, one launch per iteration instead of ~25.
     after_miss : callable or None
-        When a read at iteration i finds the measure r above ``tol``, ``after_miss(i, r)`` names the one iteration
-        to read next, in place of the later ``check_at`` entries (the caller's estimate of where the solve will
-        converge; none at or past ``max_iter``).
+        When the first read that finds the measure above ``tol`` is at iteration i with value r,
+        ``after_miss(i, r)`` names the one iteration to read next, in place of the later ``check_at`` entries (the
+        caller's estimate of where the solve will converge; one at or past ``max_iter`` leaves no read), or None
+        to keep them. It is asked once, so a solve reads at most once more after that miss.
 
     Returns
     -------
@@ -116,27 +117,37 @@ def pcg(
     rel = torch.linalg.vector_norm(R, dim=0) / b_norm
     broke = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)
     checks = set(range(max_iter)) if check_at is None else set(check_at)
-    checked: list[tuple[int, float]] = []
-
-    def converged(iterations: int) -> bool:
-        value = float(measure(rel))  # the host read
-        checked.append((iterations, value))
-        if value <= tol:
-            return True
-        if after_miss is not None:
-            checks.difference_update([c for c in checks if c > iterations])
-            checks.add(after_miss(iterations, value))
-        return False
-
-    if max_iter <= 0 or (0 in checks and converged(0)):
-        return CGResult(X, R, rel, 0, products, [], [], broke, False, checked)
+    reads = _Reads(checks, lambda: float(measure(rel)), tol, after_miss)
+    if max_iter <= 0 or (0 in checks and reads.converged(0)):
+        return CGResult(X, R, rel, 0, products, [], [], broke, False, reads.checked)
     it = _Iteration(matmul, precond, X, R, rel, b_norm, broke, freeze, max_iter)
-    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, converged, checks)
+    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, reads.converged, checks)
     products += iterations
     it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
     alphas = list(it.alphas[:iterations].unbind(0))
     betas = list(it.betas[:iterations].unbind(0))
-    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed, checked)
+    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed, reads.checked)
+
+
+class _Reads:
+    """A solve's host reads of its convergence measure: where they happen (``checks``, the set the loop tests),
+    what they saw (``checked``), and the one change of plan after the first missed read (``after_miss``)."""
+
+    def __init__(self, checks: set, value: Callable[[], float], tol: float, after_miss):
+        self.checks, self.value, self.tol, self.after_miss = checks, value, tol, after_miss
+        self.checked: list[tuple[int, float]] = []
+
+    def converged(self, iterations: int) -> bool:
+        value = self.value()  # the host read
+        self.checked.append((iterations, value))
+        if value <= self.tol:
+            return True
+        if self.after_miss is not None:  # asked once: it names the one read left
+            later, self.after_miss = self.after_miss(iterations, value), None
+            if later is not None:
+                self.checks.difference_update([c for c in self.checks if c > iterations])
+                self.checks.add(later)
+        return False
 
 
 def _run(it: _Iteration, graph: CUDAGraphs | None, max_iter: int, converged, checks) -> tuple[int, bool]:

@@ -12,7 +12,7 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    solutions (the data column always; the probe columns unless just redrawn), stopped at ``cg_tolerance`` or
    the cap. The first step adds s Gaussian probes with covariance P for the log-determinant. Convergence is read
    on the host at two iterations at most: where the last warm solve crossed the tolerance, then, after a miss,
-   where the solves' rate per iteration says it will be met (:func:`_estimate`, :func:`_after_miss`). Targets
+   where the solves' rate per iteration says it will be met (:mod:`.checks`). Targets
    (k, n), k outputs under one kernel, give k data columns [r_1 ... r_k, z_1 ... z_s] in the same solve; the loss
    and its gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once),
    so that k equal outputs train as one.
@@ -59,6 +59,7 @@ import torch
 from sklearn.exceptions import ConvergenceWarning
 
 from gpfast.train.cg import CUDAGraphs, pcg
+from gpfast.train.checks import checks_for, estimate_count, read_after_miss, solve_rate
 from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
@@ -194,7 +195,7 @@ class Engine:
 
     def _step(self, model, product: CovarianceProduct, state: _State, X, y) -> torch.Tensor:
         """One objective evaluation. It reads the device at most three times: twice inside CG (its convergence
-        checks, :func:`_checks`) and once at the end (the gradient, the loss terms and the records, one vector)."""
+        checks, :mod:`.checks`) and once at the end (the gradient, the loss terms and the records, one vector)."""
         t0 = time.perf_counter()
         cfg, rec = self.settings, self.record
         n, step = X.shape[0], len(rec.cg_iterations)
@@ -218,11 +219,9 @@ class Engine:
         B, x0, warm = self._right_hand_sides(state, pc, (y - mu).reshape(k, n).T, first, resample)
         cap = state.cap
         estimate = None if (first or resample) else state.estimate
-        checks = _checks(estimate, cap, cfg.cg_check_every)
+        checks = checks_for(estimate, cap, cfg.cg_check_every)
         measure = functools.partial(_measure, k=k)
-        after_miss = (
-            _after_miss(state.rate, cfg.cg_tolerance) if estimate is not None and cfg.cg_check_every is None else None
-        )
+        after_miss = read_after_miss(None if estimate is None else state.rate, cfg.cg_tolerance, cfg.cg_check_every)
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks,
                   graph=state.graphs, after_miss=after_miss)  # fmt: skip
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
@@ -333,9 +332,10 @@ class Engine:
 
         ``steps``: the optimiser's step limit, when it evaluates once more after its last step (Adam does, for the
         loss at the point it returns): the evaluations after the first ``steps`` move nothing, and the at-risk test
-        is about the last one that did (default: every evaluation moved the hyperparameters). When that step's
-        solve met the tolerance, the fit is not at risk whatever a later evaluation did. When it missed, the test
-        runs on the latest solve, which has the same cap, rank and preconditioner a step later
+        is about the last of the first ``steps`` (default: the last evaluation). With Adam that is the last step's,
+        or, when Adam stopped early, the evaluation that stopped it (whose gradient made the stopping test). When
+        that solve met the tolerance, the fit is not at risk whatever a later evaluation did. When it missed, the
+        test runs on the latest solve, which has the same cap, rank and preconditioner a step later
         (:meth:`_final_step_error`); if that one met the tolerance, the miss was marginal."""
         cfg, rec = self.settings, self.record
         state = self._state
@@ -443,11 +443,10 @@ class _State:
         self.rebuild_next = change > cfg.rebuild_lengthscale_change
         points = [(i, r) for i, r in result.checked if 0 < i < result.iterations] + [(result.iterations, res)]
         if warm:
-            self.rate = _rate(points) or self.rate
+            self.rate = solve_rate(points) or self.rate
         rate = self.rate if warm else None
-        self.estimate = _estimate(
-            result.iterations, checks, cfg.cg_tolerance, points, rate, result.iterations >= self.cap
-        )
+        ran_out = result.iterations >= self.cap
+        self.estimate = estimate_count(result.iterations, checks, cfg.cg_tolerance, points, rate, ran_out)
         if res > cfg.cg_tolerance:  # the accuracy rule: a missed solve gets more help at the next step
             top = min(self.rank_top, self.x.shape[0])
             if 0 < self.rank < top:
@@ -521,86 +520,6 @@ def _rank_top(cfg: CGSettings, n: int, free_memory: int | None) -> int:
     if free_memory:
         top = min(top, int(0.1 * free_memory) // (_RANK_BYTES_PER_POINT * max(n, 1)))
     return max(top, min(cfg.preconditioner_rank, n))
-
-
-def _checks(estimate: int | None, cap: int, every: int | None) -> list[int]:
-    """The CG iterations after which the solve reads its convergence measure on the host (each read makes a GPU
-    wait). ``every``: every that many iterations. None: two reads at most, at the estimated count q and a little
-    after it, min(q + max(2, q / 3), (q + cap) / 2). With no estimate (a cold start, a redraw of the probes, or a
-    solve that hit the cap) q is a third of the cap."""
-    if every is not None:
-        return list(range(every, cap, every))
-    q = max(1, cap // 3) if estimate is None or estimate >= cap else max(1, estimate)
-    return sorted({q, min(q + max(2, math.ceil(q / 3)), (q + cap) // 2)} & set(range(1, cap)))
-
-
-def _rate(points: list[tuple[int, float]]) -> float | None:
-    """The convergence measure's factor per iteration between the solve's last two known points (its host reads
-    and its end), if it fell between them."""
-    if len(points) < 2:
-        return None
-    (i, r), (j, q) = points[-2], points[-1]
-    if j <= i or not (0 < q < r):
-        return None
-    return (q / r) ** (1.0 / (j - i))
-
-
-def _crossing(points: list[tuple[int, float]], tol: float, rate: float | None) -> float | None:
-    """Where the convergence measure fell to ``tol``, from the solve's known points (iteration, measure): on the
-    straight line through the log measures either side of the first point at or below ``tol`` (CG's residual
-    falls about geometrically over a few iterations), or, when already the first point is there, back along
-    ``rate`` from it. None: the solve missed, or there is nothing to place the crossing by."""
-    for k, (j, q) in enumerate(points):
-        if q <= tol:
-            if k > 0:
-                i, r = points[k - 1]
-                return i + (j - i) * math.log(r / tol) / math.log(r / q) if q > 0 else i + 1.0
-            if rate is not None and q > 0:
-                return j - math.log(tol / q) / math.log(1.0 / rate)
-            return None
-    return None
-
-
-def _estimate(iterations: int, checks: list[int], tol: float, points, rate: float | None, ran_out: bool) -> int:
-    """The next solve's expected count. For a warm-started solve (``rate`` given: the factor per iteration of its
-    convergence measure, or of the last solve that showed one) it is where this solve's measure crossed ``tol``
-    (:func:`_crossing`, from its host reads ``points`` and its end): a solve that ran to the cap but ended below
-    ``tol`` met it somewhere between its last check and the cap, and one that met it at a check met it a little
-    before. Taking the cap as the count instead put the next checks at a third of the cap, where such a solve
-    again had not converged, so it ran to the cap step after step (protein on the H200: 35 iterations a step at a
-    cap of 35, final residual 0.002 against the tolerance 0.01); taking one fewer after a met check let the count
-    fall by one a step (protein: 35, 33, 32, ... 20 over the fit).
-
-    A cold solve (the first step, or new probes; ``rate`` None) is no guide to the warm ones after it, which need
-    far fewer iterations (800 points, no preconditioner: ~48 against ~20): converged at the first check, the next
-    estimate is one fewer; at the second, just after the first; otherwise the count itself, so that the next
-    checks go to a third of the cap. ``ran_out``: the solve ran to its cap (so the next count is below it)."""
-    crossing = _crossing(points, tol, rate) if rate is not None else None
-    if crossing is not None:
-        return max(1, min(math.ceil(crossing - 1e-9), iterations - 1 if ran_out else iterations))
-    if checks and iterations == checks[0]:
-        return iterations - 1
-    if len(checks) > 1 and iterations == checks[1]:
-        return checks[0] + 1
-    return iterations
-
-
-#: After a missed check the engine reads next where the measure should cross the tolerance at the last solves'
-#: rate, with this margin on the iterations still needed (and one more): reading too early costs the rest of the
-#: solve up to the cap (no more reads are left), too late only the iterations past the crossing.
-AFTER_MISS_MARGIN = 1.25
-
-
-def _after_miss(rate: float | None, tol: float):
-    """For :func:`~gpfast.train.cg.pcg`: the iteration of the next read after a read found the measure at r > tol
-    at iteration i, from the last warm solves' ``rate`` (None: keep the fixed checks)."""
-    if rate is None or not 0 < rate < 1:
-        return None
-
-    def next_read(i: int, r: float) -> int:
-        return i + 1 + math.ceil(AFTER_MISS_MARGIN * math.log(r / tol) / math.log(1.0 / rate))
-
-    return next_read
 
 
 def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:

@@ -92,11 +92,12 @@ class CGSettings:
         CG reads its convergence measure on the host (a wait for the device on a GPU) only after every this many
         iterations; None: at most twice per step, so that a step reads the device at most three times: first
         where the last warm solve's measure crossed the tolerance (read off its own reads and its end,
-        :func:`gpfast.train.engine._estimate`), then, if that read misses, where the solves' rate per iteration says
-        the tolerance will be met, with a 25% margin (:func:`gpfast.train.engine._after_miss`). H200, 50 Adam steps
-        (row c, commits 18576da / e8bf977): protein 30.6 / 24.3 CG iterations a step, 106.8 / 89.5 ms; kin40k
-        13.5 / 13.4, 38.0 / 37.4 ms; the others within run-to-run spread; the same test RMSE and NLL. 1 stops each
-        solve at the first iteration that meets the tolerance (tests that count iterations).
+        :func:`gpfast.train.checks.estimate_count`), then, if that read misses, where the solves' rate per
+        iteration says the tolerance will be met, with a 25% margin (:func:`gpfast.train.checks.read_after_miss`).
+        H200, 50 Adam steps (row c at e8bf977): protein 24.3 CG iterations a step and 89.5 ms, where placing the
+        first check at a third of the cap after a solve that ran to it kept its steps at their cap (30.6 iterations,
+        106.8 ms); the same test RMSE and NLL. 1 stops each solve at the first iteration that meets the tolerance
+        (tests that count iterations).
     max_preconditioner_rank : int, default 3200
         When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``)
         and the preconditioner is rebuilt at the next step, up to this rank (and to n / 4, and to what a tenth of
