@@ -210,3 +210,19 @@ def test_cg_prediction_script_agrees_with_cholesky_on_a_small_set(tmp_path):
         assert part["max_mean_diff_std_y"] <= 5e-3 and part["max_rel_std_diff"] <= 0.02
         assert part["min_std"] >= rows[0]["noise_std"]
     assert "| 300 | train (300) |" in (tmp_path / "cg_prediction.md").read_text()
+
+
+def test_cg_prediction_pieces_print_the_set_up_part_by_part(tmp_path, capsys):
+    """``--pieces`` at a tiny CPU size: each part of the set-up is printed as it ends (a run cut short still says
+    how far it got), then the cost parts' table."""
+    from experiments import cg_prediction
+
+    cg_prediction.main(
+        ["--pieces", "300", "--test", "20", "--cg-iters", "3", "--device", "cpu", "--out", str(tmp_path)]
+    )
+    printed = capsys.readouterr().out
+    parts = ["data ready", "float64 product", "pivoted Cholesky of rank 300", "folded factor", "set_scales",
+             "preconditioner", "alpha solve"]  # fmt: skip
+    at = [printed.find(f"n=300: {p}" if p in ("data ready", "preconditioner", "alpha solve") else p) for p in parts]
+    assert all(i >= 0 for i in at) and at == sorted(at), printed
+    assert "| 300 |" in (tmp_path / "cg_prediction.md").read_text()
