@@ -24,7 +24,7 @@ import torch
 from experiments import RESULTS
 from gpfast import ops
 from gpfast.bench.report import md_table, write_results
-from gpfast.bench.timing import COPY_BW, cuda_time_ms
+from gpfast.bench.timing import COPY_BW, time_ms
 from gpfast.train.product import STORED_LAYOUTS, stored_matmul
 
 
@@ -73,15 +73,7 @@ def bench(n: int, t: int, reps: int, device: str, unaligned: bool = True) -> lis
         out = product(KK, V, name)
         err = float((out[idx].double() - want).norm() / want.norm())
         repeat = bool(torch.equal(out, product(KK, V, name)))
-        if device == "cuda":
-            ms = cuda_time_ms(lambda name=name, KK=KK: product(KK, V, name), warmup=2, reps=reps)
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                product(KK, V, name)
-            ms = 1e3 * (time.perf_counter() - t0) / reps
+        ms = time_ms(lambda name=name, KK=KK: product(KK, V, name), device, reps, warmup=2)
         bw = floor_bytes / (ms / 1e3)
         rows.append(
             {
@@ -119,15 +111,7 @@ def batch_rows(n: int, t: int, k: int, reps: int, device: str) -> list[dict]:
     rows = []
     for label, fn in (("loop of engine products", loop), ("torch.bmm", batched)):
         err = float((fn()[:, :64].double() - want).norm() / want.norm())
-        if device == "cuda":
-            ms = cuda_time_ms(fn, warmup=2, reps=reps)
-        else:
-            import time
-
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            ms = 1e3 * (time.perf_counter() - t0) / reps
+        ms = time_ms(fn, device, reps, warmup=2)
         bw = floor_bytes / (ms / 1e3)
         rows.append({"layout": f"{label}, batch {k}", "n": n, "t": t, "ms": ms, "floor_ms": 1e3 * floor_bytes / COPY_BW,
                      "TB_per_s": bw / 1e12, "share_of_4.27TBps": bw / COPY_BW, "rel_err": err,
