@@ -31,7 +31,9 @@
 #                 S3C_BUDGET 585), session3d (the engine's tests, exact_step, row c on the seven sets; S3D_BUDGET
 #                 585), session3e (row exact on keggdirected, the CG posterior's 1M cost parts; S3E_BUDGET 585),
 #                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250),
-#         exact_kegg (row exact on the sets in EXACT_SETS, default keggdirected; EK_BUDGET 585)
+#         exact_kegg (row exact on the sets in EXACT_SETS, default keggdirected; EK_BUDGET 585),
+#         session4a (row exact on keggdirected, row c on the seven sets, the CG posterior's 1M cost parts; S4A_BUDGET
+#                 585), session4b (row exact on keggundirected, step_anatomy; S4B_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -612,6 +614,30 @@ PYEOF
         echo "exact $set rc=$?"; grep -E "^\| kegg" "$OUT/ek_$set.log" | cut -d'|' -f2,5,7,8,12,13
       done
       stage_end ek ;;
+    session4a)
+      # Build; row exact on keggdirected; row c on the seven sets (checks placed from the solves' reads, at most two
+      # reads a solve); the CG posterior's cost parts at 1M with its set-up timed part by part; in one call of at
+      # most S4A_BUDGET seconds (default 585). Files: s4a_*.log and s4a_results.tar.gz.
+      stage_begin s4a ${S4A_BUDGET:-585} 240
+      brun 215 "$OUT/s4a_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
+        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s4a_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      brun 150 "$OUT/s4a_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s4a_uci_c.log")"
+      brun 300 "$OUT/s4a_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s4a_cg1m.log"
+      stage_end s4a ;;
+    session4b)
+      # Row exact on the sets in EXACT_SETS (default keggundirected, about 51 x 7 s), then step_anatomy on the seven
+      # sets, in one call of at most S4B_BUDGET seconds (default 585). Files: s4b_*.log and s4b_results.tar.gz.
+      stage_begin s4b ${S4B_BUDGET:-585} 240
+      for set in ${EXACT_SETS:-keggundirected}; do
+        brun 420 "$OUT/s4b_$set.log" "${UCI[@]}" --datasets $set --rows exact --stem uci_${set}_exact --out "$res"
+        echo "exact $set rc=$?"; grep -E "^\| kegg" "$OUT/s4b_$set.log" | cut -d'|' -f2,5,7,8,12,13
+      done
+      brun 130 "$OUT/s4b_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s4b_anatomy.log" | tail -9
+      stage_end s4b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
