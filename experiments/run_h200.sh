@@ -33,7 +33,9 @@
 #                 session3f (exact_row_probe on keggdirected, the CG posterior's cost parts at 200k; S3F_BUDGET 250),
 #         exact_kegg (row exact on the sets in EXACT_SETS, default keggdirected; EK_BUDGET 585),
 #         session4a (row exact on keggdirected, row c on the seven sets, the CG posterior's 1M cost parts; S4A_BUDGET
-#                 585), session4b (row exact on keggundirected, step_anatomy; S4B_BUDGET 585)
+#                 585), session4b (row exact on keggundirected, step_anatomy; S4B_BUDGET 585),
+#         session4c (the pivoted Cholesky's operations one by one at 200k and 1M, the CG posterior's 1M cost parts;
+#                 S4C_BUDGET 520)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -638,6 +640,20 @@ PYEOF
       brun 130 "$OUT/s4b_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s4b_anatomy.log" | tail -9
       stage_end s4b ;;
+    session4c)
+      # Why the CG posterior's set-up does not end at 1M: the pivoted Cholesky's operations timed one by one
+      # (experiments.pivot_probe) at 200k, then at 1M each in its own process under a timeout (a Python stack every
+      # 15 s names the call a cut one was in), then the CG posterior's cost parts at 1M; in one call of at most
+      # S4C_BUDGET seconds (default 520). Files: s4c_*.log and s4c_results.tar.gz.
+      stage_begin s4c ${S4C_BUDGET:-520} 240
+      brun 40 "$OUT/s4c_probe200k.log" python -m experiments.pivot_probe --n 200000 --op all; tail -18 "$OUT/s4c_probe200k.log"
+      for op in topk rows gemm pivot trsm trsm_inverse assign chol16 chol128 chol1024 fold; do
+        CUDA_LAUNCH_BLOCKING=1 brun 45 "$OUT/s4c_probe1m.log" python -m experiments.pivot_probe --n 1000000 --op $op \
+          --watchdog 15; echo "probe 1M $op rc=$?"; grep -E "^n=" "$OUT/s4c_probe1m.log" | tail -3
+      done
+      brun 300 "$OUT/s4c_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s4c_cg1m.log"
+      stage_end s4c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
