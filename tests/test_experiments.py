@@ -226,3 +226,17 @@ def test_cg_prediction_pieces_print_the_set_up_part_by_part(tmp_path, capsys):
     at = [printed.find(f"n=300: {p}" if p in ("data ready", "preconditioner", "alpha solve") else p) for p in parts]
     assert all(i >= 0 for i in at) and at == sorted(at), printed
     assert "| 300 |" in (tmp_path / "cg_prediction.md").read_text()
+
+
+def test_pivot_probe_times_every_operation_and_makes_only_what_one_reads(capsys):
+    """pivot_probe at a tiny CPU size: ``all`` times every operation in order; a single operation makes (and prints)
+    only the inputs it reads, so a run of one that hangs names it."""
+    from experiments import pivot_probe
+
+    timed = pivot_probe.probe(400, 3, 64, "all", "cpu")
+    assert [name for name, _ in timed] == list(pivot_probe.OPS)
+    assert all(t >= 0 for _, t in timed)
+    capsys.readouterr()
+    assert [name for name, _ in pivot_probe.probe(400, 3, 64, "trsm", "cpu")] == ["trsm"]
+    inputs = [line.split()[2].rstrip(":") for line in capsys.readouterr().out.splitlines() if "(input" in line]
+    assert inputs == ["G_rhs"]
