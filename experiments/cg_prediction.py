@@ -176,9 +176,8 @@ def scale(n: int, d: int, m: int, device: str, budget: float | None, mean_atol: 
 
 def _setup_parts(X: torch.Tensor, ls: torch.Tensor, n: int, rank: int = 1024) -> None:
     """The CG posterior's set-up taken apart and printed part by part (the float64 product, the pivoted Cholesky,
-    the folded factor, its scales), so that a set-up too slow to end in a call still shows which part holds it: at
-    1M points on the H200 the whole did not end in 235 s, where at 200k it takes 0.8 s and on a CPU it grows
-    linearly in n."""
+    the folded factor, its scales), so that a set-up too slow to end in a call still shows which part holds it (at
+    1M points on the H200 that was the pivoted Cholesky: see experiments/pivot_probe.py)."""
     x64 = X.to(torch.float64).contiguous()
     s64 = torch.tensor(OUTPUTSCALE, dtype=torch.float64, device=X.device)
     exact, t = _timed(lambda: CovarianceProduct(x64, "matrix_free"))
