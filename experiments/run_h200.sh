@@ -35,7 +35,8 @@
 #         session4a (row exact on keggdirected, row c on the seven sets, the CG posterior's 1M cost parts; S4A_BUDGET
 #                 585), session4b (row exact on keggundirected, step_anatomy; S4B_BUDGET 585),
 #         session4c (the pivoted Cholesky's operations one by one at 200k and 1M, the CG posterior's 1M cost parts;
-#                 S4C_BUDGET 520)
+#                 S4C_BUDGET 520), session5 (the pivoted Cholesky's CUDA tests, the CG posterior's 1M cost parts,
+#                 row c on the seven sets; S5_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -654,6 +655,21 @@ PYEOF
       brun 300 "$OUT/s4c_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
         --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s4c_cg1m.log"
       stage_end s4c ;;
+    session5)
+      # The pivoted Cholesky by products with the pivots' inverse: build; the CUDA tests of the pivoted Cholesky,
+      # engine, graphs and CG posterior; the CG posterior's cost parts at 1M (set-up part by part, products, 20
+      # iterations of the mean-weight solve, the bounds that need no solve for 10,000 test points); row c on the
+      # seven sets; in one call of at most S5_BUDGET seconds (default 585). Files: s5_*.log and s5_results.tar.gz.
+      stage_begin s5 ${S5_BUDGET:-585} 240
+      brun 90 "$OUT/s5_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
+        tests/test_train.py tests/test_cuda_graphs.py tests/test_cg_posterior.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s5_tests.log" | head -20; tail -1 "$OUT/s5_tests.log"
+      brun 240 "$OUT/s5_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s5_cg1m.log"
+      brun 150 "$OUT/s5_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s5_uci_c.log")"
+      stage_end s5 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
