@@ -100,11 +100,11 @@ def cholesky_at_pivots(
     ``pivots`` were taken greedily it gives that factor again (up to rounding), and at others the factor for the same
     points. The engine's rebuilds at an unchanged rank use it: one evaluation of the k rows, a k x k Cholesky and
     one GEMM, where the greedy build makes ``rank / 16`` blocks of some fifteen small kernels each (a rank-3200
-    build at n = 13,500 about 3,000 launches). ``K - L L^T`` stays positive semi-definite (up to rounding) for any
-    pivots: it is the Schur complement of ``K[P, P] + jitter I``, whose jitter (``rel_jitter`` times the largest
-    diagonal) keeps the factorisation defined where pivots are repeated or nearly dependent (their columns are then
-    near zero). It costs some reconstruction: at 1e-10, tr(K - L L^T) rose by at most 4e-9 per pivot over the
-    greedy factor's in the tests' problems (1e-8, the greedy build's floor, cost up to 1.3e-7).
+    build at n = 13,500 about 3,000 launches). ``K - L L^T`` stays positive semi-definite for any pivots: it is the
+    Schur complement of ``K[P, P] + jitter I``, whose jitter (``rel_jitter`` times the largest diagonal) keeps the
+    factorisation defined where pivots are repeated or nearly dependent (their columns are then near zero). It
+    costs some reconstruction: at 1e-10, tr(K - L L^T) rose by at most 4e-9 per pivot over the greedy factor's in
+    the tests' problems (1e-8, the greedy build's floor, cost up to 1.3e-7).
     """
     k = pivots.numel()
     rows = kernel_rows(pivots).to(torch.float64)  # (k, n)
