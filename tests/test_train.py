@@ -792,35 +792,3 @@ def test_the_at_risk_test_is_about_the_last_evaluation_that_moved_the_hyperparam
     warned = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert len(warned) == int(not last_step_met), [str(w.message) for w in warned]
     assert math.isnan(rec.final_step_error) == last_step_met, rec.final_step_error
-
-
-@pytest.mark.parametrize("refresh", [True, False])
-def test_rebuilds_at_an_unchanged_rank_keep_the_pivots_and_resume_to_the_same_factor(refresh):
-    """With the rank fixed, every rebuild after the first is made at the first greedy build's pivots (or, with
-    refresh_pivots off, greedily again); the factor is K's at the current hyperparameters, and a state restored from
-    state_dict rebuilds exactly the same one."""
-    from gpfast.train.engine import _State
-    from gpfast.train.preconditioner import cholesky_at_pivots
-
-    model = _problem(n=400, d=4, seed=None)
-    cfg = CGSettings(product="stored", rebuild_every=1, preconditioner_rank=40, max_preconditioner_rank=40,
-                     refresh_pivots=refresh)  # fmt: skip
-    engine = Engine(cfg)
-    closure = engine.objective(model)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-    first = None
-    for step in range(4):
-        closure()
-        opt.step()
-        state = engine._state
-        first = state.pivots.clone() if first is None else first
-        assert state.refreshed == (refresh and step > 0)
-    assert all(engine.record.rebuilt)
-    if refresh:
-        assert torch.equal(state.pivots, first)
-        assert torch.equal(state.pc.L, cholesky_at_pivots(engine.product.kernel_rows, first))
-    restored = _State(cfg)
-    restored.s = state.s
-    restored.load(state.state_dict(), engine.product, model.train_inputs[0])
-    assert restored.refreshed == state.refreshed and torch.equal(restored.pc.L, state.pc.L)
-    engine.finish()

@@ -6,7 +6,6 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
    every ``rebuild_every`` steps, or sooner when a lengthscale has moved by more than
    ``rebuild_lengthscale_change`` in log since the build; in between, outputscale and noise are tracked exactly.
-   A rebuild at an unchanged rank recomputes the factor at the last greedy build's pivots (``refresh_pivots``).
 3. Probes: s fixed Rademacher vectors (drawn anew every ``resample_every`` steps if set), independent of the
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
@@ -63,7 +62,7 @@ from gpfast.train.cg import CUDAGraphs, pcg
 from gpfast.train.checks import checks_for, estimate_count, read_after_miss, solve_rate
 from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
-from gpfast.train.preconditioner import Preconditioner, cholesky_at_pivots, pivoted_cholesky
+from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct, choose_product
 from gpfast.train.settings import CGSettings
 
@@ -206,7 +205,7 @@ class Engine:
         product.update(ls, s, noise)
         rebuild = state.pc is None or state.rebuild_next or step - state.built_at >= cfg.rebuild_every
         if rebuild:
-            state.build(product, s, X.dtype, refresh=cfg.refresh_pivots)
+            state.build(product, s, X.dtype)
             state.built_at = step
         pc = state.pc
         pc.set_scales(s, noise)
@@ -384,8 +383,7 @@ class _State:
     """What one run carries from step to step: everything a resumable fit has to checkpoint besides the model, the
     optimiser and the EngineRecord. The probes Z (or the RNG state they were drawn from, with ``drawn_at``) and the
     warm starts x are the engine's only large state (n x (1 + s) each); the preconditioner is a deterministic
-    function of the hyperparameters at its build (``build_hyper``, at step ``built_at``, rank ``rank``) and of the
-    pivots when it was made at a greedy build's pivots (``pivots``, ``refreshed``), so
+    function of the hyperparameters at its build (``build_hyper``, at step ``built_at``, rank ``rank``), so
     rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det carry the
     log-determinant's path integral; ``estimate`` places the next solve's convergence checks; ``rebuild_next`` is
     the lengthscale rule's verdict on the last step, and ``rank`` and ``cap`` the preconditioner rank and CG cap
@@ -402,8 +400,6 @@ class _State:
         self.drawn_at = 0
         self.x: torch.Tensor | None = None  # the last solutions (warm starts)
         self.build_hyper: tuple | None = None  # (lengthscale, outputscale, noise) given to the product at the build
-        self.pivots: torch.Tensor | None = None  # the last greedy build's pivots (device)
-        self.refreshed = False  # the factor was made at those pivots rather than by a greedy build
         self.g = self.hyper = None  # host lists: the last gradient per point and hyperparameters
         self.data_fit = self.log_det = 0.0
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
@@ -419,21 +415,14 @@ class _State:
 
     _LISTS = ("l_build", "g", "hyper", "g2")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
-                "estimate", "rate", "g2_steps", "refreshed")  # fmt: skip
+                "estimate", "rate", "g2_steps")  # fmt: skip
 
-    def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype, refresh: bool) -> None:
-        """Rebuild the preconditioner at the product's current hyperparameters (no host read): by the greedy
-        pivoted Cholesky, or, with ``refresh`` and the rank unchanged since the last greedy build, at that build's
-        pivots (:func:`~gpfast.train.preconditioner.cholesky_at_pivots`)."""
+    def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
+        """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
         n = product.n
-        k = min(self.rank, n)
         self.build_hyper = (product.lengthscale, outputscale, product.noise)
-        self.refreshed = refresh and self.pivots is not None and self.pivots.numel() == k
-        if self.refreshed:
-            L = cholesky_at_pivots(product.kernel_rows, self.pivots)
-        else:
-            diag = outputscale.to(dtype).expand(n)
-            L, self.pivots = pivoted_cholesky(product.kernel_rows, diag, k, return_pivots=True)
+        diag = outputscale.to(dtype).expand(n)
+        L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n))
         self.pc = Preconditioner(L, outputscale, dtype)
 
     def track_second_moment(self, g: list) -> None:
@@ -477,14 +466,12 @@ class _State:
         out["x"] = cpu(self.x)
         out.update({k: getattr(self, k) for k in self._NUMBERS})
         out["build_hyper"] = None if self.build_hyper is None else [cpu(t) for t in self.build_hyper]
-        out["pivots"] = cpu(self.pivots)
         out["z_rng"] = self.z_rng  # the probes are drawn again from it: half the size of a checkpoint at s = 10
         return out
 
     def load(self, saved: dict, product: CovarianceProduct, X: torch.Tensor) -> None:
         """Restore :meth:`state_dict`'s output for training inputs X, rebuilding the preconditioner by the
-        same pivoted Cholesky (or at the same pivots), at the same hyperparameters and rank, as the step that built
-        it."""
+        same pivoted Cholesky, at the same hyperparameters and rank, as the step that built it."""
         if int(saved["s"]) != self.s:
             raise ValueError(f"the saved engine state has {saved['s']} probes; these settings give {self.s}")
         for k in self._NUMBERS:
@@ -502,9 +489,7 @@ class _State:
         if saved["build_hyper"] is not None:
             ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
             product.update(ls, s, noise)
-            pivots = saved.get("pivots")
-            self.pivots = None if pivots is None else pivots.to(X.device)
-            self.build(product, s.reshape(()), X.dtype, refresh=bool(self.refreshed))
+            self.build(product, s.reshape(()), X.dtype)
 
 
 #: The change of the last gradient that solving the last step's system to the tolerance may make before the fit

@@ -26,7 +26,7 @@ import torch
 
 from gpfast import ops  # noqa: F401  (registers torch.ops.gpfast._pivot_block)
 
-__all__ = ["Preconditioner", "cholesky_at_pivots", "pivoted_cholesky"]
+__all__ = ["Preconditioner", "pivoted_cholesky"]
 
 
 def pivoted_cholesky(
@@ -35,12 +35,8 @@ def pivoted_cholesky(
     rank: int,
     rel_floor: float = 1e-8,
     block: int = 16,
-    return_pivots: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T, built on the device in blocks.
-
-    With ``return_pivots``, also the (rank,) indices of the pivots in the order taken, for
-    :func:`cholesky_at_pivots` (a pivot below the floor is listed too; its column is zero).
 
     kernel_rows(index) returns the rows ``K[index, :]`` (len(index), n); diagonal is K's diagonal (n,). Each block
     evaluates the rows of the ``2 * block`` points with the largest remaining diagonal in one call and takes
@@ -62,7 +58,6 @@ def pivoted_cholesky(
     d = diagonal.to(torch.float64).clone()
     floor = rel_floor * d.max()
     m = 0
-    taken = []
     while m < rank:
         b = min(block, rank - m)
         cand = torch.topk(d, min(2 * b, n)).indices  # this block's pivots are taken among these candidates
@@ -83,38 +78,9 @@ def pivoted_cholesky(
         Lb += G_inv @ (Rb - G @ Lb)
         L[:, m : m + b] = Lb.t()
         d.sub_((Lb * Lb).sum(0)).clamp_min_(0.0)
-        taken.append(cand.index_select(0, piv))
-        d.index_fill_(0, taken[-1], 0.0)
+        d.index_fill_(0, cand.index_select(0, piv), 0.0)
         m += b
-    if return_pivots:
-        return L, torch.cat(taken) if taken else torch.zeros(0, dtype=torch.long, device=L.device)
     return L
-
-
-def cholesky_at_pivots(
-    kernel_rows: Callable[[torch.Tensor], torch.Tensor], pivots: torch.Tensor, rel_jitter: float = 1e-10
-) -> torch.Tensor:
-    """L (n, k), float64: the Cholesky factor of K at fixed pivots, ``L = K[:, P] R^{-T}`` with ``R R^T = K[P, P]``.
-
-    This is what the pivoted Cholesky computes once its pivots are chosen, so at the hyperparameters where
-    ``pivots`` were taken greedily it gives that factor again (up to rounding), and at others the factor for the same
-    points. The engine's rebuilds at an unchanged rank use it: one evaluation of the k rows, a k x k Cholesky and
-    one GEMM, where the greedy build makes ``rank / 16`` blocks of some fifteen small kernels each (a rank-3200
-    build at n = 13,500 about 3,000 launches). ``K - L L^T`` stays positive semi-definite for any pivots: it is the
-    Schur complement of ``K[P, P] + jitter I``, whose jitter (``rel_jitter`` times the largest diagonal) keeps the
-    factorisation defined where pivots are repeated or nearly dependent (their columns are then near zero). It
-    costs some reconstruction: at 1e-10, tr(K - L L^T) rose by at most 4e-9 per pivot over the greedy factor's in
-    the tests' problems (1e-8, the greedy build's floor, cost up to 1.3e-7).
-    """
-    k = pivots.numel()
-    rows = kernel_rows(pivots).to(torch.float64)  # (k, n)
-    if k == 0:
-        return rows.t()
-    Kpp = rows.index_select(1, pivots)
-    eye = torch.eye(k, dtype=torch.float64, device=rows.device)
-    R, _ = torch.linalg.cholesky_ex(Kpp + (rel_jitter * Kpp.diagonal().max()) * eye)  # no error check: no sync
-    # a product with R's inverse rather than a triangular solve against n right-hand sides (see pivoted_cholesky)
-    return (torch.linalg.solve_triangular(R, eye, upper=False) @ rows).t()
 
 
 class Preconditioner:

@@ -115,11 +115,6 @@ class CGSettings:
         (:class:`gpfast.train.cg.CUDAGraphs`): the same arithmetic with one launch instead of ~25 small ones, whose
         launch cost otherwise exceeds the products' time at n ~ 10^4. False runs them op by op (to profile single
         kernels). Not used on the CPU or when the rows are split over several GPUs.
-    refresh_pivots : bool, default True
-        A rebuild at the rank of the last greedy build keeps that build's pivots and recomputes the factor at them
-        for the current hyperparameters (:func:`gpfast.train.preconditioner.cholesky_at_pivots`: one evaluation of
-        the k pivot rows, a k x k Cholesky and a GEMM) instead of choosing them greedily again (rank / 16 blocks of
-        small kernels). A change of rank still makes a greedy build. False: every rebuild is greedy.
     """
 
     num_probes: int | None = None
@@ -140,7 +135,6 @@ class CGSettings:
     max_preconditioner_rank: int = 3200
     cg_iteration_limit: int = 40
     cuda_graph: bool = True
-    refresh_pivots: bool = True
 
     def __post_init__(self) -> None:
         self.check()
@@ -223,7 +217,7 @@ class CGSettings:
                 raise bad(name, "a positive float")
         if self.resample_every is not None and (not is_int(self.resample_every) or self.resample_every < 1):
             raise bad("resample_every", "None or an int >= 1")
-        for name in ("warm_start", "cuda_graph", "refresh_pivots"):
+        for name in ("warm_start", "cuda_graph"):
             if getattr(self, name) not in (True, False):
                 raise bad(name, "True or False")
         if self.product not in PRODUCTS:
