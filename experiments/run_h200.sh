@@ -80,6 +80,23 @@ brun() {
   echo "== $* (limit ${cap}s, $(date +%T))" >> "$logf"
   CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
 }
+# Steps that several stages share (each within the stage's budget, results in $res):
+# row_c LOG CAP: row c (gpfast's engine) on the seven UCI sets, its main columns and the ConvergenceWarnings seen.
+row_c() {
+  brun "$2" "$1" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
+  grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+  echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$1")"
+}
+# exact_row LOG SET CAP: row exact (50 Adam steps with float64 Cholesky gradients) on one UCI set.
+exact_row() {
+  brun "$3" "$1" "${UCI[@]}" --datasets "$2" --rows exact --stem "uci_$2_exact" --out "$res"
+  echo "exact $2 rc=$?"; grep -E "^\| kegg" "$1" | cut -d'|' -f2,5,7,8,12,13
+}
+# cg1m_parts LOG CAP: the CG posterior's cost parts at 1M points and 10,000 test points (set-up part by part).
+cg1m_parts() {
+  brun "$2" "$1" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
+    --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$1"
+}
 for st in "$@"; do
   log "$st"
   case "$st" in
@@ -552,11 +569,8 @@ PYEOF
       grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3_tests.log" | head -20; tail -1 "$OUT/s3_tests.log"
       brun 90 "$OUT/s3_inverse.log" python -m experiments.bench_inverse --sizes 20000 40000 --blocks 1024 2048 4096 \
         --out "$res"; echo "inverse rc=$?"; grep -E "^\| [0-9]" "$OUT/s3_inverse.log"
-      brun 150 "$OUT/s3_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
-      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s3_uci_c.log")"
-      brun 300 "$OUT/s3_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
-        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s3_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      row_c "$OUT/s3_uci_c.log" 150
+      exact_row "$OUT/s3_exact.log" keggdirected 300
       brun 40 "$OUT/s3_batch.log" python -m experiments.bench_stored_product --n 20000 --t 11 --batch 8 --reps 10 \
         --stem bench_stored_product_batch8 --out "$res"; echo "batch rc=$?"; grep -E "^\| (loop|torch)" "$OUT/s3_batch.log"
       stage_end s3 ;;
@@ -582,16 +596,13 @@ PYEOF
       grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3d_tests.log" | head -20; tail -1 "$OUT/s3d_tests.log"
       brun 100 "$OUT/s3d_exact_step.log" python -m experiments.exact_step --n 44000 --d 20 --reps 2 --out "$res"
       echo "exact_step rc=$?"; grep -E "^\| [0-9]" "$OUT/s3d_exact_step.log"
-      brun 150 "$OUT/s3d_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
-      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s3d_uci_c.log")"
+      row_c "$OUT/s3d_uci_c.log" 150
       stage_end s3d ;;
     session3e)
       # Row exact on keggdirected, then the CG posterior's cost parts at 1M (each printed as it ends), in one call of
       # at most S3E_BUDGET seconds (default 585). Files: s3e_*.log and s3e_results.tar.gz.
       stage_begin s3e ${S3E_BUDGET:-585} 240
-      brun 340 "$OUT/s3e_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
-        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s3e_exact.log" | cut -d'|' -f2,5,7,8,12,13
+      exact_row "$OUT/s3e_exact.log" keggdirected 340
       brun 300 "$OUT/s3e_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
         --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -8 "$OUT/s3e_cg1m.log"
       stage_end s3e ;;
@@ -612,32 +623,22 @@ PYEOF
       # experiments/results/uci_engine_vs_exact with `python -m experiments.uci_table --merge`. Files: ek_*.log and
       # ek_results.tar.gz.
       stage_begin ek ${EK_BUDGET:-585} 240
-      for set in ${EXACT_SETS:-keggdirected}; do
-        brun 560 "$OUT/ek_$set.log" "${UCI[@]}" --datasets $set --rows exact --stem uci_${set}_exact --out "$res"
-        echo "exact $set rc=$?"; grep -E "^\| kegg" "$OUT/ek_$set.log" | cut -d'|' -f2,5,7,8,12,13
-      done
+      for set in ${EXACT_SETS:-keggdirected}; do exact_row "$OUT/ek_$set.log" $set 560; done
       stage_end ek ;;
     session4a)
       # Build; row exact on keggdirected; row c on the seven sets (checks placed from the solves' reads, at most two
       # reads a solve); the CG posterior's cost parts at 1M with its set-up timed part by part; in one call of at
       # most S4A_BUDGET seconds (default 585). Files: s4a_*.log and s4a_results.tar.gz.
       stage_begin s4a ${S4A_BUDGET:-585} 240
-      brun 215 "$OUT/s4a_exact.log" "${UCI[@]}" --datasets keggdirected --rows exact --stem uci_keggdirected_exact \
-        --out "$res"; echo "exact keggdirected rc=$?"; grep -E "^\| kegg" "$OUT/s4a_exact.log" | cut -d'|' -f2,5,7,8,12,13
-      brun 150 "$OUT/s4a_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
-      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s4a_uci_c.log")"
-      brun 300 "$OUT/s4a_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
-        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s4a_cg1m.log"
+      exact_row "$OUT/s4a_exact.log" keggdirected 215
+      row_c "$OUT/s4a_uci_c.log" 150
+      cg1m_parts "$OUT/s4a_cg1m.log" 300
       stage_end s4a ;;
     session4b)
       # Row exact on the sets in EXACT_SETS (default keggundirected, about 51 x 7 s), then step_anatomy on the seven
       # sets, in one call of at most S4B_BUDGET seconds (default 585). Files: s4b_*.log and s4b_results.tar.gz.
       stage_begin s4b ${S4B_BUDGET:-585} 240
-      for set in ${EXACT_SETS:-keggundirected}; do
-        brun 420 "$OUT/s4b_$set.log" "${UCI[@]}" --datasets $set --rows exact --stem uci_${set}_exact --out "$res"
-        echo "exact $set rc=$?"; grep -E "^\| kegg" "$OUT/s4b_$set.log" | cut -d'|' -f2,5,7,8,12,13
-      done
+      for set in ${EXACT_SETS:-keggundirected}; do exact_row "$OUT/s4b_$set.log" $set 420; done
       brun 130 "$OUT/s4b_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
         --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s4b_anatomy.log" | tail -9
       stage_end s4b ;;
@@ -652,8 +653,7 @@ PYEOF
         CUDA_LAUNCH_BLOCKING=1 brun 45 "$OUT/s4c_probe1m.log" python -m experiments.pivot_probe --n 1000000 --op $op \
           --watchdog 15; echo "probe 1M $op rc=$?"; grep -E "^n=" "$OUT/s4c_probe1m.log" | tail -3
       done
-      brun 300 "$OUT/s4c_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
-        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s4c_cg1m.log"
+      cg1m_parts "$OUT/s4c_cg1m.log" 300
       stage_end s4c ;;
     session5)
       # The pivoted Cholesky by products with the pivots' inverse: build; the CUDA tests of the pivoted Cholesky,
@@ -664,11 +664,8 @@ PYEOF
       brun 90 "$OUT/s5_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
         tests/test_train.py tests/test_cuda_graphs.py tests/test_cg_posterior.py; echo "tests rc=$?"
       grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s5_tests.log" | head -20; tail -1 "$OUT/s5_tests.log"
-      brun 240 "$OUT/s5_cg1m.log" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
-        --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$OUT/s5_cg1m.log"
-      brun 150 "$OUT/s5_uci_c.log" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
-      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s5_uci_c.log")"
+      cg1m_parts "$OUT/s5_cg1m.log" 240
+      row_c "$OUT/s5_uci_c.log" 150
       stage_end s5 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
