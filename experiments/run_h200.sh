@@ -36,7 +36,8 @@
 #                 585), session4b (row exact on keggundirected, step_anatomy; S4B_BUDGET 585),
 #         session4c (the pivoted Cholesky's operations one by one at 200k and 1M, the CG posterior's 1M cost parts;
 #                 S4C_BUDGET 520), session5 (the pivoted Cholesky's CUDA tests, the CG posterior's 1M cost parts,
-#                 row c on the seven sets; S5_BUDGET 585)
+#                 row c on the seven sets; S5_BUDGET 585), session6 (the CUDA tests of the graphs, pivoted Cholesky
+#                 and engine, step_anatomy, row c on the seven sets, memcheck, racecheck; S6_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -667,6 +668,23 @@ PYEOF
       cg1m_parts "$OUT/s5_cg1m.log" 240
       row_c "$OUT/s5_uci_c.log" 150
       stage_end s5 ;;
+    session6)
+      # The preconditioner's rebuilds at an unchanged rank as CUDA-graph replays: build; the CUDA tests of the graphs,
+      # the pivoted Cholesky and the engine; step_anatomy on the seven sets (with launches by part and by operator);
+      # row c on the seven sets; compute-sanitizer memcheck and racecheck over every kernel with what is left; in one
+      # call of at most S6_BUDGET seconds (default 585). Files: s6_*.log and s6_results.tar.gz.
+      stage_begin s6 ${S6_BUDGET:-585} 240
+      brun 90 "$OUT/s6_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
+        tests/test_pivoted_cholesky.py tests/test_train.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6_tests.log" | head -20; tail -1 "$OUT/s6_tests.log"
+      brun 130 "$OUT/s6_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      row_c "$OUT/s6_uci_c.log" 150
+      for tool in memcheck racecheck; do
+        brun 200 "$OUT/s6_$tool.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+        echo "$tool rc=$?"; tail -3 "$OUT/s6_$tool.log"
+      done
+      stage_end s6 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

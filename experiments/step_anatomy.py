@@ -17,6 +17,9 @@ cold first solve behind, then ``--steps`` profiled steps (the engine's objective
 - launches, syncs, memcpys per step: CUDA runtime calls in profiled steps with the same settings
   (``cudaLaunchKernel`` and friends, and ``cudaGraphLaunch``, one per replay;
   ``cudaStreamSynchronize``/``cudaDeviceSynchronize``; ``cudaMemcpyAsync``), none on the CPU;
+- launches by part (listed under the table): the same profiled steps' launches by the innermost of the products,
+  backward and preconditioner ranges around each one ("rest" outside them), and the outermost operators that
+  launch most, which name where the rest comes from;
 - host reads per step: tensor values handed to Python inside the engine step (``.item()``, ``.tolist()``,
   ``float()``, ``bool()``, ``.cpu()``...), counted in separate unprofiled steps;
 - the split: device time (CPU time on the CPU) inside the engine's products (K rebuild and K̂ V), its fused
@@ -29,6 +32,7 @@ Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import time
@@ -82,16 +86,19 @@ def labels(engine):
     prod.update = _labelled(saved["update"], "anatomy::products")
     prod.backward = _labelled(saved["backward"], "anatomy::backward")
     cls = pc_module.Preconditioner
-    methods = {name: getattr(cls, name) for name in ("solve", "set_scales", "sample")}
+    methods = {(cls, name): getattr(cls, name) for name in ("solve", "set_scales", "sample")}
+    methods.update(
+        {(pc_module.BuildGraph, name): getattr(pc_module.BuildGraph, name) for name in ("__init__", "__call__")}
+    )
     build = engine_module.pivoted_cholesky
     try:
-        for name, fn in methods.items():
-            setattr(cls, name, _labelled(fn, "anatomy::preconditioner"))
+        for (owner, name), fn in methods.items():
+            setattr(owner, name, _labelled(fn, "anatomy::preconditioner"))
         engine_module.pivoted_cholesky = _labelled(build, "anatomy::preconditioner")
         yield
     finally:
-        for name, fn in methods.items():
-            setattr(cls, name, fn)
+        for (owner, name), fn in methods.items():
+            setattr(owner, name, fn)
         engine_module.pivoted_cholesky = build
         for name, fn in saved.items():
             setattr(prod, name, fn)
@@ -167,9 +174,10 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     _sync(device)
     wall = (time.perf_counter() - t0) / steps
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
+    with labels(engine), profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
         _steps(closure, opt, steps, device)
     counts = _profile_counts(prof, device, steps)
+    counts.update(launch_sources(prof.events(), LAUNCH, steps))
     graphs, engine._state.graphs = engine._state.graphs, None  # kernels replayed in a graph escape the labels
     with labels(engine), profile(activities=activities) as prof:
         profiled = _steps(closure, opt, steps, device)
@@ -188,6 +196,31 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     row.update({k: v for k, v in shares.items() if k.endswith("_share")})
     engine.finish()
     return row
+
+
+def launch_sources(events, names, steps, top=10) -> dict:
+    """Where the events named ``names`` (the launches) come from, per step: ``launches_<part>`` for each part's
+    profiler range (the innermost one around the launch; "rest" outside them) and ``launch_ops``, the ``top``
+    outermost operators that launch most (``[name, per step]``; a launch outside any operator, such as a graph
+    replay's, under its own name)."""
+    parts, ops = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.name not in names:
+            continue
+        part, outer = None, e.name
+        p = getattr(e, "cpu_parent", None)
+        while p is not None:
+            if p.name.startswith("anatomy::"):
+                if part is None and p.name != "anatomy::step":
+                    part = p.name.split("::", 1)[1]
+            elif "::" in p.name:  # an operator (aten::, gpfast::, ...): the outermost one names the launch
+                outer = p.name
+            p = getattr(p, "cpu_parent", None)
+        parts[part or "rest"] += 1
+        ops[outer] += 1
+    out = {f"launches_{p}": parts[p] / steps for p in (*PARTS, "rest")}
+    out["launch_ops"] = [[name, c / steps] for name, c in ops.most_common(top)]
+    return out
 
 
 def _steps(closure, opt, steps, device) -> float:
@@ -306,6 +339,13 @@ def write(args, rows, device) -> None:
             for r in rows
         ],
     )
+    sources = "\n".join(
+        f"- {r['set']}: "
+        + ", ".join(f"{p} {r[f'launches_{p}']:.0f}" for p in (*PARTS, "rest"))
+        + "; most: "
+        + ", ".join(f"{name} {c:.0f}" for name, c in r["launch_ops"])
+        for r in rows
+    )
     info = {"machine": machine(device), "date": today(), "commit": git_rev(), "device": str(device),
             "steps": args.steps, "warmup": args.warmup}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
@@ -320,6 +360,9 @@ def write(args, rows, device) -> None:
         "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays. "
         "The floor is (products + 2) passes over a float32 K at the bandwidth "
         f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'}).\n\n" + table + "\n"
+        "\nLaunches a step by part (the innermost part's profiler range around each launch, in the profiled steps "
+        "with the settings' CUDA graphs) and the outermost operators that launch most (a launch outside any "
+        "operator, such as a graph replay, under its own name):\n\n" + sources + "\n"
     )
     (args.out / f"{args.stem}.md").write_text(text)
     print(text)

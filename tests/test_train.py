@@ -792,3 +792,26 @@ def test_the_at_risk_test_is_about_the_last_evaluation_that_moved_the_hyperparam
     warned = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
     assert len(warned) == int(not last_step_met), [str(w.message) for w in warned]
     assert math.isnan(rec.final_step_error) == last_step_met, rec.final_step_error
+
+
+def test_step_anatomy_attributes_launches_to_the_innermost_part():
+    """launch_sources on a CPU profile, with aten::mm standing in for the launches: each is counted once, under the
+    innermost labelled part around it (or "rest"), and named by the outermost operator above it."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from experiments.step_anatomy import launch_sources
+
+    a = torch.randn(8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function("anatomy::step"):
+                with record_function("anatomy::products"):
+                    torch.mm(a, a)
+                    with record_function("anatomy::preconditioner"):
+                        torch.matmul(a, a)
+                torch.mm(a, a)
+                torch.mm(a, a)
+    out = launch_sources(prof.events(), ("aten::mm",), 2)
+    assert (out["launches_products"], out["launches_preconditioner"], out["launches_rest"]) == (1, 1, 2)
+    assert out["launches_backward"] == 0
+    assert dict(out["launch_ops"]) == {"aten::mm": 3, "aten::matmul": 1}

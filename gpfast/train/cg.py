@@ -237,11 +237,22 @@ class CUDAGraphs:
 
     def capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """``fn`` captured (not run) on the capture stream; replay it to run it."""
+        g = self._capture(fn, self.pool)
+        self._newest = g
+        return g
+
+    def capture_alone(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """``fn`` captured in a memory pool of its own, released with the graph and the tensors it made: for a
+        graph whose outputs outlive many solves (the preconditioner's build), which must not share memory with the
+        solves' graphs, whose replays would overwrite it."""
+        return self._capture(fn, torch.cuda.graph_pool_handle())
+
+    @staticmethod
+    def _capture(fn: Callable[[], None], pool) -> torch.cuda.CUDAGraph:
         g = torch.cuda.CUDAGraph()
-        g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        g.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             fn()
         finally:
             g.capture_end()
-        self._newest = g
         return g

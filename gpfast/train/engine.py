@@ -47,6 +47,7 @@ Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -62,7 +63,7 @@ from gpfast.train.cg import CUDAGraphs, pcg
 from gpfast.train.checks import checks_for, estimate_count, read_after_miss, solve_rate
 from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
-from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
+from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct, choose_product
 from gpfast.train.settings import CGSettings
 
@@ -346,7 +347,7 @@ class Engine:
         if self.product is not None:
             self.product.release()
         if state is not None:
-            state.graphs = None  # its newest graph holds a memory pool of the solve's temporaries
+            state.graphs = state.build_graph = None  # their graphs hold memory pools
         if rec.final_step_error > STEP_ERROR_LIMIT:  # nan (met, or nothing to re-solve) compares False
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(
@@ -409,6 +410,8 @@ class _State:
         self.rate: float | None = None  # the convergence measure's factor per iteration in the last warm solves
         self.postfix: dict = {}
         self.graphs: CUDAGraphs | None = None  # set by the engine on a single GPU
+        self.build_graph: BuildGraph | None = None  # the preconditioner's build as a graph, with graphs
+        self.eager_rank: int | None = None  # the rank of the last build made op by op
         self.B: torch.Tensor | None = None  # the last step's right-hand sides [r, Z], for the final re-solve
         self.g2: list | None = None  # Adam's moving average of the squared gradients per point (host list)
         self.g2_steps = 0
@@ -418,11 +421,26 @@ class _State:
                 "estimate", "rate", "g2_steps")  # fmt: skip
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
-        """Rebuild the preconditioner at the product's current hyperparameters (no host read)."""
+        """Rebuild the preconditioner at the product's current hyperparameters (no host read).
+
+        With CUDA graphs, the second build at a rank is captured (:class:`BuildGraph`) and the later ones at that
+        rank replay it. The first runs op by op, so that a rank built once (the doublings of the accuracy rule)
+        costs no capture, and on the capture stream, so that every lazy initialisation there (cuBLAS workspaces,
+        kernel attributes) happens outside a capture, as for the solves' graphs."""
         n = product.n
         self.build_hyper = (product.lengthscale, outputscale, product.noise)
-        diag = outputscale.to(dtype).expand(n)
-        L = pivoted_cholesky(product.kernel_rows, diag, min(self.rank, n))
+        rank = min(self.rank, n)
+        ls = product.lengthscale
+        if self.graphs is not None and self.build_graph is not None and self.build_graph.rank == rank:
+            L = self.build_graph(ls, outputscale)
+        elif self.graphs is not None and self.eager_rank == rank:
+            self.build_graph = BuildGraph(product.kernel_rows, n, rank, ls, outputscale, dtype, self.graphs)
+            L = self.build_graph(ls, outputscale)
+        else:
+            self.build_graph = None  # a graph of another rank: its factor is dropped with it
+            with self.graphs.stream() if self.graphs is not None else contextlib.nullcontext():
+                L = pivoted_cholesky(product.kernel_rows, outputscale.to(dtype).expand(n), rank)
+            self.eager_rank = rank
         self.pc = Preconditioner(L, outputscale, dtype)
 
     def track_second_moment(self, g: list) -> None:

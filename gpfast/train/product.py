@@ -157,12 +157,12 @@ class CovarianceProduct:
         local = local.add_(V[self.rows] * self.noise)
         return local if self.split is None else _dist.all_gather_rows(local, self.n)
 
-    def kernel_rows(self, index: torch.Tensor) -> torch.Tensor:
+    def kernel_rows(self, index: torch.Tensor, lengthscale=None, outputscale=None) -> torch.Tensor:
         """Rows ``K[index, :]`` (len(index), n) of the noise-free kernel, by the fused forward (every rank
-        computes the same rows)."""
-        return ops.rbf_covariance(
-            self.x.index_select(0, index), self.x, self.lengthscale, self.outputscale, check_values=False
-        )
+        computes the same rows), at the last :meth:`update`'s hyperparameters unless others are given."""
+        ls = self.lengthscale if lengthscale is None else lengthscale
+        s = self.outputscale if outputscale is None else outputscale
+        return ops.rbf_covariance(self.x.index_select(0, index), self.x, ls, s, check_values=False)
 
     def backward(self, G: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), by one
