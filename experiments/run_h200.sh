@@ -37,7 +37,8 @@
 #         session4c (the pivoted Cholesky's operations one by one at 200k and 1M, the CG posterior's 1M cost parts;
 #                 S4C_BUDGET 520), session5 (the pivoted Cholesky's CUDA tests, the CG posterior's 1M cost parts,
 #                 row c on the seven sets; S5_BUDGET 585), session6 (the CUDA tests of the graphs, pivoted Cholesky
-#                 and engine, step_anatomy, row c on the seven sets, memcheck, racecheck; S6_BUDGET 585)
+#                 and engine, step_anatomy, row c on the seven sets, memcheck, racecheck; S6_BUDGET 585), session6b
+#                 (bench_preconditioner on keggdirected and pol, every CUDA test; S6B_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -685,6 +686,19 @@ PYEOF
         echo "$tool rc=$?"; tail -3 "$OUT/s6_$tool.log"
       done
       stage_end s6 ;;
+    session6b)
+      # The preconditioner part by part (experiments.bench_preconditioner: op-by-op build, capture, replay, C^-1 two
+      # ways, P^-1 V) on keggdirected at ranks 100, 400 and 3200 and on pol at 3200, 16 and 32 pivots a block; then
+      # every CUDA test; in one call of at most S6B_BUDGET seconds (default 585). Files: s6b_*.log, s6b_results.tar.gz.
+      stage_begin s6b ${S6B_BUDGET:-585} 240
+      brun 100 "$OUT/s6b_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
+        --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"; grep -E "^\| " "$OUT/s6b_precond.log"
+      brun 60 "$OUT/s6b_precond_pol.log" python -m experiments.bench_preconditioner --dataset pol --data-dir .data/uci \
+        --ranks 3200 --stem bench_preconditioner_pol --out "$res"; echo "bench_preconditioner pol rc=$?"
+      grep -E "^\| " "$OUT/s6b_precond_pol.log"
+      brun 240 "$OUT/s6b_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6b_tests.log" | head -20; tail -1 "$OUT/s6b_tests.log"
+      stage_end s6b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -240,3 +240,22 @@ def test_pivot_probe_times_every_operation_and_makes_only_what_one_reads(capsys)
     assert [name for name, _ in pivot_probe.probe(400, 3, 64, "trsm", "cpu")] == ["trsm"]
     inputs = [line.split()[2].rstrip(":") for line in capsys.readouterr().out.splitlines() if "(input" in line]
     assert inputs == ["G_rhs"]
+
+
+def test_bench_preconditioner_runs_on_the_cpu(tmp_path):
+    """bench_preconditioner at a tiny CPU size: a row per (rank, block), the graph columns empty without a GPU, the
+    two ways to C^-1 agreeing to rounding, and a factor whose trace error falls as the rank grows."""
+    import json
+
+    from experiments import bench_preconditioner
+
+    bench_preconditioner.main(["--synthetic", "600", "3", "--ranks", "20", "60", "--blocks", "16", "32",
+                               "--device", "cpu", "--reps", "2", "--out", str(tmp_path)])  # fmt: skip
+    rows = json.loads((tmp_path / "bench_preconditioner.json").read_text())["rows"]
+    assert [(r["rank"], r["block"]) for r in rows] == [(20, 16), (20, 32), (60, 16), (60, 32)]
+    for r in rows:
+        assert r["eager_ms"] > 0 and r["apply_ms"] > 0 and r["replay_ms"] != r["replay_ms"]  # nan: no graphs
+        assert r["inverse_trsm_vs_potri"] < 1e-10
+        assert 0 <= r["trace_error"] < 1
+    assert rows[2]["trace_error"] < rows[0]["trace_error"]
+    assert "| synthetic-600-3 |" in (tmp_path / "bench_preconditioner.md").read_text()
