@@ -77,7 +77,7 @@ def case(X, rank, block, columns, reps, device) -> dict:
             eager(ls, s)
         sync(device)
         t0 = time.perf_counter()
-        bg = BuildGraph(prod.kernel_rows, n, rank, ls, s, X.dtype, graphs)
+        bg = BuildGraph(prod.kernel_rows, n, rank, ls, s, X.dtype, graphs, block=block)
         sync(device)
         row["capture_ms"] = 1e3 * (time.perf_counter() - t0)
         row["replay_ms"] = time_ms(lambda: bg(ls, s), device, reps=reps)

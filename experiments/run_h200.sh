@@ -38,7 +38,9 @@
 #                 S4C_BUDGET 520), session5 (the pivoted Cholesky's CUDA tests, the CG posterior's 1M cost parts,
 #                 row c on the seven sets; S5_BUDGET 585), session6 (the CUDA tests of the graphs, pivoted Cholesky
 #                 and engine, step_anatomy, row c on the seven sets, memcheck, racecheck; S6_BUDGET 585), session6b
-#                 (bench_preconditioner on keggdirected and pol, every CUDA test; S6B_BUDGET 585)
+#                 (bench_preconditioner on keggdirected and pol, every CUDA test; S6B_BUDGET 585), session6c (the
+#                 CUDA tests of the graphs, pivoted Cholesky, engine and checkpoints, row c on the seven sets,
+#                 step_anatomy, keggdirected's row c twice more, bench_preconditioner; S6C_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -699,6 +701,27 @@ PYEOF
       brun 240 "$OUT/s6b_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
       grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6b_tests.log" | head -20; tail -1 "$OUT/s6b_tests.log"
       stage_end s6b ;;
+    session6c)
+      # The preconditioner's scales taken only once they move (rescale_change) and C^-1 by a triangular solve, with
+      # the graphed rebuilds: build; the CUDA tests of the graphs, pivoted Cholesky, engine and checkpoints; row c on
+      # the seven sets; step_anatomy; row c on keggdirected twice more (is a fit the same run to run?);
+      # bench_preconditioner on keggdirected; in one call of at most S6C_BUDGET seconds (default 585). Files:
+      # s6c_*.log and s6c_results.tar.gz.
+      stage_begin s6c ${S6C_BUDGET:-585} 240
+      brun 90 "$OUT/s6c_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
+        tests/test_pivoted_cholesky.py tests/test_train.py tests/test_checkpoint.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6c_tests.log" | head -20; tail -1 "$OUT/s6c_tests.log"
+      row_c "$OUT/s6c_uci_c.log" 150
+      brun 130 "$OUT/s6c_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      for rep in 1 2; do
+        brun 40 "$OUT/s6c_kegg_rep.log" "${UCI[@]}" --datasets keggdirected --rows gpfast --stem uci_keggdirected_c_$rep \
+          --out "$res"; echo "keggdirected rep $rep rc=$?"
+      done
+      grep -E "^\| kegg" "$res"/uci_keggdirected_c_*.md | cut -d'|' -f2,7,9,10,12,13
+      brun 80 "$OUT/s6c_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
+        --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"; grep -E "^\| " "$OUT/s6c_precond.log"
+      stage_end s6c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -815,3 +815,51 @@ def test_step_anatomy_attributes_launches_to_the_innermost_part():
     assert (out["launches_products"], out["launches_preconditioner"], out["launches_rest"]) == (1, 1, 2)
     assert out["launches_backward"] == 0
     assert dict(out["launch_ops"]) == {"aten::mm": 3, "aten::matmul": 1}
+
+
+def test_preconditioner_takes_new_scales_when_they_have_moved():
+    """The rescaling rule: the step's (outputscale, noise) are recorded when the step updated the preconditioner,
+    and the next step updates it once either has moved by more than rescale_change in log since."""
+    from gpfast.train.engine import _State
+
+    cfg = CGSettings(rescale_change=0.1)
+    state = _State(cfg)
+    seen = []
+    for scales in ([1.0, 0.5], [1.05, 0.5], [1.0, 0.46], [1.0, 0.45], [1.2, 0.45], [1.2, 0.45], [1.2, 0.0]):
+        updated = state.rescale_next or state.scales_at is None
+        if updated:
+            state.scales_at = None  # as the step does when it updates
+        state.track_scales(cfg, scales)
+        seen.append((updated, state.rescale_next))
+    # 0.45 / 0.5 moves log(noise) by 0.105 > 0.1, so the next step updates; a non-positive value always does
+    assert seen == [(True, False), (False, False), (False, False), (False, True), (True, False), (False, False),
+                    (False, True)]  # fmt: skip
+    with pytest.raises(ValueError, match="rescale_change=-1"):
+        CGSettings(rescale_change=-1)
+
+
+def test_stale_preconditioner_scales_change_only_the_iterations(monkeypatch):
+    """Solved to a tight tolerance, a fit whose preconditioner takes new scales only at its rebuilds (rescale_change
+    large) follows the fit that updates them at every step (rescale_change 0): P changes CG's path, not its
+    answer, and after the first step neither the loss nor the gradient depends on P."""
+    from gpfast.train.preconditioner import Preconditioner
+
+    calls = []
+    real = Preconditioner.set_scales
+    monkeypatch.setattr(Preconditioner, "set_scales", lambda self, *a: calls.append(1) or real(self, *a))
+    rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())))
+    X = rng.normal(size=(300, 3))
+    y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=300)
+    fits, counts = [], []
+    for change in (0.0, 1e6):
+        calls.clear()
+        cg = {"rescale_change": change, "cg_tolerance": 1e-9, "max_cg_iterations": 300, "cg_iteration_limit": 300,
+              "rebuild_every": 6, "rebuild_lengthscale_change": 10.0, "num_probes": 8}  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fits.append(ExactGP(solver="cg", dtype="float64", optimizer="adam", tol=0, max_iter=15, n_restarts=1,
+                                random_state=0, verbose=False, cg=cg).fit(X, y))  # fmt: skip
+        counts.append(len(calls))
+    assert counts[1] < counts[0]  # updated at the rebuilds only
+    assert np.allclose(fits[0].history_, fits[1].history_, rtol=1e-6, atol=0)
+    assert np.allclose(fits[0].lengthscale_, fits[1].lengthscale_, rtol=1e-5, atol=0)

@@ -5,7 +5,8 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 1. Products: K̂ = K + noise I for the current hyperparameters, stored or matrix-free (:mod:`.product`).
 2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
    every ``rebuild_every`` steps, or sooner when a lengthscale has moved by more than
-   ``rebuild_lengthscale_change`` in log since the build; in between, outputscale and noise are tracked exactly.
+   ``rebuild_lengthscale_change`` in log since the build; in between, it takes the current outputscale and noise
+   (exactly, by its Woodbury form) once one of them has moved by more than ``rescale_change`` in log.
 3. Probes: s fixed Rademacher vectors (drawn anew every ``resample_every`` steps if set), independent of the
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
@@ -209,7 +210,9 @@ class Engine:
             state.build(product, s, X.dtype)
             state.built_at = step
         pc = state.pc
-        pc.set_scales(s, noise)
+        if rebuild or state.rescale_next or state.scales_at is None:
+            pc.set_scales(s, noise)
+            state.scales_at = None  # its values are read with the step's (below)
         first = state.x is None
         resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
         if resample:
@@ -256,6 +259,7 @@ class Engine:
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
         state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res, checks, max_res, estimate is not None)
+        state.track_scales(cfg, hyper[p - 3 : p - 1])
 
         _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
         rec.cg_iterations.append(res.iterations)
@@ -388,7 +392,8 @@ class _State:
     rebuilding it from them on resume gives the same factor; g, hyper, data_fit and log_det carry the
     log-determinant's path integral; ``estimate`` places the next solve's convergence checks; ``rebuild_next`` is
     the lengthscale rule's verdict on the last step, and ``rank`` and ``cap`` the preconditioner rank and CG cap
-    that the accuracy rule (:meth:`after_step`) has reached."""
+    that the accuracy rule (:meth:`after_step`) has reached; ``scales_at`` the outputscale and noise the
+    preconditioner last took (:meth:`track_scales`), which a resume gives it again."""
 
     def __init__(self, settings: CGSettings | None = None):
         settings = settings or CGSettings()
@@ -406,6 +411,8 @@ class _State:
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
+        self.scales_at: list[float] | None = None  # (outputscale, noise) of the preconditioner's last update (host)
+        self.rescale_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
         self.rate: float | None = None  # the convergence measure's factor per iteration in the last warm solves
         self.postfix: dict = {}
@@ -416,8 +423,8 @@ class _State:
         self.g2: list | None = None  # Adam's moving average of the squared gradients per point (host list)
         self.g2_steps = 0
 
-    _LISTS = ("l_build", "g", "hyper", "g2")
-    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next",
+    _LISTS = ("l_build", "g", "hyper", "g2", "scales_at")
+    _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next", "rescale_next",
                 "estimate", "rate", "g2_steps")  # fmt: skip
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
@@ -442,6 +449,16 @@ class _State:
                 L = pivoted_cholesky(product.kernel_rows, outputscale.to(dtype).expand(n), rank)
             self.eager_rank = rank
         self.pc = Preconditioner(L, outputscale, dtype)
+
+    def track_scales(self, cfg: CGSettings, scales: list) -> None:
+        """The rescaling rule, from the step's (outputscale, noise) on the host: record them when the step updated
+        the preconditioner (``scales_at`` None), and update it at the next step once either has moved by more than
+        ``rescale_change`` in log since."""
+        if self.scales_at is None:
+            self.scales_at = list(scales)
+        ok = all(a > 0 and b > 0 for a, b in zip(scales, self.scales_at))
+        change = max(abs(math.log(a / b)) for a, b in zip(scales, self.scales_at)) if ok else math.inf
+        self.rescale_next = change > cfg.rescale_change
 
     def track_second_moment(self, g: list) -> None:
         """Fold the step's gradient (per point) into the moving average of its squares that Adam keeps
@@ -495,7 +512,7 @@ class _State:
         for k in self._NUMBERS:
             setattr(self, k, saved.get(k, getattr(self, k)))
         for k in self._LISTS:
-            setattr(self, k, None if saved[k] is None else torch.as_tensor(saved[k]).tolist())
+            setattr(self, k, None if saved.get(k) is None else torch.as_tensor(saved[k]).tolist())
         if saved["x"] is not None:
             self.x = saved["x"].to(device=X.device, dtype=X.dtype)
         if saved["z_rng"] is not None:  # the draw of _step, from the generators' state before it
@@ -508,6 +525,8 @@ class _State:
             ls, s, noise = (t.to(X.device) for t in saved["build_hyper"])
             product.update(ls, s, noise)
             self.build(product, s.reshape(()), X.dtype)
+            if self.scales_at is not None:  # the update the uninterrupted run's preconditioner last had
+                self.pc.set_scales(*(torch.tensor(v, dtype=X.dtype, device=X.device) for v in self.scales_at))
 
 
 #: The change of the last gradient that solving the last step's system to the tolerance may make before the fit

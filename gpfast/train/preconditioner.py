@@ -109,9 +109,12 @@ class BuildGraph:
     graphs : :class:`~gpfast.train.cg.CUDAGraphs`
         The engine's capture stream; the build gets a memory pool of its own (:meth:`CUDAGraphs.capture_alone`),
         whose factor stays valid until the next replay.
+    block : int, default=16
+        Pivots per evaluation of candidate rows (:func:`pivoted_cholesky`).
     """
 
-    def __init__(self, kernel_rows, n: int, rank: int, lengthscale, outputscale, dtype: torch.dtype, graphs):
+    def __init__(self, kernel_rows, n: int, rank: int, lengthscale, outputscale, dtype: torch.dtype, graphs,
+                 block: int = 16):  # fmt: skip
         self.n, self.rank, self.graphs = n, rank, graphs
         # the inputs the captured kernels read: each call copies its hyperparameters into them
         self.lengthscale = lengthscale.detach().clone()
@@ -120,7 +123,7 @@ class BuildGraph:
         self.L: torch.Tensor | None = None
 
         def build() -> None:  # everything that reads the hyperparameters inside the capture
-            self.L = pivoted_cholesky(rows, self.outputscale.to(dtype).expand(n), rank)
+            self.L = pivoted_cholesky(rows, self.outputscale.to(dtype).expand(n), rank, block=block)
 
         with graphs.stream():
             self.graph = graphs.capture_alone(build)
@@ -187,10 +190,13 @@ class Preconditioner:
         if self.fold:
             self.Q = torch.linalg.solve_triangular(R, self.scale * self.L.t(), upper=False).t().to(self.dtype)
         else:
-            # once per step, applied by GEMMs: C's factor by two triangular solves in every iteration instead took
+            # once per update, applied by GEMMs: C's factor by two triangular solves in every iteration instead took
             # the rank-3200 steps on protein from 89 to 140 ms on the H200 (17 right-hand sides run far below the
-            # GEMM rate)
-            self.M = c * torch.cholesky_inverse(R)
+            # GEMM rate). C^-1 = R^-T R^-1 from one triangular solve against the identity and one GEMM: at k = 3200
+            # on the H200 5.6 ms with the Cholesky against 6.9 ms for torch.cholesky_inverse (cuSOLVER's potri, some
+            # 120 small kernels), equal to 7e-15 of the largest element (experiments/bench_preconditioner.py)
+            R_inv = torch.linalg.solve_triangular(R, torch.eye(self.k, **as64), upper=False)
+            self.M = c * (R_inv.t() @ R_inv)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:
