@@ -17,6 +17,9 @@ evaluation of candidate rows) on the set's float32 training points at GPyTorch's
   torch's ``cholesky_inverse`` and as a triangular solve against the identity and one GEMM) and one application of
   P^{-1} to ``--columns`` columns (the engine's 1 + 16 probes).
 
+With ``--kernels N`` (GPU), one op-by-op build at the largest rank and the first block size is also profiled, and
+the N kernels that took the most device time are listed under the table (what a replay spends its time on).
+
 Times are medians by CUDA events after warm-up (wall clock on the CPU). Writes ``<stem>.{md,json}`` in ``--out``.
 """
 
@@ -97,6 +100,26 @@ def case(X, rank, block, columns, reps, device) -> dict:
     return row
 
 
+def top_kernels(X, rank, block, count, device) -> list[list]:
+    """The ``count`` kernels with the most device time in one op-by-op build: ``[name, ms, calls]``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n, d = X.shape
+    init = default_init(d)
+    ls = torch.tensor(init["init_lengthscale"], dtype=X.dtype, device=device)
+    s = torch.tensor(init["init_outputscale"], dtype=X.dtype, device=device)
+    prod = CovarianceProduct(X, "matrix_free")
+    rows = lambda i: prod.kernel_rows(i, ls, s)  # noqa: E731
+    pivoted_cholesky(rows, s.expand(n), min(rank, n), block=block)  # warm-up
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pivoted_cholesky(rows, s.expand(n), min(rank, n), block=block)
+        sync(device)
+    kernels = [e for e in prof.key_averages() if float(getattr(e, "self_device_time_total", 0.0)) > 0]
+    kernels.sort(key=lambda e: -float(e.self_device_time_total))
+    return [[e.key[:90], float(e.self_device_time_total) / 1e3, e.count] for e in kernels[:count]]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="keggdirected")
@@ -106,6 +129,7 @@ def main(argv=None) -> None:
     ap.add_argument("--blocks", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--columns", type=int, default=17)
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--kernels", type=int, default=0, help="list this many kernels of one build (GPU)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="bench_preconditioner")
@@ -122,10 +146,13 @@ def main(argv=None) -> None:
         for block in args.blocks:
             rows.append({"set": name, **case(X, rank, block, args.columns, args.reps, device)})
             print(json.dumps(rows[-1]), flush=True)
-    write(args, rows, device)
+    kernels = []
+    if args.kernels and device.type == "cuda":
+        kernels = top_kernels(X, max(args.ranks), args.blocks[0], args.kernels, device)
+    write(args, rows, device, kernels)
 
 
-def write(args, rows, device) -> None:
+def write(args, rows, device, kernels=()) -> None:
     def ms(v):
         return "–" if v != v else f"{v:.2f}"
 
@@ -140,7 +167,7 @@ def write(args, rows, device) -> None:
     info = {"machine": machine(device), "date": today(), "commit": git_rev(), "device": str(device),
             "columns": args.columns, "reps": args.reps}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2))
+    (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows, "kernels": list(kernels)}, indent=2))
     text = (
         f"# The engine's preconditioner part by part ({device.type})\n\n"
         f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. float32 points at GPyTorch's "
@@ -151,6 +178,13 @@ def write(args, rows, device) -> None:
         f"a triangular solve against the identity and one GEMM, and one P^-1 V on {args.columns} columns. Medians "
         f"({'CUDA events' if device.type == 'cuda' else 'wall clock'}) in ms.\n\n" + table + "\n"
     )
+    if kernels:
+        text += (
+            f"\nThe kernels with the most device time in one op-by-op build (rank {max(args.ranks)}, "
+            f"{args.blocks[0]} pivots a block; torch.profiler):\n\n"
+            + md_table(["kernel", "ms", "calls"], [[k, f"{ms:.2f}", c] for k, ms, c in kernels])
+            + "\n"
+        )
     (args.out / f"{args.stem}.md").write_text(text)
     print(text)
 

@@ -719,7 +719,7 @@ PYEOF
           --out "$res"; echo "keggdirected rep $rep rc=$?"
       done
       grep -E "^\| kegg" "$res"/uci_keggdirected_c_*.md | cut -d'|' -f2,7,9,10,12,13
-      brun 80 "$OUT/s6c_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
+      brun 80 "$OUT/s6c_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected --kernels 12 \
         --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"; grep -E "^\| " "$OUT/s6c_precond.log"
       stage_end s6c ;;
     *) echo "unknown stage $st"; exit 2 ;;
