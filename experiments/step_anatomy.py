@@ -52,7 +52,7 @@ from gpfast.datasets.uci import load_uci
 from gpfast.estimator.solver import free_memory_bytes
 from gpfast.models import ExactGPModel
 from gpfast.train import Engine, CGSettings
-from gpfast.train import engine as engine_module
+from gpfast.train import state as state_module
 from gpfast.train import preconditioner as pc_module
 
 UCI7 = ["pol", "elevators", "bike", "kin40k", "protein", "keggdirected", "keggundirected"]
@@ -90,16 +90,16 @@ def labels(engine):
     methods.update(
         {(pc_module.BuildGraph, name): getattr(pc_module.BuildGraph, name) for name in ("__init__", "__call__")}
     )
-    build = engine_module.pivoted_cholesky
+    build = state_module.pivoted_cholesky
     try:
         for (owner, name), fn in methods.items():
             setattr(owner, name, _labelled(fn, "anatomy::preconditioner"))
-        engine_module.pivoted_cholesky = _labelled(build, "anatomy::preconditioner")
+        state_module.pivoted_cholesky = _labelled(build, "anatomy::preconditioner")
         yield
     finally:
         for (owner, name), fn in methods.items():
             setattr(owner, name, fn)
-        engine_module.pivoted_cholesky = build
+        state_module.pivoted_cholesky = build
         for name, fn in saved.items():
             setattr(prod, name, fn)
 

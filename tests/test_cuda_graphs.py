@@ -15,7 +15,7 @@ from gpfast import ExactGP
 from gpfast import _reference as ref
 from gpfast.train import CGSettings
 from gpfast.train.cg import CUDAGraphs, pcg
-from gpfast.train.engine import _State
+from gpfast.train.state import _State
 from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
 

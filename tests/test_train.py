@@ -675,7 +675,7 @@ def _solve(iterations: int, checked=()):
 
 
 def test_missed_solves_raise_the_rank_then_the_cap():
-    from gpfast.train.engine import _State
+    from gpfast.train.state import _State
 
     cfg = CGSettings(max_preconditioner_rank=400, cg_iteration_limit=40)  # rank 100, cap 15 to start
     state = _State(cfg)
@@ -820,7 +820,7 @@ def test_step_anatomy_attributes_launches_to_the_innermost_part():
 def test_preconditioner_takes_new_scales_when_they_have_moved():
     """The rescaling rule: the step's (outputscale, noise) are recorded when the step updated the preconditioner,
     and the next step updates it once either has moved by more than rescale_change in log since."""
-    from gpfast.train.engine import _State
+    from gpfast.train.state import _State
 
     cfg = CGSettings(rescale_change=0.1)
     state = _State(cfg)

@@ -47,7 +47,8 @@ from gpfast._version import __version__
 from gpfast.estimator import file_format, persistence
 from gpfast.estimator.fitting import FitResult
 from gpfast.estimator.params import Settings
-from gpfast.train.engine import EngineRecord, generator_state, set_generator_state
+from gpfast.train.engine import EngineRecord
+from gpfast.train.state import generator_state, set_generator_state
 
 __all__ = ["CHECKPOINT_FORMAT", "Checkpoint", "RunLog", "fingerprint", "open_for_fit"]
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from gpfast.train.engine import Engine, EngineRecord, generator_state, set_generator_state
+from gpfast.train.engine import Engine, EngineRecord
+from gpfast.train.state import generator_state, set_generator_state
 from gpfast.train.settings import CGSettings
 
 __all__ = ["BatchedEngine"]
