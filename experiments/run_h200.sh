@@ -40,7 +40,9 @@
 #                 and engine, step_anatomy, row c on the seven sets, memcheck, racecheck; S6_BUDGET 585), session6b
 #                 (bench_preconditioner on keggdirected and pol, every CUDA test; S6B_BUDGET 585), session6c (the
 #                 CUDA tests of the graphs, pivoted Cholesky, engine and checkpoints, row c on the seven sets,
-#                 step_anatomy, keggdirected's row c twice more, bench_preconditioner; S6C_BUDGET 585)
+#                 step_anatomy, keggdirected's row c twice more, bench_preconditioner; S6C_BUDGET 585), session6d
+#                 (the CUDA tests of the pivoted Cholesky and graphs, row c on the seven sets, step_anatomy on
+#                 ANATOMY_SETS; S6D_BUDGET 330)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -722,6 +724,20 @@ PYEOF
       brun 80 "$OUT/s6c_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected --kernels 12 \
         --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"; grep -E "^\| " "$OUT/s6c_precond.log"
       stage_end s6c ;;
+    session6d)
+      # The pivoted Cholesky at 32 pivots a block: build; the CUDA tests of the pivoted Cholesky and the graphs; row c
+      # on the seven sets; step_anatomy on the sets in ANATOMY_SETS (default the four smaller) with what is left; in
+      # one call of at most S6D_BUDGET seconds (default 330, the end of a session's device time). Files: s6d_*.log
+      # and s6d_results.tar.gz.
+      stage_begin s6d ${S6D_BUDGET:-330} 240
+      brun 40 "$OUT/s6d_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
+        tests/test_cuda_graphs.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6d_tests.log" | head -20; tail -1 "$OUT/s6d_tests.log"
+      row_c "$OUT/s6d_uci_c.log" 150
+      brun 120 "$OUT/s6d_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --datasets ${ANATOMY_SETS:-pol elevators bike kin40k} --out "$res"; echo "step_anatomy rc=$?"
+      grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -12
+      stage_end s6d ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

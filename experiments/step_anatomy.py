@@ -274,8 +274,20 @@ def main(argv=None) -> None:
     ap.add_argument("--options", default="{}", help="json of CGSettings fields")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
+    ap.add_argument("--rows-from", type=Path, default=None, help="run nothing: the table of the rows that an earlier "
+                    "run printed to this log (one whose time limit cut it before the table); give that run's "
+                    "--machine, --commit and --date")  # fmt: skip
+    ap.add_argument("--machine", default=None, help="with --rows-from: the machine the rows were measured on")
+    ap.add_argument("--commit", default=None, help="with --rows-from: the commit they were measured at")
+    ap.add_argument("--date", default=None, help="with --rows-from: the date they were measured on")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.rows_from is not None:
+        if not (args.machine and args.commit and args.date):
+            ap.error("--rows-from needs the measuring run's --machine, --commit and --date")
+        lines = args.rows_from.read_text().splitlines()
+        write(args, [json.loads(line) for line in lines if line.startswith('{"set"')], device)
+        return
     bw = args.bandwidth or (4.27e12 if device.type == "cuda" else None)
     options = json.loads(args.options)
     if args.synthetic:
@@ -346,8 +358,11 @@ def write(args, rows, device) -> None:
         + ", ".join(f"{name} {c:.0f}" for name, c in r["launch_ops"])
         for r in rows
     )
-    info = {"machine": machine(device), "date": today(), "commit": git_rev(), "device": str(device),
-            "steps": args.steps, "warmup": args.warmup}  # fmt: skip
+    info = {"machine": getattr(args, "machine", None) or machine(device),
+            "date": getattr(args, "date", None) or today(), "commit": getattr(args, "commit", None) or git_rev(),
+            "device": str(device), "steps": args.steps, "warmup": args.warmup}  # fmt: skip
+    if getattr(args, "rows_from", None) is not None:
+        info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2))
     text = (
@@ -359,7 +374,15 @@ def write(args, rows, device) -> None:
         "split: device time, CPU time on the CPU, as a share of the step); host reads are tensor values handed to "
         "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays. "
         "The floor is (products + 2) passes over a float32 K at the bandwidth "
-        f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'}).\n\n" + table + "\n"
+        f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'})."
+        + (
+            f" Rows read from the log of a run cut by its time limit ({info['rows_from']})."
+            if "rows_from" in info
+            else ""
+        )
+        + "\n\n"
+        + table
+        + "\n"
         "\nLaunches a step by part (the innermost part's profiler range around each launch, in the profiled steps "
         "with the settings' CUDA graphs) and the outermost operators that launch most (a launch outside any "
         "operator, such as a graph replay, under its own name):\n\n" + sources + "\n"

@@ -696,15 +696,24 @@ def test_missed_solves_raise_the_rank_then_the_cap():
     assert (small.rank, small.cap) == (150, 23)
 
 
-def test_step_anatomy_runs_on_the_cpu(tmp_path):
+def test_step_anatomy_runs_on_the_cpu(tmp_path, capsys):
     """``python -m experiments.step_anatomy`` on a small synthetic set: its table, with the split of the step into
-    products, backward, preconditioner and the rest, and the host reads per step within the budget."""
+    products, backward, preconditioner and the rest, and the host reads per step within the budget; and the same
+    table again from the rows it printed (``--rows-from``, for a run cut before its table), under the given
+    machine, commit and date."""
     import json as _json
 
     from experiments import step_anatomy
 
     step_anatomy.main(["--device", "cpu", "--synthetic", "300", "3", "--steps", "2", "--warmup", "1",
                        "--out", str(tmp_path)])  # fmt: skip
+    log = tmp_path / "run.log"
+    log.write_text(capsys.readouterr().out)
+    step_anatomy.main(["--device", "cpu", "--rows-from", str(log), "--machine", "M1", "--commit", "abc1234",
+                       "--date", "2026-01-02", "--out", str(tmp_path), "--stem", "again"])  # fmt: skip
+    again = _json.loads((tmp_path / "again.json").read_text())
+    assert again["rows"] == _json.loads((tmp_path / "step_anatomy.json").read_text())["rows"]
+    assert (again["machine"], again["commit"], again["date"]) == ("M1", "abc1234", "2026-01-02")
     (row,) = _json.loads((tmp_path / "step_anatomy.json").read_text())["rows"]
     assert row["n"] == 300 and row["product"] in ("stored", "matrix_free") and row["products"] >= 1
     assert row["host_reads"] <= 3 and row["step_ms"] > 0 and row["floor_ms"] > 0
