@@ -13,7 +13,7 @@ from gpfast.train.preconditioner import pivoted_cholesky
 F64 = torch.float64
 
 
-def _greedy_reference(K: torch.Tensor, rank: int, rel_floor: float = 1e-8, block: int = 32) -> torch.Tensor:
+def _greedy_reference(K: torch.Tensor, rank: int, rel_floor: float = 1e-8, block: int = 16) -> torch.Tensor:
     """The blocked greedy rule step by step on a dense K: each block's candidates are the 2 * block largest
     remaining diagonals, each pivot the candidate with the largest remaining diagonal (first on ties), its column
     the residual row over the square root of that diagonal (zero below the floor)."""
@@ -54,8 +54,8 @@ def test_blocked_build_follows_the_greedy_rule(device, n, d, lengthscale, rank):
     features, lengthscale 3) runs out before the requested rank and the remaining columns are zero. On a GPU the
     order of torch.topk among equal diagonals differs from the CPU's (every diagonal equals the outputscale at the
     first block, so the first pivot is a tie), so there the factor must be as good, not the same: its trace error
-    tr(K - L L^T) within 35% of the rule's (or both at rounding level), and K - L L^T >= 0. Bound from the worst of
-    150 random orders of the points on the CPU with the default 32 pivots a block: 1.275 at (500, 3), 1.014 at
+    tr(K - L L^T) within 20% of the rule's (or both at rounding level), and K - L L^T >= 0. Bound from the worst of
+    150 random orders of the points on the CPU with the default 16 pivots a block: 1.109 at (500, 3), 1.112 at
     (257, 6), 0 at rounding level at (300, 2)."""
     rows, K, diag = _kernel_problem(n, d, lengthscale, device, seed=n + d)
     got = pivoted_cholesky(rows, diag, rank).cpu()
@@ -64,7 +64,7 @@ def test_blocked_build_follows_the_greedy_rule(device, n, d, lengthscale, rank):
         assert rel_err(got, want) < 1e-8
     else:
         trace_got, trace_want = (float((K - L @ L.t()).diagonal().sum()) for L in (got, want))
-        assert trace_got <= 1.35 * trace_want + 1e-8 * n, (trace_got, trace_want)
+        assert trace_got <= 1.2 * trace_want + 1e-8 * n, (trace_got, trace_want)
     assert float(torch.linalg.eigvalsh(K - got @ got.t()).min()) > -1e-9  # an exact partial Cholesky
 
 

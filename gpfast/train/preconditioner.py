@@ -35,7 +35,7 @@ def pivoted_cholesky(
     diagonal: torch.Tensor,
     rank: int,
     rel_floor: float = 1e-8,
-    block: int = 32,
+    block: int = 16,
 ) -> torch.Tensor:
     """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T, built on the device in blocks.
 
@@ -47,12 +47,13 @@ def pivoted_cholesky(
     collapse inside one block. A pivot whose remaining diagonal is below ``rel_floor * max(diagonal)`` (K's rank is
     exhausted) gives a zero column instead of a division by a vanishing pivot.
 
-    Why 32, the op's largest (64 candidates): on an H200 at keggdirected's 43,945 points a rank-3200 build took
-    126 ms op by op and 68 ms as a graph replay, against 197 and 92 ms at 16 (the float64 GEMMs of the candidates'
-    residual rows run better at 64 rows than at 32), rank 100 1.7 ms against 2.1 ms, and tr(K - L L^T) was no
-    larger at any rank there (experiments/bench_preconditioner.py). Larger blocks give the order of ties among
-    equal diagonals more say: over 150 orders of the points of a CPU test problem the trace error varied by up to
-    28% at 32 against 11% at 16.
+    ``block`` may be up to 32 (the op takes at most 64 candidates). On an H200 at keggdirected's 43,945 points a
+    rank-3200 build at 32 took 126 ms op by op and 68 ms as a graph replay, against 197 and 92 ms at 16 (the float64
+    GEMMs of the candidates' residual rows run better at 64 rows than at 32), rank 100 1.7 ms against 2.1 ms, and
+    tr(K - L L^T) was no larger at any rank there (experiments/bench_preconditioner.py). The default stays 16, the
+    block size whose training fits have been measured against exact gradients on the GPU; larger blocks also give
+    the order of ties among equal diagonals more say (over 150 orders of the points of a CPU test problem the trace
+    error varied by up to 28% at 32 against 11% at 16).
 
     The pivots of a block depend only on the candidates' c x c residual covariance, so one call of the op
     ``_pivot_block`` takes them all (a single thread block on a GPU), and the block's columns over all n points
@@ -96,7 +97,7 @@ class BuildGraph:
     """:func:`pivoted_cholesky` of an RBF kernel on fixed points at a fixed rank, captured once as one CUDA graph and
     replayed for new hyperparameters.
 
-    Why: a greedy build of rank k is about ``15 k / 32`` small kernels launched from a Python loop (some 1,500 at
+    Why: a greedy build of rank k is about ``15 k / 16`` small kernels launched from a Python loop (some 3,000 at
     rank 3,200), so on a GPU the host, not the arithmetic, sets its time, and the engine rebuilds at an unchanged
     rank whenever a lengthscale moves. A replay launches them all at once: the same kernels in the same order on the
     same shapes (the pivots are chosen on the device, so nothing in the build depends on the host), hence the same
@@ -116,12 +117,12 @@ class BuildGraph:
     graphs : :class:`~gpfast.train.cg.CUDAGraphs`
         The engine's capture stream; the build gets a memory pool of its own (:meth:`CUDAGraphs.capture_alone`),
         whose factor stays valid until the next replay.
-    block : int, default=32
+    block : int, default=16
         Pivots per evaluation of candidate rows (:func:`pivoted_cholesky`).
     """
 
     def __init__(self, kernel_rows, n: int, rank: int, lengthscale, outputscale, dtype: torch.dtype, graphs,
-                 block: int = 32):  # fmt: skip
+                 block: int = 16):  # fmt: skip
         self.n, self.rank, self.graphs = n, rank, graphs
         # the inputs the captured kernels read: each call copies its hyperparameters into them
         self.lengthscale = lengthscale.detach().clone()
