@@ -42,7 +42,8 @@
 #                 CUDA tests of the graphs, pivoted Cholesky, engine and checkpoints, row c on the seven sets,
 #                 step_anatomy, keggdirected's row c twice more, bench_preconditioner; S6C_BUDGET 585), session6d
 #                 (the CUDA tests of the pivoted Cholesky and graphs, row c on the seven sets, step_anatomy on
-#                 ANATOMY_SETS; S6D_BUDGET 330)
+#                 ANATOMY_SETS; S6D_BUDGET 330), session7 (the CUDA tests of the pivoted Cholesky, graphs, engine and
+#                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -738,6 +739,22 @@ PYEOF
         --datasets ${ANATOMY_SETS:-pol elevators bike kin40k} --out "$res"; echo "step_anatomy rc=$?"
       grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -12
       stage_end s6d ;;
+    session7)
+      # 32 pivots a block against 16: build; the CUDA tests of the pivoted Cholesky, graphs, engine and checkpoints;
+      # row c on the seven sets at the defaults and at CGSettings(pivot_block=32) (stem uci_all_c_b32: merge it
+      # into uci_engine_vs_exact if it stays within the bounds); step_anatomy on the seven sets; in one call of at
+      # most S7_BUDGET seconds (default 585). Files: s7_*.log and s7_results.tar.gz.
+      stage_begin s7 ${S7_BUDGET:-585} 240
+      brun 60 "$OUT/s7_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
+        tests/test_cuda_graphs.py tests/test_train.py tests/test_checkpoint.py; echo "tests rc=$?"
+      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s7_tests.log" | head -20; tail -1 "$OUT/s7_tests.log"
+      row_c "$OUT/s7_uci_c.log" 150
+      brun 150 "$OUT/s7_uci_c_b32.log" "${UCI[@]}" --rows gpfast --cg pivot_block=32 --stem uci_all_c_b32 --out "$res"
+      echo "uci c b32 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_b32.md" \
+        | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s7_uci_c_b32.log")"
+      brun 170 "$OUT/s7_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
+        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      stage_end s7 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -199,3 +199,20 @@ def test_cuda_graph_engine_with_replayed_builds_takes_the_same_steps(device):
     assert fits[0].cg_iterations_ == fits[1].cg_iterations_
     assert np.allclose(fits[0].history_, fits[1].history_, rtol=1e-9, atol=0)
     assert rel_err(torch.as_tensor(fits[0].lengthscale_), torch.as_tensor(fits[1].lengthscale_)) < 1e-8
+
+
+@pytest.mark.parametrize("block", [1, 32])
+def test_engine_builds_with_the_settings_pivot_block(block):
+    """CGSettings.pivot_block reaches the build, op by op and captured (the CPU stand-in), and is checked."""
+    prod, draws = _build_problem("cpu", F64)
+    state = _State(CGSettings(preconditioner_rank=70, pivot_block=block))
+    state.graphs = _ReplayByCall()
+    for ls, s in draws[:2]:  # op by op, then captured and replayed
+        prod.update(ls, s, torch.tensor(0.1, dtype=F64))
+        state.build(prod, s, F64)
+        want = pivoted_cholesky(lambda i: prod.kernel_rows(i, ls, s), s.expand(prod.n), 70, block=block)
+        assert rel_err(state.pc.L, want) == 0.0
+    assert state.build_graph is not None
+    for bad in (0, 33, 2.0):
+        with pytest.raises(ValueError, match="pivot_block"):
+            CGSettings(pivot_block=bad)

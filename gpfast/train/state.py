@@ -46,6 +46,7 @@ class _State:
         self.g = self.hyper = None  # host lists: the last gradient per point and hyperparameters
         self.data_fit = self.log_det = 0.0
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
+        self.block = settings.pivot_block  # pivots per block of the preconditioner's build
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
         self.scales_at: list[float] | None = None  # (outputscale, noise) of the preconditioner's last update (host)
@@ -78,12 +79,13 @@ class _State:
         if self.graphs is not None and self.build_graph is not None and self.build_graph.rank == rank:
             L = self.build_graph(ls, outputscale)
         elif self.graphs is not None and self.eager_rank == rank:
-            self.build_graph = BuildGraph(product.kernel_rows, n, rank, ls, outputscale, dtype, self.graphs)
+            self.build_graph = BuildGraph(product.kernel_rows, n, rank, ls, outputscale, dtype, self.graphs,
+                                          block=self.block)  # fmt: skip
             L = self.build_graph(ls, outputscale)
         else:
             self.build_graph = None  # a graph of another rank: its factor is dropped with it
             with self.graphs.stream() if self.graphs is not None else contextlib.nullcontext():
-                L = pivoted_cholesky(product.kernel_rows, outputscale.to(dtype).expand(n), rank)
+                L = pivoted_cholesky(product.kernel_rows, outputscale.to(dtype).expand(n), rank, block=self.block)
             self.eager_rank = rank
         self.pc = Preconditioner(L, outputscale, dtype)
 
