@@ -6,8 +6,10 @@ candidate rows (:meth:`~gpfast.train.product.CovarianceProduct.kernel_rows`, O(n
 (n, m) x (m,) product per pivot, so a build is O(n k^2) with no n x n matrix and no host synchronisation. The
 factor is kept in float64.
 
-Between builds the outputscale and the noise change exactly at no cost: L is rescaled by sqrt(s / s_build) and the
-Woodbury factor is redone for the current noise in O(n k^2) (:meth:`Preconditioner.set_scales`):
+Between builds the outputscale and the noise change exactly without a rebuild: L is rescaled by sqrt(s / s_build)
+and the Woodbury factor is redone for the current noise (:meth:`Preconditioner.set_scales`; O(k^3) in the training
+steps' form, O(n k^2) in the folded form below; the training engine makes this update only once the scales have
+moved, ``CGSettings.rescale_change``):
 
     C = noise I_k + L^T L = R R^T (Cholesky, k x k, float64),   Q = L R^{-T} (n, k),
     P^{-1} v = (v - Q Q^T v) / noise,   log|P| = (n - k) log(noise) + 2 sum(log diag R).
