@@ -6,7 +6,7 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
    every ``rebuild_every`` steps, or sooner when a lengthscale has moved by more than
    ``rebuild_lengthscale_change`` in log since the build; in between, it takes the current outputscale and noise
-   (exactly, by its Woodbury form) once one of them has moved by more than ``rescale_change`` in log.
+   (exactly, by its Woodbury form) at the step after one of them has moved by more than ``rescale_change`` in log.
 3. Probes: s fixed Rademacher vectors (drawn anew every ``resample_every`` steps if set), independent of the
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's

@@ -67,12 +67,13 @@ class CGSettings:
         whose fits have been measured against exact gradients.
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
-        about 7 ms at rank 3200 on an H200, more than the steps' products on the smaller UCI sets) at every
-        rebuild and whenever one of them has changed by more than this in log (about 10%) since it last did; 0
-        updates it at every step. Between updates P is a slightly older but still positive definite
-        preconditioner: CG converges to the same solutions, the gradients and the loss do not depend on P after
-        the first step (its log-determinant enters only the first step's estimate), and only the iteration count
-        can change.
+        5.6 ms at rank 3200 on an H200, more than all the products of a step on the smaller UCI sets) at every
+        rebuild, and at the step after one whose outputscale or noise has moved by more than this in log (about
+        10%) since its last update (the rule reads the values with the step's one read, so P can lag by a step
+        more); 0 updates it at every step. Between updates P is an older but still positive definite
+        preconditioner, and after the first step the loss and the gradient depend on P only through how far each
+        solve gets: a solve that meets its tolerance gives the same answer to that tolerance, and one that misses
+        it (the cap) can differ, to which the accuracy rule reacts as to any miss.
     resample_every : int or None, default=None
         The probes are drawn anew every this many steps (their solves then restart cold); None keeps one draw for
         the whole fit. Redrawing every 5 or 10 steps did not improve the fits above (yacht's NLL spread stayed,
