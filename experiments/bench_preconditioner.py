@@ -39,15 +39,16 @@ from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, sync, time_ms, today
 from gpfast.datasets.uci import load_uci
 from gpfast.train.cg import CUDAGraphs
+from gpfast.train import preconditioner
 from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
 
 
 def _inverse_by_trsm(C: torch.Tensor) -> torch.Tensor:
-    """C^{-1} from C's Cholesky factor by one triangular solve against the identity and one GEMM."""
+    """C^{-1} as the engine's preconditioner forms it: a triangular solve of C's Cholesky factor against the
+    identity and one GEMM."""
     R, _ = torch.linalg.cholesky_ex(C)
-    R_inv = torch.linalg.solve_triangular(R, torch.eye(C.shape[0], dtype=C.dtype, device=C.device), upper=False)
-    return R_inv.t() @ R_inv
+    return preconditioner._inverse_by_trsm(R)
 
 
 def _inverse_by_potri(C: torch.Tensor) -> torch.Tensor:

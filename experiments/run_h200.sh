@@ -94,6 +94,19 @@ row_c() {
   grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
   echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$1")"
 }
+# cuda_tests LOG CAP FILE...: the CUDA tests of FILE... (or the folder tests), their failures and summary line.
+cuda_tests() {
+  local logf=$1 cap=$2; shift 2
+  brun "$cap" "$logf" python -m pytest -q -m cuda -p no:cacheprovider "$@"; echo "tests rc=$?"
+  grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$logf" | head -20; tail -1 "$logf"
+}
+# anatomy LOG CAP [ARG...]: step_anatomy on the UCI sets (ARG... passed on, e.g. --datasets or --steps), then its
+# table and its launches by part.
+anatomy() {
+  local logf=$1 cap=$2; shift 2
+  brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" "$@"
+  echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+}
 # exact_row LOG SET CAP: row exact (50 Adam steps with float64 Cholesky gradients) on one UCI set.
 exact_row() {
   brun "$3" "$1" "${UCI[@]}" --datasets "$2" --rows exact --stem "uci_$2_exact" --out "$res"
@@ -397,8 +410,7 @@ PYEOF
         --datasets pol elevators bike kin40k --rows gpfast exact \
         --stem uci_pol_elevators_bike_kin40k_c_exact --out "$res"; echo "uci rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k) " "$OUT/accuracy_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,20
-      brun 120 "$OUT/accuracy_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/accuracy_anatomy.log" | tail -9
+      anatomy "$OUT/accuracy_anatomy.log" 120
       stage_end accuracy ;;
     engine)
       # The engine's CUDA graphs and its final re-solve, in one call of at most ENGINE_BUDGET seconds (default 570):
@@ -411,8 +423,7 @@ PYEOF
       brun 150 "$OUT/engine_uci.log" "${UCI[@]}" \
         --rows gpfast --stem uci_all_c --out "$res"; echo "uci rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$OUT/engine_uci.log" | cut -d'|' -f2,5,7,9,10,12,13,23
-      brun 130 "$OUT/engine_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/engine_anatomy.log" | tail -9
+      anatomy "$OUT/engine_anatomy.log" 130
       brun 260 "$OUT/engine_exact.log" "${UCI[@]}" \
         --datasets protein --rows exact --stem uci_protein_exact --out "$res"
       echo "exact protein rc=$?"; grep -E "^\| protein" "$OUT/engine_exact.log" | cut -d'|' -f2,5,7,9,12,13
@@ -434,8 +445,7 @@ PYEOF
         brun 60 "$OUT/tc_bilinear.log" python -m experiments.bench_bilinear --reps 10; echo "bench_bilinear rc=$?"
         grep -E "^\| " "$OUT/tc_bilinear.log" | tail -22
       fi
-      brun 90 "$OUT/tc_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --steps 3 \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/tc_anatomy.log" | tail -9
+      anatomy "$OUT/tc_anatomy.log" 90 --steps 3
       if [ -f experiments/bench_tensor_cores.py ]; then
         brun 100 "$OUT/tc_sweep.log" python -m experiments.bench_tensor_cores --first-only
         echo "bench_tensor_cores rc=$?"; grep -E "^\| " "$OUT/tc_sweep.log" | tail -30
@@ -572,8 +582,7 @@ PYEOF
       # 40k); row c on the seven sets; row exact on keggdirected; then 8 stored products at 20k in a loop against one
       # torch.bmm (independent outputs). Files: s3_*.log and s3_results.tar.gz.
       stage_begin s3 ${S3_BUDGET:-585} 240
-      brun 100 "$OUT/s3_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3_tests.log" | head -20; tail -1 "$OUT/s3_tests.log"
+      cuda_tests "$OUT/s3_tests.log" 100 tests
       brun 90 "$OUT/s3_inverse.log" python -m experiments.bench_inverse --sizes 20000 40000 --blocks 1024 2048 4096 \
         --out "$res"; echo "inverse rc=$?"; grep -E "^\| [0-9]" "$OUT/s3_inverse.log"
       row_c "$OUT/s3_uci_c.log" 150
@@ -585,8 +594,7 @@ PYEOF
       # step_anatomy on the seven sets, then compute-sanitizer memcheck and racecheck over every kernel, in one call of
       # at most S3C_BUDGET seconds (default 585). Files: s3c_*.log and s3c_results.tar.gz.
       stage_begin s3c ${S3C_BUDGET:-585} 240
-      brun 130 "$OUT/s3c_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s3c_anatomy.log" | tail -9
+      anatomy "$OUT/s3c_anatomy.log" 130
       for tool in memcheck racecheck; do
         brun 200 "$OUT/s3c_$tool.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
         echo "$tool rc=$?"; tail -3 "$OUT/s3c_$tool.log"
@@ -598,9 +606,8 @@ PYEOF
       # the CG posterior and the exact routines; exact_step at keggdirected's size; row c on the seven sets.
       # Files: s3d_*.log and s3d_results.tar.gz.
       stage_begin s3d ${S3D_BUDGET:-585} 240
-      brun 80 "$OUT/s3d_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_train.py \
-        tests/test_cuda_graphs.py tests/test_cg_posterior.py tests/test_models.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s3d_tests.log" | head -20; tail -1 "$OUT/s3d_tests.log"
+      cuda_tests "$OUT/s3d_tests.log" 80 tests/test_train.py \
+        tests/test_cuda_graphs.py tests/test_cg_posterior.py tests/test_models.py
       brun 100 "$OUT/s3d_exact_step.log" python -m experiments.exact_step --n 44000 --d 20 --reps 2 --out "$res"
       echo "exact_step rc=$?"; grep -E "^\| [0-9]" "$OUT/s3d_exact_step.log"
       row_c "$OUT/s3d_uci_c.log" 150
@@ -646,8 +653,7 @@ PYEOF
       # sets, in one call of at most S4B_BUDGET seconds (default 585). Files: s4b_*.log and s4b_results.tar.gz.
       stage_begin s4b ${S4B_BUDGET:-585} 240
       for set in ${EXACT_SETS:-keggundirected}; do exact_row "$OUT/s4b_$set.log" $set 420; done
-      brun 130 "$OUT/s4b_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^\| " "$OUT/s4b_anatomy.log" | tail -9
+      anatomy "$OUT/s4b_anatomy.log" 130
       stage_end s4b ;;
     session4c)
       # Why the CG posterior's set-up does not end at 1M: the pivoted Cholesky's operations timed one by one
@@ -668,9 +674,8 @@ PYEOF
       # iterations of the mean-weight solve, the bounds that need no solve for 10,000 test points); row c on the
       # seven sets; in one call of at most S5_BUDGET seconds (default 585). Files: s5_*.log and s5_results.tar.gz.
       stage_begin s5 ${S5_BUDGET:-585} 240
-      brun 90 "$OUT/s5_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
-        tests/test_train.py tests/test_cuda_graphs.py tests/test_cg_posterior.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s5_tests.log" | head -20; tail -1 "$OUT/s5_tests.log"
+      cuda_tests "$OUT/s5_tests.log" 90 tests/test_pivoted_cholesky.py \
+        tests/test_train.py tests/test_cuda_graphs.py tests/test_cg_posterior.py
       cg1m_parts "$OUT/s5_cg1m.log" 240
       row_c "$OUT/s5_uci_c.log" 150
       stage_end s5 ;;
@@ -680,11 +685,9 @@ PYEOF
       # row c on the seven sets; compute-sanitizer memcheck and racecheck over every kernel with what is left; in one
       # call of at most S6_BUDGET seconds (default 585). Files: s6_*.log and s6_results.tar.gz.
       stage_begin s6 ${S6_BUDGET:-585} 240
-      brun 90 "$OUT/s6_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
-        tests/test_pivoted_cholesky.py tests/test_train.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6_tests.log" | head -20; tail -1 "$OUT/s6_tests.log"
-      brun 130 "$OUT/s6_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      cuda_tests "$OUT/s6_tests.log" 90 tests/test_cuda_graphs.py \
+        tests/test_pivoted_cholesky.py tests/test_train.py
+      anatomy "$OUT/s6_anatomy.log" 130
       row_c "$OUT/s6_uci_c.log" 150
       for tool in memcheck racecheck; do
         brun 200 "$OUT/s6_$tool.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
@@ -701,8 +704,7 @@ PYEOF
       brun 60 "$OUT/s6b_precond_pol.log" python -m experiments.bench_preconditioner --dataset pol --data-dir .data/uci \
         --ranks 3200 --stem bench_preconditioner_pol --out "$res"; echo "bench_preconditioner pol rc=$?"
       grep -E "^\| " "$OUT/s6b_precond_pol.log"
-      brun 240 "$OUT/s6b_tests.log" python -m pytest tests -q -m cuda -p no:cacheprovider; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6b_tests.log" | head -20; tail -1 "$OUT/s6b_tests.log"
+      cuda_tests "$OUT/s6b_tests.log" 240 tests
       stage_end s6b ;;
     session6c)
       # The preconditioner's scales taken only once they move (rescale_change) and C^-1 by a triangular solve, with
@@ -711,12 +713,10 @@ PYEOF
       # bench_preconditioner on keggdirected; in one call of at most S6C_BUDGET seconds (default 585). Files:
       # s6c_*.log and s6c_results.tar.gz.
       stage_begin s6c ${S6C_BUDGET:-585} 240
-      brun 90 "$OUT/s6c_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_cuda_graphs.py \
-        tests/test_pivoted_cholesky.py tests/test_train.py tests/test_checkpoint.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6c_tests.log" | head -20; tail -1 "$OUT/s6c_tests.log"
+      cuda_tests "$OUT/s6c_tests.log" 90 tests/test_cuda_graphs.py \
+        tests/test_pivoted_cholesky.py tests/test_train.py tests/test_checkpoint.py
       row_c "$OUT/s6c_uci_c.log" 150
-      brun 130 "$OUT/s6c_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      anatomy "$OUT/s6c_anatomy.log" 130
       for rep in 1 2; do
         brun 40 "$OUT/s6c_kegg_rep.log" "${UCI[@]}" --datasets keggdirected --rows gpfast --stem uci_keggdirected_c_$rep \
           --out "$res"; echo "keggdirected rep $rep rc=$?"
@@ -731,13 +731,10 @@ PYEOF
       # one call of at most S6D_BUDGET seconds (default 330, the end of a session's device time). Files: s6d_*.log
       # and s6d_results.tar.gz.
       stage_begin s6d ${S6D_BUDGET:-330} 240
-      brun 40 "$OUT/s6d_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
-        tests/test_cuda_graphs.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s6d_tests.log" | head -20; tail -1 "$OUT/s6d_tests.log"
+      cuda_tests "$OUT/s6d_tests.log" 40 tests/test_pivoted_cholesky.py \
+        tests/test_cuda_graphs.py
       row_c "$OUT/s6d_uci_c.log" 150
-      brun 120 "$OUT/s6d_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --datasets ${ANATOMY_SETS:-pol elevators bike kin40k} --out "$res"; echo "step_anatomy rc=$?"
-      grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -12
+      anatomy "$OUT/s6d_anatomy.log" 120 --datasets ${ANATOMY_SETS:-pol elevators bike kin40k}
       stage_end s6d ;;
     session7)
       # 32 pivots a block against 16: build; the CUDA tests of the pivoted Cholesky, graphs, engine and checkpoints;
@@ -745,15 +742,13 @@ PYEOF
       # into uci_engine_vs_exact if it stays within the bounds); step_anatomy on the seven sets; in one call of at
       # most S7_BUDGET seconds (default 585). Files: s7_*.log and s7_results.tar.gz.
       stage_begin s7 ${S7_BUDGET:-585} 240
-      brun 60 "$OUT/s7_tests.log" python -m pytest -q -m cuda -p no:cacheprovider tests/test_pivoted_cholesky.py \
-        tests/test_cuda_graphs.py tests/test_train.py tests/test_checkpoint.py; echo "tests rc=$?"
-      grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$OUT/s7_tests.log" | head -20; tail -1 "$OUT/s7_tests.log"
+      cuda_tests "$OUT/s7_tests.log" 60 tests/test_pivoted_cholesky.py \
+        tests/test_cuda_graphs.py tests/test_train.py tests/test_checkpoint.py
       row_c "$OUT/s7_uci_c.log" 150
       brun 150 "$OUT/s7_uci_c_b32.log" "${UCI[@]}" --rows gpfast --cg pivot_block=32 --stem uci_all_c_b32 --out "$res"
       echo "uci c b32 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_b32.md" \
         | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s7_uci_c_b32.log")"
-      brun 170 "$OUT/s7_anatomy.log" python -m experiments.step_anatomy --device cuda --data-dir .data/uci \
-        --out "$res"; echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+      anatomy "$OUT/s7_anatomy.log" 170
       stage_end s7 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac

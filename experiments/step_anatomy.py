@@ -358,10 +358,10 @@ def write(args, rows, device) -> None:
         + ", ".join(f"{name} {c:.0f}" for name, c in r["launch_ops"])
         for r in rows
     )
-    info = {"machine": getattr(args, "machine", None) or machine(device),
-            "date": getattr(args, "date", None) or today(), "commit": getattr(args, "commit", None) or git_rev(),
-            "device": str(device), "steps": args.steps, "warmup": args.warmup}  # fmt: skip
-    if getattr(args, "rows_from", None) is not None:
+    info = {"machine": args.machine or machine(device), "date": args.date or today(),
+            "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
+            "warmup": args.warmup}  # fmt: skip
+    if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2))

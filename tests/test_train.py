@@ -835,10 +835,8 @@ def test_preconditioner_takes_new_scales_when_they_have_moved():
     state = _State(cfg)
     seen = []
     for scales in ([1.0, 0.5], [1.05, 0.5], [1.0, 0.46], [1.0, 0.45], [1.2, 0.45], [1.2, 0.45], [1.2, 0.0]):
-        updated = state.rescale_next or state.scales_at is None
-        if updated:
-            state.scales_at = None  # as the step does when it updates
-        state.track_scales(cfg, scales)
+        updated = state.rescale_next or state.scales_at is None  # as the step decides
+        state.track_scales(cfg, scales, updated)
         seen.append((updated, state.rescale_next))
     # 0.45 / 0.5 moves log(noise) by 0.105 > 0.1, so the next step updates; a non-positive value always does
     assert seen == [(True, False), (False, False), (False, False), (False, True), (True, False), (False, False),

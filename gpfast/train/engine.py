@@ -210,9 +210,9 @@ class Engine:
             state.build(product, s, X.dtype)
             state.built_at = step
         pc = state.pc
-        if rebuild or state.rescale_next or state.scales_at is None:
+        rescale = rebuild or state.rescale_next or state.scales_at is None
+        if rescale:  # the values it takes are read with the step's (below)
             pc.set_scales(s, noise)
-            state.scales_at = None  # its values are read with the step's (below)
         first = state.x is None
         resample = first or (cfg.resample_every is not None and step - state.drawn_at >= cfg.resample_every)
         if resample:
@@ -259,7 +259,7 @@ class Engine:
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
         state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res, checks, max_res, estimate is not None)
-        state.track_scales(cfg, hyper[p - 3 : p - 1])
+        state.track_scales(cfg, hyper[p - 3 : p - 1], rescale)
 
         _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
         rec.cg_iterations.append(res.iterations)

@@ -96,6 +96,12 @@ def pivoted_cholesky(
     return L
 
 
+def _inverse_by_trsm(R: torch.Tensor) -> torch.Tensor:
+    """C^-1 = R^-T R^-1 from C's lower Cholesky factor R by one triangular solve against the identity and one GEMM."""
+    R_inv = torch.linalg.solve_triangular(R, torch.eye(R.shape[0], dtype=R.dtype, device=R.device), upper=False)
+    return R_inv.t() @ R_inv
+
+
 class BuildGraph:
     """:func:`pivoted_cholesky` of an RBF kernel on fixed points at a fixed rank, captured once as one CUDA graph and
     replayed for new hyperparameters.
@@ -207,8 +213,7 @@ class Preconditioner:
             # GEMM rate). C^-1 = R^-T R^-1 from one triangular solve against the identity and one GEMM: at k = 3200
             # on the H200 5.6 ms with the Cholesky against 6.9 ms for torch.cholesky_inverse (cuSOLVER's potri, some
             # 120 small kernels), equal to 7e-15 of the largest element (experiments/bench_preconditioner.py)
-            R_inv = torch.linalg.solve_triangular(R, torch.eye(self.k, **as64), upper=False)
-            self.M = c * (R_inv.t() @ R_inv)
+            self.M = c * _inverse_by_trsm(R)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:

@@ -89,15 +89,13 @@ class _State:
             self.eager_rank = rank
         self.pc = Preconditioner(L, outputscale, dtype)
 
-    def track_scales(self, cfg: CGSettings, scales: list) -> None:
-        """The rescaling rule, from the step's (outputscale, noise) on the host: record them when the step updated
-        the preconditioner (``scales_at`` None), and update it at the next step once either has moved by more than
+    def track_scales(self, cfg: CGSettings, scales: list, updated: bool) -> None:
+        """The rescaling rule, from the step's (outputscale, noise) on the host: record them when the step
+        ``updated`` the preconditioner, and update it at the next step once either has moved by more than
         ``rescale_change`` in log since."""
-        if self.scales_at is None:
+        if updated:
             self.scales_at = list(scales)
-        ok = all(a > 0 and b > 0 for a, b in zip(scales, self.scales_at))
-        change = max(abs(math.log(a / b)) for a, b in zip(scales, self.scales_at)) if ok else math.inf
-        self.rescale_next = change > cfg.rescale_change
+        self.rescale_next = _log_change(scales, self.scales_at) > cfg.rescale_change
 
     def track_second_moment(self, g: list) -> None:
         """Fold the step's gradient (per point) into the moving average of its squares that Adam keeps
@@ -113,8 +111,7 @@ class _State:
         measure ``res``, and whether it started from the last step's solutions)."""
         if rebuilt:
             self.l_build = list(lengthscale)
-        change = max(abs(math.log(a / b)) for a, b in zip(lengthscale, self.l_build))
-        self.rebuild_next = change > cfg.rebuild_lengthscale_change
+        self.rebuild_next = _log_change(lengthscale, self.l_build) > cfg.rebuild_lengthscale_change
         points = [(i, r) for i, r in result.checked if 0 < i < result.iterations] + [(result.iterations, res)]
         if warm:
             self.rate = solve_rate(points) or self.rate
@@ -166,6 +163,14 @@ class _State:
             self.build(product, s.reshape(()), X.dtype)
             if self.scales_at is not None:  # the update the uninterrupted run's preconditioner last had
                 self.pc.set_scales(*(torch.tensor(v, dtype=X.dtype, device=X.device) for v in self.scales_at))
+
+
+def _log_change(values: list, since: list) -> float:
+    """The largest |log(value / then)| over paired positive values (infinite if any is not positive): how far
+    hyperparameters have moved since a build or an update, as the rebuild and rescale rules measure it."""
+    if not all(a > 0 and b > 0 for a, b in zip(values, since)):
+        return math.inf
+    return max(abs(math.log(a / b)) for a, b in zip(values, since))
 
 
 def generator_state(device: torch.device) -> dict:
