@@ -6,6 +6,12 @@ computation of the same rows. With ``--backward``, forward+backward is timed twi
 outputscale, v: the backward's two row passes and K^T G), and with the hyperparameters' only, as the training engine
 needs them (one row pass: the gradient mask skips the points' passes). ``--cases N:T ...`` picks (n, t) pairs
 instead of the product of --sizes and --t. Writes experiments/results/STEM.{md,json}.
+
+``--kernels K ...`` times instead each named kernel of the private op ``_rbf_matmul_kernel`` (``cuda_cores``, the
+tensor-core ``tc`` that float32 gets by default, and its variants; ``gpfast.ops.MATMUL_KERNELS``) on every case,
+with its error on the same 256 rows, beside the tensor cores' floor: 3xTF32 is three TF32 MMAs per product, so
+3 * 2 * (8 ceil(d / 8) + 8 ceil(t / 8)) flops a pair (the cross term and P V) at the H200's measured 356 TFLOP/s.
+Writes experiments/results/STEM_kernels.{md,json}.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from gpfast.bench.report import md_table, write_results
 from gpfast.bench.timing import EXP_RATE, cuda_time_ms
 
 FP32_RATE = 67e12
+TF32_RATE = 356e12  # measured on the H200 (dense TF32 MMAs)
 
 
 def bench(n, d, t, reps, with_backward, with_gpytorch=True):
@@ -81,6 +88,37 @@ def bench(n, d, t, reps, with_backward, with_gpytorch=True):
     return row
 
 
+def bench_kernels(n, d, t, reps, kernels):
+    """One row per kernel of ``_rbf_matmul_kernel`` at n = m, K(x, x) @ V: median time and error on 256 rows."""
+    dev = "cuda"
+    x = torch.randn(n, d, device=dev)
+    l = torch.rand(d, device=dev) + 0.5
+    s = torch.tensor(1.3, device=dev)
+    v = torch.randn(n, t, device=dev)
+    pairs = n * n
+    tc_flops = 3 * 2 * (8 * -(-d // 8) + 8 * -(-t // 8))
+    floors = {"tf32x3_floor_s": tc_flops * pairs / TF32_RATE, "exp_floor_s": pairs / EXP_RATE}
+    rows_idx = torch.randperm(n, device=dev)[:256]
+    want = _reference.rbf_covariance(x[rows_idx].double(), x.double(), l.double(), s.double()) @ v.double()
+    plain = _reference.rbf_covariance(x[rows_idx], x, l, s) @ v
+    plain_err = ((plain.double() - want).norm() / want.norm()).item()
+    out_rows = []
+    for kernel in kernels:
+        row = {"n": n, "d": d, "t": t, "kernel": kernel, **floors, "plain_fp32_rel_err": plain_err}
+        try:
+            out = ops._rbf_matmul_kernel(x, x, l, s, v, kernel)
+        except ValueError as err:  # a variant's shape limits
+            row["time_s"] = f"not run ({err})"
+            out_rows.append(row)
+            continue
+        row["rel_err"] = ((out[rows_idx].double() - want).norm() / want.norm()).item()
+        row["time_s"] = cuda_time_ms(lambda k=kernel: ops._rbf_matmul_kernel(x, x, l, s, v, k), 1, reps) / 1e3
+        row["x_floor"] = row["time_s"] / max(floors.values())
+        out_rows.append(row)
+        print(row, flush=True)
+    return out_rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[40000, 200000, 1000000])
@@ -91,11 +129,22 @@ def main(argv=None):
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--cases", nargs="+", help="N:T pairs (instead of the product of --sizes and --t)")
     parser.add_argument("--no-gpytorch", action="store_true", help="leave out dense GPyTorch")
+    parser.add_argument("--kernels", nargs="+", choices=ops.MATMUL_KERNELS, help="time these kernels instead")
     args = parser.parse_args(argv)
     if args.cases:
         cases = [tuple(int(v) for v in c.split(":")) for c in args.cases]
     else:
         cases = [(n, t) for n in args.sizes for t in args.t]
+    if args.kernels:
+        rows = [r for n, t in cases for r in bench_kernels(n, args.d, t, args.reps if n < 500000 else 3, args.kernels)]
+        cols = ["n", "d", "t", "kernel", "time_s", "tf32x3_floor_s", "exp_floor_s", "x_floor", "rel_err"]
+        cols.append("plain_fp32_rel_err")
+        heads = ["n", "d", "t", "kernel", "K@V (s)", "3xTF32 floor (s)", "exp floor (s)", "x larger floor"]
+        heads += ["rel. err vs fp64", "plain fp32 rel. err"]
+        table = md_table(heads, [[r.get(c, "–") for c in cols] for r in rows])
+        title = "Matrix-free K @ V: each kernel of _rbf_matmul_kernel"
+        print(write_results(RESULTS, f"{args.stem}_kernels", title, table, rows))
+        return
     rows = []
     for n, t in cases:
         rows.append(bench(n, args.d, t, args.reps if n < 500000 else 3, args.backward, not args.no_gpytorch))

@@ -43,7 +43,9 @@
 #                 step_anatomy, keggdirected's row c twice more, bench_preconditioner; S6C_BUDGET 585), session6d
 #                 (the CUDA tests of the pivoted Cholesky and graphs, row c on the seven sets, step_anatomy on
 #                 ANATOMY_SETS; S6D_BUDGET 330), session7 (the CUDA tests of the pivoted Cholesky, graphs, engine and
-#                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585)
+#                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585),
+#                 session8 (K @ V on tensor cores: every CUDA test, the kernel sweep, the 1M step, row c at 32 pivots
+#                 a block; S8_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -750,6 +752,28 @@ PYEOF
         | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s7_uci_c_b32.log")"
       anatomy "$OUT/s7_anatomy.log" 170
       stage_end s7 ;;
+    session8)
+      # K @ V on tensor cores (float32's new default): build (ptxas report); every CUDA test; bench_matmul's kernel
+      # sweep (the CUDA-core kernel, the tensor-core kernel and its variants) at 1M (t = 16 and 11), 200k and 36k;
+      # the 1M engine step with the new default; then row c at 32 pivots a block (stem uci_all_c_b32), as far as the
+      # budget goes; in one call of at most S8_BUDGET seconds (default 585). Files: s8_*.log, s8_results.tar.gz.
+      budget_start ${S8_BUDGET:-585}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/s8_results"; mkdir -p "$res"
+      brun 240 "$OUT/s8_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s; ptxas of kv_tc_kernel:"
+      grep -A2 "kv_tc_kernel" "$OUT/s8_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      cuda_tests "$OUT/s8_tests.log" 150 tests
+      brun 150 "$OUT/s8_kv.log" python -m experiments.bench_matmul --cases 1000000:16 1000000:11 200000:16 36000:11 \
+        --kernels cuda_cores tc tc_m1w4 tc_m4w4 tc_m2w8 tc_fold8 tc_cc --reps 3 --stem bench_matmul
+      echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| [0-9]" "$res/bench_matmul_kernels.md"
+      brun 130 "$OUT/s8_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 2 --out "$res"
+      echo "engine1m rc=$?"; tail -4 "$OUT/s8_engine1m.log"
+      brun 150 "$OUT/s8_uci_c_b32.log" "${UCI[@]}" --rows gpfast --cg pivot_block=32 --stem uci_all_c_b32 --out "$res"
+      echo "uci c b32 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_b32.md" \
+        | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s8_uci_c_b32.log")"
+      stage_end s8 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -2,7 +2,9 @@
 
 Covers: the covariance forward's kernels, by default and each forced through the private op
 ``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
-and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits;
+and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits,
+and each of its kernels forced through ``_rbf_matmul_kernel`` (the CUDA-core kernel, the tensor-core kernel and its
+variants);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
@@ -49,6 +51,11 @@ def run_all():
             x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
             v = torch.randn(B, m, t, device=dev, dtype=dtype)
             ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
+        if dtype == torch.float32:  # each K @ V kernel forced (float32 gets the tensor cores by default)
+            x1, x2, l, s = _inputs(1, 45, 1031, 7, dev, dtype)
+            v = torch.randn(1, 1031, 13, device=dev, dtype=dtype)
+            for kernel in ops.MATMUL_KERNELS:
+                ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
         # the stored-K product: every t up to 16, odd row and column counts, a row stride wider than n
         for rows, n, t in [(37, 1027, 1), (130, 70, 11), (65, 300, 12), (9, 2001, 16), (3, 5, 7)]:
             K = torch.randn(rows, n + 3, device=dev, dtype=dtype)[:, :n]

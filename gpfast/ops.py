@@ -494,6 +494,34 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
 
 
+# The tensor-core variants that a sweep compares (d <= 8, t <= 16), beside "cuda_cores" and "tc" (the default).
+MATMUL_KERNELS = ("cuda_cores", "tc", "tc_m1w4", "tc_m4w4", "tc_m2w8", "tc_fold8", "tc_cc")
+
+
+@torch.no_grad()
+def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
+    """:func:`rbf_matmul` by a named CUDA kernel, for tests and benchmarks: ``"cuda_cores"`` (kv_fwd_kernel, any
+    dtype), ``"tc"`` (tensor cores, float32, d <= 32 and t <= 32: what float32 gets by default), or a variant of it
+    (``MATMUL_KERNELS``; d <= 8 and t <= 16). Arguments as in :func:`rbf_matmul`; no autograd.
+    """
+    _ensure_loaded()
+    if kernel not in MATMUL_KERNELS:
+        raise ValueError(f"_rbf_matmul_kernel: kernel must be one of {MATMUL_KERNELS}, got {kernel!r}")
+    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
+    d, t = x1c.shape[-1], vc.shape[-1]
+    limit = {"cuda_cores": (32, None), "tc": (32, 32)}.get(kernel, (8, 16))
+    if d > limit[0] or (limit[1] is not None and t > limit[1]):
+        raise ValueError(
+            f"_rbf_matmul_kernel: the kernel {kernel!r} takes d <= {limit[0]}"
+            + (f" and t <= {limit[1]}" if limit[1] else "")
+            + f", got d={d} and t={t}"
+        )
+    if kernel != "cuda_cores" and x1c.dtype != torch.float32:
+        raise ValueError(f"_rbf_matmul_kernel: the tensor-core kernels take float32, got {x1c.dtype}")
+    out = torch.ops.gpfast._rbf_matmul_kernel(x1c, x2c, lc, sc, vc, kernel).reshape(*batch, x1c.shape[1], t)
+    return out.squeeze(-1) if vector else out
+
+
 @torch.no_grad()
 def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kernel: str):
     """The lengthscale and outputscale gradients of :func:`rbf_matmul_backward` (``x_grads=False``) by a named CUDA

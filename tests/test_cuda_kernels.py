@@ -195,6 +195,87 @@ def test_matmul_large_against_float64_rows(ls):
     assert rel_err(out[rows], want) <= 2 * rel_err(plain, want) + 1e-6
 
 
+# The tensor-core K @ V (float32's default for d <= 32 and t <= 32) and its sweep variants, each forced through the
+# private op, against the CUDA-core kernel's rule: at most 2x plain float32 + 1e-6 against float64.
+KV_SHAPES_VARIANTS = [((), 130, 257, 3, 11), ((2,), 257, 70, 8, 16), ((), 333, 1000, 8, 1), ((), 17, 45, 5, 9)]
+KV_SHAPES_WIDE = [((), 70, 1000, 16, 24), ((), 33, 300, 29, 32), ((3,), 100, 130, 20, 17), ((), 200, 64, 32, 8)]
+
+
+def forced_matmul_case(kernel, shape):
+    batch, n, m, d, t = shape
+    x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", torch.float32)
+    x1, x2 = x1 + 10, x2 + 10  # far from the origin: the kernels centre the points
+    v = torch.randn(*batch, m, t, device="cuda")
+    poison_allocator("cuda", 8 * n * t * 64 * 4)
+    out = ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
+    assert out.shape == (*batch, n, t) and torch.isfinite(out).all(), "an output element was never written"
+    want = ref.rbf_matmul(x1.double(), x2.double(), l.double(), s.double(), v.double())
+    plain = ref.rbf_matmul(x1, x2, l, s, v)
+    assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6
+    assert torch.equal(out, ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel))  # deterministic
+
+
+@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
+@pytest.mark.parametrize("shape", KV_SHAPES_VARIANTS)
+def test_matmul_kernels_match_float64(kernel, shape):
+    forced_matmul_case(kernel, shape)
+
+
+@pytest.mark.parametrize("kernel", ["tc", "cuda_cores"])
+@pytest.mark.parametrize("shape", KV_SHAPES_WIDE)
+def test_matmul_kernels_wide_match_float64(kernel, shape):
+    forced_matmul_case(kernel, shape)
+
+
+@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
+def test_matmul_kernels_self_diagonal_and_columns_split(kernel):
+    """K(x, x) read back through one-hot right-hand sides: exactly s on the diagonal (near pairs recomputed by
+    differences), every entry against float64; few rows and many columns, so the columns split over blocks."""
+    m, d, t = 30000, 8, 12
+    x = torch.randn(m, d, device="cuda")
+    x[5000:5100] = x[:100]  # exact duplicates away from the diagonal
+    l = torch.rand(d, device="cuda") + 0.5
+    onehot = torch.zeros(m, t, device="cuda")
+    onehot[torch.arange(t), torch.arange(t)] = 1
+    s = torch.tensor(1.3, device="cuda")
+    out = ops._rbf_matmul_kernel(x, x, l, s, onehot, kernel)
+    assert torch.equal(out[torch.arange(t), torch.arange(t)], torch.full((t,), 1.3, device="cuda"))
+    assert torch.equal(out[5000 + torch.arange(t), torch.arange(t)], torch.full((t,), 1.3, device="cuda"))
+    want = reference64(x, x[:t], l, torch.tensor(1.3, dtype=torch.float64))
+    plain = ref.rbf_covariance(x, x[:t], l, s)
+    assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6
+
+
+@pytest.mark.parametrize("ls", [0.05, 0.3, 10.0])
+def test_matmul_tensor_cores_large_against_cuda_cores_rule(ls):
+    """n = 20,000 through the default (tensor cores) and the CUDA-core kernel, both within the rule on 256 rows."""
+    n, d, t = 20000, 8, 16
+    x = torch.randn(n, d, device="cuda") * 3
+    v = torch.randn(n, t, device="cuda")
+    l = torch.full((d,), ls, device="cuda")
+    rows = torch.randperm(n, device="cuda")[:256]
+    want = reference64(x[rows], x, l, torch.tensor(1.0)) @ v.double()
+    plain = ref.rbf_covariance(x[rows], x, l, torch.tensor(1.0, device="cuda")) @ v
+    for kernel in ("tc", "cuda_cores"):
+        out = ops._rbf_matmul_kernel(x, x, l, 1.0, v, kernel)
+        assert rel_err(out[rows], want) <= 2 * rel_err(plain, want) + 1e-6, kernel
+
+
+def test_matmul_kernel_argument_errors():
+    x = torch.randn(50, 8, device="cuda")
+    v = torch.randn(50, 4, device="cuda")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        ops._rbf_matmul_kernel(x, x, 1.0, 1.0, v, "tensor")
+    with pytest.raises(ValueError, match=r"takes d <= 8 and t <= 16, got d=9 and t=4"):
+        ops._rbf_matmul_kernel(
+            torch.randn(50, 9, device="cuda"), torch.randn(50, 9, device="cuda"), 1.0, 1.0, v, "tc_m4w4"
+        )
+    with pytest.raises(ValueError, match=r"takes d <= 32 and t <= 32, got d=8 and t=33"):
+        ops._rbf_matmul_kernel(x, x, 1.0, 1.0, torch.randn(50, 33, device="cuda"), "tc")
+    with pytest.raises(ValueError, match="tensor-core kernels take float32, got torch.float64"):
+        ops._rbf_matmul_kernel(x.double(), x.double(), 1.0, 1.0, v.double(), "tc")
+
+
 # -------------------------------------------------------------------------------------------------------- backward
 
 

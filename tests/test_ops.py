@@ -384,6 +384,32 @@ def test_backward_kernel_op_refuses_cpu_tensors(kernel):
         ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
 
 
+@pytest.mark.parametrize("kernel", ["cuda_cores", "tc", "tc_cc"])
+def test_matmul_kernel_op_refuses_cpu_tensors(kernel):
+    """The private op that forces one CUDA K @ V kernel has no CPU kernel: on CPU tensors it says so."""
+    x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")
+    with pytest.raises(RuntimeError, match=f"the kernel '{kernel}' runs on CUDA tensors only, got x1 on cpu"):
+        ops._rbf_matmul_kernel(x1, x2, l, s, torch.randn(5, 2), kernel)
+
+
+@pytest.mark.parametrize(
+    "kernel, d, t, match",
+    [
+        ("tc", 33, 2, "takes d <= 32 and t <= 32, got d=33 and t=2"),
+        ("tc", 3, 33, "takes d <= 32 and t <= 32, got d=3 and t=33"),
+        ("tc_m2w8", 9, 2, "takes d <= 8 and t <= 16, got d=9 and t=2"),
+        ("tc_fold8", 3, 17, "takes d <= 8 and t <= 16, got d=3 and t=17"),
+        ("cuda_cores", 33, 2, "takes d <= 32, got d=33 and t=2"),
+        ("mma", 3, 2, "kernel must be one of"),
+    ],
+)
+def test_matmul_kernel_wrapper_checks_the_kernel_limits(kernel, d, t, match):
+    """The wrapper names each kernel's limits before the op is called."""
+    x1, x2, l, s = rand_inputs((), 6, 5, d, "cpu")
+    with pytest.raises(ValueError, match=match):
+        ops._rbf_matmul_kernel(x1, x2, l, s, torch.randn(5, t), kernel)
+
+
 @pytest.mark.parametrize("d, t", [(3, 33), (33, 2)])
 def test_backward_kernel_wrapper_checks_the_kernel_limits(d, t):
     """The wrapper refuses d > 32 or t > 32 before the op: the CUDA op's own check of these crashes the interpreter

@@ -33,6 +33,12 @@ std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cpu(const at::Tensor&,
               "' runs on CUDA tensors only, got x1 on ", x1.device());
 }
 
+at::Tensor matmul_kernel_cpu(const at::Tensor& x1, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, c10::string_view kernel) {
+  TORCH_CHECK(false, "_rbf_matmul_kernel: the kernel '", std::string(kernel), "' runs on CUDA tensors only, got x1 on ",
+              x1.device());
+}
+
 }  // namespace gpfast
 
 TORCH_LIBRARY(gpfast, m) {
@@ -55,6 +61,8 @@ TORCH_LIBRARY(gpfast, m) {
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
+  // rbf_matmul on CUDA with the named kernel: "cuda_cores", "tc" or a tensor-core variant (csrc/README.md).
+  m.def("_rbf_matmul_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor v, str kernel) -> Tensor");
   // The lengthscale and outputscale gradients of rbf_matmul (no point gradients) on CUDA with the named kernel:
   // "rows" (the float64 row pass), "bilinear4" or "bilinear8" (tensor cores, float32), or the same with "_nosym"
   // (every ordered pair of K(x, x), not each pair once; csrc/README.md).
@@ -77,4 +85,5 @@ TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
   m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
+  m.impl("_rbf_matmul_kernel", &gpfast::matmul_kernel_cpu);
 }

@@ -1,8 +1,11 @@
-// CUDA launchers for rbf_matmul (K @ V without storing K). Device code: matmul_forward.cuh.
+// CUDA launchers for rbf_matmul (K @ V without storing K), and the private _rbf_matmul_kernel that runs a named
+// kernel. Device code: matmul_forward.cuh (CUDA cores, any dtype), matmul_tensor.cuh (tensor cores, float32).
 #include <algorithm>
+#include <string>
 
 #include "kv_dispatch.h"
 #include "matmul_forward.cuh"
+#include "matmul_tensor.cuh"
 
 namespace gpfast {
 namespace cuda {
@@ -16,33 +19,32 @@ constexpr int kv_rows_per_thread() {
   return D + TC <= 28 ? 4 : (D + TC <= 40 ? 2 : 1);
 }
 
-}  // namespace
+// The tensor-core kernel's shapes: the default, and the variants a sweep compares (d <= 8, t <= 16 only).
+struct TcVariant {
+  int mt, warps;
+  bool tc_cross, fold_chunk;
+};
+constexpr TcVariant kTcDefault{2, 4, true, false};
 
-at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
-                       const at::Tensor& outputscale, const at::Tensor& v) {
-  check_canonical(x1, x2, lengthscale, outputscale, "rbf_matmul");
-  check_rhs(x1, x2, v, "rbf_matmul");
-  const c10::cuda::CUDAGuard guard(x1.device());
-  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
-  if (B == 0 || n == 0 || t == 0) return at::empty({B, n, t}, x1.options());
-  if (m == 0) return at::zeros({B, n, t}, x1.options());
-  const int D = feature_bucket(d);
-  if (D == 0) {  // d > 32: dense blocks of rows of K (memory rows x m), times V by cuBLAS
-    at::Tensor out = at::empty({B, n, t}, x1.options());
-    const int64_t rb = dense_block_rows(m);
-    for (int64_t i = 0; i < n; i += rb) {
-      const int64_t r = std::min(rb, n - i);
-      out.narrow(1, i, r).copy_(at::bmm(covariance_cuda(x1.narrow(1, i, r), x2, lengthscale, outputscale), v));
-    }
-    return out;
-  }
+bool tc_variant(const std::string& name, TcVariant& out) {
+  if (name == "tc") out = kTcDefault;
+  else if (name == "tc_m1w4") out = {1, 4, true, false};
+  else if (name == "tc_m4w4") out = {4, 4, true, false};
+  else if (name == "tc_m2w8") out = {2, 8, true, false};
+  else if (name == "tc_fold8") out = {2, 4, true, true};
+  else if (name == "tc_cc") out = {2, 4, false, false};
+  else return false;
+  return true;
+}
+
+// out (splits, B, n, t) by the CUDA-core kernel
+void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                   const at::Tensor& V, int D, at::Tensor& result) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
   const bool is_double = x1.scalar_type() == at::kDouble;
   const int TC = rhs_bucket(t, is_double);
   const int64_t t_chunks = ceil_div(t, TC);
   TORCH_CHECK(B * t_chunks <= 65535, "rbf_matmul: at most 65535 (batch x rhs-chunks) on CUDA, got ", B * t_chunks);
-  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
-  const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
-  at::Tensor result;
   with_kv_buckets(x1.scalar_type(), D, TC, [&](auto zero, auto dc, auto tc) {
     using scalar_t = decltype(zero);
     constexpr int kD = decltype(dc)::value, kTC = decltype(tc)::value;
@@ -53,7 +55,7 @@ at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
     const int64_t cols = split_columns(rowblocks * B * t_chunks, m, kKvTile, 6, splits);
     TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
     at::Tensor part = at::empty({splits, B, n, t}, x1.options());
-    KvFwdArgs<scalar_t> a{p1.data_ptr<scalar_t>(), p2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
+    KvFwdArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
                           s.data_ptr<scalar_t>(),  V.data_ptr<scalar_t>(),  part.data_ptr<scalar_t>(),
                           n,                       m,                       B,
                           static_cast<int>(d),     static_cast<int>(t),     static_cast<int>(t_chunks),
@@ -64,10 +66,115 @@ at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     result = splits == 1 ? part[0] : part.sum(0);
   });
+}
+
+template <int KD, int NT, int MT, int W, bool kTcCross, bool kFold>
+void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+               const at::Tensor& V, at::Tensor& result) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
+  constexpr int kRows = W * 16 * MT;
+  const int64_t rowblocks = ceil_div(n, int64_t(kRows));
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && B <= 65535, "rbf_matmul: n=", n, " or batch ", B, " too large");
+  int64_t splits = 1;
+  const int64_t cols = split_columns(rowblocks * B, m, kKvTcTile, 4, splits);
+  TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
+  at::Tensor part = at::empty({splits, B, n, t}, x1.options());
+  KvFwdArgs<float> a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
+                     V.data_ptr<float>(),  part.data_ptr<float>(), n, m, B, static_cast<int>(d), static_cast<int>(t),
+                     1, cols};
+  const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
+  kv_tc_kernel<KD, NT, MT, W, kTcCross, kFold><<<grid, W * 32, 0, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  result = splits == 1 ? part[0] : part.sum(0);
+}
+
+// out by the tensor-core kernel (float32, d <= 32, t <= 32; the variants d <= 8, t <= 16)
+void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                     const at::Tensor& V, const TcVariant& var, at::Tensor& result) {
+  const int KD = static_cast<int>(ceil_div(x1.size(2), 8)), NT = static_cast<int>(ceil_div(V.size(2), 8));
+  const TcVariant& def = kTcDefault;
+  if (var.mt == def.mt && var.warps == def.warps && var.tc_cross == def.tc_cross && var.fold_chunk == def.fold_chunk) {
+    with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
+      with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
+        launch_tc<decltype(kd)::value, decltype(nt)::value, kTcDefault.mt, kTcDefault.warps, true, false>(
+            x1, x2, ls, s, V, result);
+      });
+    });
+    return;
+  }
+  if (var.mt == 1) launch_tc<1, 2, 1, 4, true, false>(x1, x2, ls, s, V, result);
+  else if (var.mt == 4) launch_tc<1, 2, 4, 4, true, false>(x1, x2, ls, s, V, result);
+  else if (var.warps == 8) launch_tc<1, 2, 2, 8, true, false>(x1, x2, ls, s, V, result);
+  else if (var.fold_chunk) launch_tc<1, 2, 2, 4, true, true>(x1, x2, ls, s, V, result);
+  else launch_tc<1, 2, 2, 4, false, false>(x1, x2, ls, s, V, result);
+}
+
+// The kernel a shape gets: tensor cores for float32 with d <= 32 and t <= 32; CUDA cores otherwise (float64, and
+// t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
+at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                      const at::Tensor& outputscale, const at::Tensor& v, const std::string* forced) {
+  const char* op = forced ? "_rbf_matmul_kernel" : "rbf_matmul";
+  check_canonical(x1, x2, lengthscale, outputscale, op);
+  check_rhs(x1, x2, v, op);
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
+  const int D = feature_bucket(d);
+  const bool fp32 = x1.scalar_type() == at::kFloat;
+  TcVariant var = kTcDefault;
+  bool tensor = fp32 && D != 0 && t <= 32;
+  if (forced) {
+    if (*forced == "cuda_cores") {
+      tensor = false;
+    } else {
+      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_m1w4', 'tc_m4w4', ",
+                  "'tc_m2w8', 'tc_fold8' or 'tc_cc', got '", *forced, "'");
+      TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32, got ", x1.scalar_type());
+      const bool is_default = *forced == "tc";
+      TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
+                  "' takes d <= ", is_default ? 32 : 8, " and t <= ", is_default ? 32 : 16, ", got d=", d, " and t=", t);
+      tensor = true;
+    }
+  }
+  const c10::cuda::CUDAGuard guard(x1.device());
+  if (B == 0 || n == 0 || t == 0) return at::empty({B, n, t}, x1.options());
+  if (m == 0) return at::zeros({B, n, t}, x1.options());
+  if (D == 0) {  // d > 32: dense blocks of rows of K (memory rows x m), times V by cuBLAS
+    at::Tensor out = at::empty({B, n, t}, x1.options());
+    const int64_t rb = dense_block_rows(m);
+    for (int64_t i = 0; i < n; i += rb) {
+      const int64_t r = std::min(rb, n - i);
+      out.narrow(1, i, r).copy_(at::bmm(covariance_cuda(x1.narrow(1, i, r), x2, lengthscale, outputscale), v));
+    }
+    return out;
+  }
+  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
+  const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
+  at::Tensor result;
+  if (tensor)
+    kv_tensor_cores(p1, p2, ls, s, V, var, result);
+  else
+    kv_cuda_cores(p1, p2, ls, s, V, D, result);
   return result;
+}
+
+}  // namespace
+
+at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                       const at::Tensor& outputscale, const at::Tensor& v) {
+  return run_matmul(x1, x2, lengthscale, outputscale, v, nullptr);
+}
+
+// rbf_matmul by a named kernel: "cuda_cores" (any dtype, d <= 32), "tc" (tensor cores, the default for float32,
+// d <= 32, t <= 32) or one of the tensor-core variants a sweep compares (d <= 8, t <= 16): for tests and benchmarks.
+at::Tensor matmul_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
+                              const at::Tensor& outputscale, const at::Tensor& v, c10::string_view kernel) {
+  const std::string name(kernel);
+  return run_matmul(x1, x2, lengthscale, outputscale, v, &name);
 }
 
 }  // namespace cuda
 }  // namespace gpfast
 
-TORCH_LIBRARY_IMPL(gpfast, CUDA, m) { m.impl("rbf_matmul", &gpfast::cuda::matmul_cuda); }
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("rbf_matmul", &gpfast::cuda::matmul_cuda);
+  m.impl("_rbf_matmul_kernel", &gpfast::cuda::matmul_kernel_cuda);
+}
