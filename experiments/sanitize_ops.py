@@ -10,8 +10,8 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
 pivots (``_pivot_block``). Usage:
-``python -m experiments.sanitize_ops`` (or ``python experiments/sanitize_ops.py``) under
-``compute-sanitizer --tool memcheck|racecheck``.
+``python -m experiments.sanitize_ops [--only matmul]`` (or ``python experiments/sanitize_ops.py``) under
+``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul`` runs the K @ V kernels alone.
 """
 
 import torch
@@ -51,11 +51,6 @@ def run_all():
             x2 = torch.randn(B, m, d, device=dev, dtype=dtype)
             v = torch.randn(B, m, t, device=dev, dtype=dtype)
             ops.rbf_matmul(x1, x2, torch.rand(d, device=dev, dtype=dtype) + 0.5, 1.2, v)
-        if dtype == torch.float32:  # each K @ V kernel forced (float32 gets the tensor cores by default)
-            x1, x2, l, s = _inputs(1, 45, 1031, 7, dev, dtype)
-            v = torch.randn(1, 1031, 13, device=dev, dtype=dtype)
-            for kernel in ops.MATMUL_KERNELS:
-                ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
         # the stored-K product: every t up to 16, odd row and column counts, a row stride wider than n
         for rows, n, t in [(37, 1027, 1), (130, 70, 11), (65, 300, 12), (9, 2001, 16), (3, 5, 7)]:
             K = torch.randn(rows, n + 3, device=dev, dtype=dtype)[:, :n]
@@ -79,6 +74,7 @@ def run_all():
                 torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
                 torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
     run_bilinear_backward(dev)
+    run_matmul_kernels(dev)
     # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
     for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
         A = torch.randn(c, rank, device=dev, dtype=torch.float64)
@@ -107,6 +103,32 @@ def run_bilinear_backward(dev):
             torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x1, l, s, v1, kernel)
 
 
+def run_matmul_kernels(dev):
+    """The K @ V kernels forced one by one: the tensor-core kernel in each feature and right-hand-side bucket
+    (d/8 and t/8 rounded up, 1..4), rows ragged against its 128-row blocks and columns against its 32-column tiles
+    and split over blocks; the CUDA-core kernel and the tensor-core variants (d <= 8, t <= 16)."""
+    for B, n, m, d, t in [
+        (1, 1, 1, 1, 1),
+        (2, 67, 131, 3, 9),
+        (1, 130, 700, 9, 17),
+        (1, 45, 1031, 20, 32),
+        (1, 300, 37, 32, 24),
+        (1, 9, 3000, 16, 5),
+    ]:
+        x1, x2, l, s = _inputs(B, n, m, d, dev, torch.float32)
+        v = torch.randn(B, m, t, device=dev)
+        kernels = ops.MATMUL_KERNELS if d <= 8 and t <= 16 else ("cuda_cores", "tc")
+        for kernel in kernels:
+            ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
-    run_all()
-    print("sanitize_ops: all kernels ran")
+    import sys
+
+    if sys.argv[1:] == ["--only", "matmul"]:  # the K @ V kernels alone: a short run for a change to them
+        run_matmul_kernels("cuda")
+        print("sanitize_ops: the K @ V kernels ran")
+    else:
+        run_all()
+        print("sanitize_ops: all kernels ran")
