@@ -3,7 +3,8 @@
     ncu --profile-from-start off --clock-control none --set basic python -m experiments.profile_ops --op cov_bwd
 
 ``--op cov_bwd``: rbf_covariance_backward at n = m = 16384, d = 8, float32, all gradients (its two row passes);
-``--op dense_matmul``: the stored-K product at n = 36000, t = 11. Inputs are built and
+``--op dense_matmul``: the stored-K product at n = 36000, t = 11; ``--op kv --kernel K``: K(x, x) @ V by the named
+kernel of ``_rbf_matmul_kernel`` at n = 200,000, d = 8, t = 16. Inputs are built and
 the op run once (build, load, warm-up) before the profiled call.
 """
 
@@ -18,8 +19,9 @@ from gpfast import ops
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", choices=["cov_bwd", "dense_matmul"], default="cov_bwd")
+    ap.add_argument("--op", choices=["cov_bwd", "dense_matmul", "kv"], default="cov_bwd")
     ap.add_argument("--n", type=int, default=None)
+    ap.add_argument("--kernel", choices=ops.MATMUL_KERNELS, default="tc", help="--op kv: the kernel")
     args = ap.parse_args(argv)
     dev = "cuda"
     if args.op == "cov_bwd":
@@ -30,6 +32,13 @@ def main(argv=None):
 
         def call():
             return torch.ops.gpfast.rbf_covariance_backward(G, x1, x2, l, s, True)
+    elif args.op == "kv":
+        n, t = args.n or 200000, 16
+        x, V = torch.randn(n, 8, device=dev), torch.randn(n, t, device=dev)
+        l = torch.rand(8, device=dev) + 0.5
+
+        def call():
+            return ops._rbf_matmul_kernel(x, x, l, 1.3, V, args.kernel)
     else:
         n, t = args.n or 36000, 11
         x = torch.randn(n, 8, device=dev)

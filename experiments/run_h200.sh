@@ -45,7 +45,8 @@
 #                 ANATOMY_SETS; S6D_BUDGET 330), session7 (the CUDA tests of the pivoted Cholesky, graphs, engine and
 #                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585),
 #                 session8 (K @ V on tensor cores: every CUDA test, the kernel sweep, the 1M step, row c at 32 pivots
-#                 a block; S8_BUDGET 585)
+#                 a block; S8_BUDGET 585), session8b (its second form: tests, sweep, ncu, sanitizers over K @ V, the
+#                 1M step; S8B_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -774,6 +775,34 @@ PYEOF
       echo "uci c b32 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_b32.md" \
         | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s8_uci_c_b32.log")"
       stage_end s8 ;;
+    session8b)
+      # K @ V on tensor cores, second form (column tiles staged once by a pre-pass, copied by cp.async, Kahan sums
+      # across tiles): build; every CUDA test; the kernel sweep at 1M, 200k, 36k and 13.5k; Nsight Compute on the
+      # default kernel at 200k; the 1M engine step; memcheck and racecheck over the K @ V kernels; in one call of at
+      # most S8B_BUDGET seconds (default 585). Files: s8b_*.log, s8b_results.tar.gz.
+      budget_start ${S8B_BUDGET:-585}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      res="$OUT/s8b_results"; mkdir -p "$res"
+      brun 240 "$OUT/s8b_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8b_build.log"; exit 1; }
+      echo "build done at $(( SECONDS - B_T0 )) s; ptxas of kv_tc_kernel:"
+      grep -A2 "kv_tc_kernel" "$OUT/s8b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
+      cuda_tests "$OUT/s8b_tests.log" 150 tests
+      brun 120 "$OUT/s8b_kv.log" python -m experiments.bench_matmul --cases 1000000:16 1000000:11 200000:16 \
+        36000:11 13500:11 --kernels cuda_cores tc tc_occ3 tc_m2w4 tc_m1w4 tc_t64 --reps 3 --stem bench_matmul
+      echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| [0-9]" "$res/bench_matmul_kernels.md"
+      brun 60 "$OUT/s8b_ncu.log" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis --section LaunchStats \
+        python -m experiments.profile_ops --op kv --kernel tc; echo "ncu rc=$?"
+      grep -E "kv_tc|Throughput|Stall|Occupancy|Registers|Issue|Pipe|Executed Ipc" "$OUT/s8b_ncu.log" | head -40
+      for tool in memcheck racecheck; do
+        brun 60 "$OUT/s8b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only matmul; echo "$tool rc=$?"
+      done
+      tail -3 "$OUT/s8b_sanitize.log"
+      brun 150 "$OUT/s8b_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 2 --out "$res"
+      echo "engine1m rc=$?"; tail -4 "$OUT/s8b_engine1m.log"
+      stage_end s8b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

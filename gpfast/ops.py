@@ -495,7 +495,7 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
 
 
 # The tensor-core variants that a sweep compares (d <= 8, t <= 16), beside "cuda_cores" and "tc" (the default).
-MATMUL_KERNELS = ("cuda_cores", "tc", "tc_m1w4", "tc_m4w4", "tc_m2w8", "tc_fold8", "tc_cc")
+MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_m2w4", "tc_m1w4", "tc_t64")
 
 
 @torch.no_grad()

@@ -268,7 +268,7 @@ def test_matmul_kernel_argument_errors():
         ops._rbf_matmul_kernel(x, x, 1.0, 1.0, v, "tensor")
     with pytest.raises(ValueError, match=r"takes d <= 8 and t <= 16, got d=9 and t=4"):
         ops._rbf_matmul_kernel(
-            torch.randn(50, 9, device="cuda"), torch.randn(50, 9, device="cuda"), 1.0, 1.0, v, "tc_m4w4"
+            torch.randn(50, 9, device="cuda"), torch.randn(50, 9, device="cuda"), 1.0, 1.0, v, "tc_occ3"
         )
     with pytest.raises(ValueError, match=r"takes d <= 32 and t <= 32, got d=8 and t=33"):
         ops._rbf_matmul_kernel(x, x, 1.0, 1.0, torch.randn(50, 33, device="cuda"), "tc")

@@ -1,33 +1,39 @@
 // K @ V in float32 on tensor cores, never storing K: out (splits, B, n, t) partial products, as kv_fwd_kernel.
 //
-// A warp owns MT tiles of 16 rows; the block's warps share tiles of kKvTcTile columns staged in shared memory.
-// Per 16 x 8 pairs (one MMA tile) and 8 columns at a time:
+// Two kernels. kv_tc_stage_kernel writes, once per product, every tile of kTile columns in the layout the product
+// kernel's MMAs read: the cross term's B operand Z_J and V's rows, both split hi + lo, and -|z_j|^2. kv_tc_kernel
+// then streams those tiles into shared memory by cp.async, double-buffered, so that no row block rescales, splits
+// or waits on the columns it shares with every other row block.
+//
+// A warp owns MT tiles of 16 rows. Per 16 x 8 pairs (one MMA tile) and 8 columns at a time:
 //   1. the exponent's cross term S = 2 Z_I Z_J^T as m16n8k8 TF32 MMAs over the features (k), 3xTF32 (below);
-//      kTcCross = false computes it on the CUDA cores instead, as kv_fwd_kernel does (a variant for the sweep);
 //   2. e = (S - |z_i|^2) - |z_j|^2 in log2 units, near pairs recomputed by differences (below), P = 2^e;
 //   3. O += P V_J as m16n8k8 TF32 MMAs over the 8 columns (k), 3xTF32. P goes from the accumulator registers of
 //      step 1 straight into the A operand: a thread holds columns 2t and 2t + 1 of rows g and g + 8, and the A
 //      operand wants k = t and t + 4; since k runs over columns, which are summed, k = t is taken to be column 2t
 //      and k = t + 4 column 2t + 1, and V's rows are staged in the same order (no shuffles).
-// The point scaling, the block's centre (the mean of its own rows) and the near-duplicate recomputation are those
-// of kv_fwd_kernel (covariance_forward.cuh): z = (x - mu) sqrt(log2(e) / 2) / l, so that K / s = 2^e, and a pair
+// Steps 1 and 2 run for all of a warp's row tiles before step 3, with one vote for near pairs, so that the MMAs
+// and exponentials of different tiles can overlap.
+//
+// Points: z = (x - mu) sqrt(log2(e) / 2) / l, so that K / s = 2^e, with mu the mean of the columns (per batch,
+// given by the host): rows and columns use the same centre, so the same x gives the same z bit for bit, and a pair
 // whose expanded exponent is within a fraction 2 tau of |z_i|^2 of zero has it recomputed as -|z_i - z_j|^2 from
-// float32 copies of the points, which makes K(x, x) = s exactly.
+// the raw points, which makes K(x, x) = s exactly (as kv_fwd_kernel, covariance_forward.cuh).
 //
 // Why 3xTF32. TF32 keeps 11 bits of the significand, so each operand is split a = a_hi + a_lo (both TF32, rounded
 // to nearest) and a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, dropping a_lo b_lo (2^-22 relative at most): each
 // product is then about as accurate as float32's own rounding. On CUDA cores the work is about d + t + 4 FMAs a
 // pair (28 at d = 8, t = 16: 1.1 s at the H200's float32 peak for n = m = 10^6); here the CUDA cores keep about
-// eight operations a pair (the biases, the near test, the split of P) beside one exponential, and the tensor cores
+// ten operations a pair (the biases, the near test, the split of P) beside one exponential, and the tensor cores
 // take 3 (d / 8 + t / 8) MMAs per 128 pairs.
 //
-// Why the sums are folded. The tensor cores accumulate in float32 with truncation, so a long chain of MMAs into one
-// accumulator drifts; each tile of kKvTcTile columns is summed in fresh accumulators (`big` for hi x hi, `small`
-// for the two cross products) and folded into the row's total by ordinary float32 additions, as kv_fwd_kernel folds
-// its per-tile sums (fold per chunk of 8 columns instead with kFoldChunk, a variant for the sweep).
+// Why a compensated sum across tiles. Each tile's products are summed in fresh accumulators (`big` for hi x hi,
+// `small` for the two cross products) and then added to the row's total. Over m = 10^6 columns that is 31,250
+// float32 additions into one total, whose rounding (about sqrt(31,250) half-ulps) was the whole of this kernel's
+// error without compensation (3e-6 against plain float32's 1.5e-6 at 10^6, and twice that when folding every 8
+// columns); a Kahan sum (the total and its lost low part) removes it for four additions per tile and value.
 #pragma once
 
-#include "covariance_forward.cuh"
 #include "device_common.cuh"
 #include "matmul_forward.cuh"
 #include "mma.cuh"
@@ -35,147 +41,181 @@
 namespace gpfast {
 namespace cuda {
 
-constexpr int kKvTcTile = 32;  // columns staged per tile (4 chunks of 8)
+// One staged tile of kTile columns, in 16-byte words: the cross term's fragments [chunk][k-step][lane], V's
+// [chunk][n-tile][lane] (each {b0 hi, b1 hi, b0 lo, b1 lo}), then -|z_j|^2 for the tile's columns.
+template <int KD, int NT, int kTile>
+struct TcTile {
+  static constexpr int kChunks = kTile / 8;
+  static constexpr int kZ = kChunks * KD * 32, kV = kChunks * NT * 32, kN = kTile / 4;
+  static constexpr int kWords = kZ + kV + kN;
+};
 
-// KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: one chunk of t <= 32).
-template <int KD, int NT, int MT, int kWarps, bool kTcCross, bool kFoldChunk>
-__global__ void __launch_bounds__(kWarps * 32) kv_tc_kernel(const KvFwdArgs<float> a) {
-  constexpr int D = 8 * KD, kThreads = kWarps * 32, kRows = kWarps * 16 * MT, kChunks = kKvTcTile / 8;
-  constexpr int kP = D + 4;  // float pitch of the points' copies: 16-byte rows for the CUDA-core variant
-  static_assert(kTcCross || KD == 1, "the CUDA-core cross term is a variant for d <= 8 (points in registers)");
-  __shared__ __align__(16) float s_zr[kRows][kP];  // rows' scaled points
-  __shared__ float s_nr[kRows];                    // -|z_i|^2
-  __shared__ __align__(16) float s_zc[kKvTcTile][kP];
-  __shared__ __align__(16) float s_nc[kKvTcTile];  // -|z_j|^2
-  // B operands, one 16-byte fragment per lane {b0 hi, b1 hi, b0 lo, b1 lo}, lane-major (conflict-free loads):
-  // the cross term's Z_J (chunk, k-step) and V's rows (chunk, n-tile) in the column order described above
-  __shared__ uint4 s_zf[kTcCross ? kChunks : 1][KD][32];
-  __shared__ uint4 s_vf[kChunks][NT][32];
+struct KvTcArgs {
+  const float* x1;     // (B, n, d) raw points
+  const float* x2;     // (B, m, d)
+  const float* ls;     // (B, d)
+  const float* scale;  // (B)
+  const float* mu;     // (B, d): the centre, the mean of x2
+  const float* v;      // (B, m, t)
+  uint4* tiles;        // (B, ceil(m / kTile), TcTile::kWords) staged column tiles
+  float* out;          // (splits, B, n, t)
+  int64_t n, m, batch, tiles_per_batch, cols_per_split;
+  int d, t;
+};
+
+__device__ __forceinline__ float tc_weight(const float* ls, int k) { return static_cast<float>(kSqrtHalfLog2e) / ls[k]; }
+
+// grid (tiles, B), 128 threads: one tile of columns in the product kernel's layout
+template <int KD, int NT, int kTile>
+__global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
+  using Tile = TcTile<KD, NT, kTile>;
+  constexpr int D = 8 * KD;
   __shared__ float s_mu[D], s_w[D];
-  __shared__ float s_scratch[kWarps * D];
+  const int tid = threadIdx.x;
+  const int64_t b = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int d = a.d, tt = a.t;
+  const float* x2 = a.x2 + b * a.m * d;
+  const float* v = a.v + b * a.m * tt;
+  if (tid < D) {
+    s_mu[tid] = tid < d ? a.mu[b * d + tid] : 0.0f;
+    s_w[tid] = tid < d ? tc_weight(a.ls + b * d, tid) : 0.0f;
+  }
+  __syncthreads();
+  uint4* tile = a.tiles + (b * a.tiles_per_batch + blockIdx.x) * Tile::kWords;
+  auto z = [&](int c, int k) {
+    return (j0 + c < a.m && k < d) ? scale_point(x2[(j0 + c) * d + k], s_mu[k], s_w[k]) : 0.0f;
+  };
+  for (int e = tid; e < Tile::kZ; e += 128) {  // Z_J: b0 = z[col g][8 ks + t], b1 = z[col g][8 ks + t + 4]
+    const int ln = e & 31, ks = (e >> 5) % KD, ch = (e >> 5) / KD;
+    const int c = 8 * ch + (ln >> 2), k0 = 8 * ks + (ln & 3);
+    uint4 f;
+    split_tf32(z(c, k0), f.x, f.z);
+    split_tf32(z(c, k0 + 4), f.y, f.w);
+    tile[e] = f;
+  }
+  for (int e = tid; e < Tile::kV; e += 128) {  // V: b0 = V[col 2t][8 nt + g], b1 = V[col 2t + 1][8 nt + g]
+    const int ln = e & 31, nt = (e >> 5) % NT, ch = (e >> 5) / NT;
+    const int64_t j = j0 + 8 * ch + 2 * (ln & 3);
+    const int rhs = 8 * nt + (ln >> 2);
+    const float v0 = (j < a.m && rhs < tt) ? v[j * tt + rhs] : 0.0f;
+    const float v1 = (j + 1 < a.m && rhs < tt) ? v[(j + 1) * tt + rhs] : 0.0f;
+    uint4 f;
+    split_tf32(v0, f.x, f.z);
+    split_tf32(v1, f.y, f.w);
+    tile[Tile::kZ + e] = f;
+  }
+  float* nc = reinterpret_cast<float*>(tile + Tile::kZ + Tile::kV);
+  for (int c = tid; c < kTile; c += 128) {
+    float nrm = 0.0f;
+#pragma unroll
+    for (int k = 0; k < D; ++k) {
+      const float y = z(c, k);
+      nrm = fmaf(y, y, nrm);
+    }
+    nc[c] = -nrm;
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// -|z_i - z_j|^2 from the raw points (the near pairs' recomputation): the same scaling as everywhere, so equal
+// points give exactly 0
+template <int D>
+__device__ __forceinline__ float tc_neg_sq_dist(const float* xi, const float* xj, const float* mu, const float* w,
+                                                int d) {
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < D; ++k) {
+    if (k < d) {
+      const float dk = scale_point(xi[k], mu[k], w[k]) - scale_point(xj[k], mu[k], w[k]);
+      s = fmaf(dk, dk, s);
+    }
+  }
+  return -s;
+}
+
+// KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: t <= 32); kMinBlocks blocks
+// per multiprocessor bound the registers (the sweep's occupancy against registers).
+template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const KvTcArgs a) {
+  using Tile = TcTile<KD, NT, kTile>;
+  constexpr int D = 8 * KD, kThreads = kWarps * 32, kRows = kWarps * 16 * MT;
+  __shared__ uint4 s_tile[2][Tile::kWords];
+  __shared__ float s_mu[D], s_w[D];
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int split = blockIdx.y;
-  const int64_t b = blockIdx.z;  // t <= 32: one chunk of right-hand sides
-  const int64_t j_begin = split * a.cols_per_split;
+  const int64_t b = blockIdx.z;
+  const int64_t j_begin = split * a.cols_per_split;  // a multiple of kTile
   const int64_t j_end = min(a.m, j_begin + a.cols_per_split);
   const int d = a.d, tt = a.t;
   const float* x1 = a.x1 + b * a.n * d;
   const float* x2 = a.x2 + b * a.m * d;
-  const float* v = a.v + b * a.m * tt;
+  const uint4* tiles = a.tiles + b * a.tiles_per_batch * Tile::kWords;
+  const int64_t tile0 = j_begin / kTile, ntiles = (j_end - j_begin + kTile - 1) / kTile;
 
-  // the block's rows, raw, and its centre: the mean of its rows
-  {
-    float part[D];
-#pragma unroll
-    for (int k = 0; k < D; ++k) part[k] = 0.0f;
-    for (int r = tid; r < kRows; r += kThreads) {
-      const int64_t i = row0 + r;
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        const float xv = (i < a.n && k < d) ? x1[i * d + k] : 0.0f;
-        s_zr[r][k] = xv;
-        part[k] += xv;
-      }
-    }
-    block_sum(part, s_scratch, s_mu);
-    if (tid < D) {
-      const float count = static_cast<float>(min(a.n - row0, static_cast<int64_t>(kRows)));
-      s_mu[tid] = tid < d ? s_mu[tid] / count : 0.0f;
-      s_w[tid] = tid < d ? static_cast<float>(kSqrtHalfLog2e) / a.ls[b * d + tid] : 0.0f;
-    }
-    __syncthreads();
-    for (int r = tid; r < kRows; r += kThreads) {
-      const int64_t i = row0 + r;
-      float nrm = 0.0f;
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        const float y = (i < a.n && k < d) ? scale_point(s_zr[r][k], s_mu[k], s_w[k]) : 0.0f;
-        nrm = fmaf(y, y, nrm);
-        s_zr[r][k] = y;
-      }
-      s_nr[r] = -nrm;
-    }
-    __syncthreads();
+  auto fetch = [&](int buf, int64_t k) {
+    const uint4* src = tiles + (tile0 + k) * Tile::kWords;
+    for (int e = tid; e < Tile::kWords; e += kThreads) cp_async16(&s_tile[buf][e], src + e);
+  };
+  fetch(0, 0);  // the first tile's copy overlaps the rows' set-up
+  cp_async_commit();
+
+  if (tid < D) {
+    s_mu[tid] = tid < d ? a.mu[b * d + tid] : 0.0f;
+    s_w[tid] = tid < d ? tc_weight(a.ls + b * d, tid) : 0.0f;
   }
+  __syncthreads();
 
-  // this lane's rows g and g + 8 of each of the warp's row tiles: the cross term's A operand (2 Z_I, split), or the
-  // doubled points themselves for the CUDA-core variant; biases and near thresholds
-  const int wrow = warp * 16 * MT;
+  // this lane's rows g and g + 8 of each of the warp's row tiles: the cross term's A operand (2 Z_I, split), the
+  // biases -|z_i|^2 and the near thresholds
+  const int64_t wrow = row0 + warp * 16 * MT;
   uint32_t ah[MT][KD][4], al[MT][KD][4];
-  float zr2[kTcCross ? 1 : MT][2][kTcCross ? 1 : D];
   float b1[MT][2], thr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    const int r0 = wrow + 16 * mt + g, r1 = r0 + 8;
-    if constexpr (kTcCross) {
 #pragma unroll
-      for (int ks = 0; ks < KD; ++ks) {
-        const int k0 = 8 * ks + q;
-        split_tf32(2.0f * s_zr[r0][k0], ah[mt][ks][0], al[mt][ks][0]);  // doubling is exact
-        split_tf32(2.0f * s_zr[r1][k0], ah[mt][ks][1], al[mt][ks][1]);
-        split_tf32(2.0f * s_zr[r0][k0 + 4], ah[mt][ks][2], al[mt][ks][2]);
-        split_tf32(2.0f * s_zr[r1][k0 + 4], ah[mt][ks][3], al[mt][ks][3]);
-      }
-    } else {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = wrow + 16 * mt + g + 8 * h;
+      const float* xi = x1 + i * d;
+      auto z = [&](int k) { return (i < a.n && k < d) ? scale_point(xi[k], s_mu[k], s_w[k]) : 0.0f; };
+      float nrm = 0.0f;
 #pragma unroll
-      for (int k = 0; k < D; ++k) {
-        zr2[mt][0][k] = 2.0f * s_zr[r0][k];
-        zr2[mt][1][k] = 2.0f * s_zr[r1][k];
+      for (int k = 0; k < D; ++k) nrm = fmaf(z(k), z(k), nrm);
+      b1[mt][h] = -nrm;
+      thr[mt][h] = -nrm * (2 * kNearTau);
+#pragma unroll
+      for (int ks = 0; ks < KD; ++ks) {  // a0/a2 of row g, a1/a3 of row g + 8; doubling is exact
+        split_tf32(2.0f * z(8 * ks + q), ah[mt][ks][h], al[mt][ks][h]);
+        split_tf32(2.0f * z(8 * ks + q + 4), ah[mt][ks][2 + h], al[mt][ks][2 + h]);
       }
     }
-    b1[mt][0] = s_nr[r0];
-    b1[mt][1] = s_nr[r1];
-    thr[mt][0] = b1[mt][0] * (2 * kNearTau);
-    thr[mt][1] = b1[mt][1] * (2 * kNearTau);
   }
 
-  float acc[MT][NT][4];
+  float acc[MT][NT][4], comp[MT][NT][4];  // Kahan sums: the total and its lost low part
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+      for (int u = 0; u < 4; ++u) acc[mt][nt][u] = comp[mt][nt][u] = 0.0f;
 
-  for (int64_t jt = j_begin; jt < j_end; jt += kKvTcTile) {
-    const int cols = static_cast<int>(min(static_cast<int64_t>(kKvTcTile), j_end - jt));
-    __syncthreads();  // the previous tile's reads are done
-    for (int c = tid; c < kKvTcTile; c += kThreads) {
-      float nrm = 0.0f;
-#pragma unroll
-      for (int k = 0; k < D; ++k) {
-        const float y = (c < cols && k < d) ? scale_point(x2[(jt + c) * d + k], s_mu[k], s_w[k]) : 0.0f;
-        nrm = fmaf(y, y, nrm);
-        s_zc[c][k] = y;
-      }
-      s_nc[c] = -nrm;
-    }
-    if constexpr (kTcCross) {  // Z_J's fragments, from the same scaling (bit for bit the values in s_zc)
-      for (int e = tid; e < kChunks * KD * 32; e += kThreads) {
-        const int ln = e & 31, ks = (e >> 5) % KD, ch = (e >> 5) / KD;
-        const int c = 8 * ch + (ln >> 2), k0 = 8 * ks + (ln & 3), k1 = k0 + 4;
-        const float y0 = (c < cols && k0 < d) ? scale_point(x2[(jt + c) * d + k0], s_mu[k0], s_w[k0]) : 0.0f;
-        const float y1 = (c < cols && k1 < d) ? scale_point(x2[(jt + c) * d + k1], s_mu[k1], s_w[k1]) : 0.0f;
-        uint4 f;
-        split_tf32(y0, f.x, f.z);
-        split_tf32(y1, f.y, f.w);
-        s_zf[ch][ks][ln] = f;
-      }
-    }
-    for (int e = tid; e < kChunks * NT * 32; e += kThreads) {
-      const int ln = e & 31, nt = (e >> 5) % NT, ch = (e >> 5) / NT;
-      const int c0 = 8 * ch + 2 * (ln & 3), rhs = 8 * nt + (ln >> 2);
-      const float v0 = (c0 < cols && rhs < tt) ? v[(jt + c0) * tt + rhs] : 0.0f;
-      const float v1 = (c0 + 1 < cols && rhs < tt) ? v[(jt + c0 + 1) * tt + rhs] : 0.0f;
-      uint4 f;
-      split_tf32(v0, f.x, f.z);
-      split_tf32(v1, f.y, f.w);
-      s_vf[ch][nt][ln] = f;
-    }
-    __syncthreads();
+  for (int64_t k = 0; k < ntiles; ++k) {
+    if (k + 1 < ntiles) fetch((k + 1) & 1, k + 1);  // into the buffer read in the previous tile (synced below)
+    cp_async_commit();
+    cp_async_wait_one();  // tile k has landed (this thread's part)
+    __syncthreads();      // ... and every thread's
+    const uint4* zf_s = s_tile[k & 1];
+    const uint4* vf_s = zf_s + Tile::kZ;
+    const float* nc_s = reinterpret_cast<const float*>(zf_s + Tile::kZ + Tile::kV);
+    const int64_t jt = j_begin + k * kTile;
 
     float big[MT][NT][4], small[MT][NT][4];
 #pragma unroll
@@ -183,98 +223,67 @@ __global__ void __launch_bounds__(kWarps * 32) kv_tc_kernel(const KvFwdArgs<floa
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) big[mt][nt][e] = small[mt][nt][e] = 0.0f;
+        for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
 
 #pragma unroll
-    for (int ch = 0; ch < kChunks; ++ch) {
-      const int c0 = 8 * ch + 2 * q;  // this lane's columns c0 and c0 + 1 of the chunk
-      const float2 nc = *reinterpret_cast<const float2*>(&s_nc[c0]);
-      uint4 vf[NT];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) vf[nt] = s_vf[ch][nt][lane];
+    for (int ch = 0; ch < Tile::kChunks; ++ch) {
+      const int c0 = 8 * ch + 2 * q;  // this lane's columns c0 and c0 + 1 of the tile
+      const float2 nc = *reinterpret_cast<const float2*>(&nc_s[c0]);
       uint4 zf[KD];
-      if constexpr (kTcCross) {
 #pragma unroll
-        for (int ks = 0; ks < KD; ++ks) zf[ks] = s_zf[ch][ks][lane];
-      }
-      float zc[2][kTcCross ? 1 : D];
-      if constexpr (!kTcCross) {
-        load_row<float, D>(&s_zc[c0][0], zc[0]);
-        load_row<float, D>(&s_zc[c0 + 1][0], zc[1]);
-      }
+      for (int ks = 0; ks < KD; ++ks) zf[ks] = zf_s[(ch * KD + ks) * 32 + lane];
+      // e[mt][0..3] for (g, c0), (g, c0 + 1), (g + 8, c0), (g + 8, c0 + 1): the accumulator layout
+      float e[MT][4];
+      bool near = false;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        // e[0..3] for (g, c0), (g, c0 + 1), (g + 8, c0), (g + 8, c0 + 1): the accumulator layout
-        float e[4];
-        if constexpr (kTcCross) {
-          float sb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float sb[4] = {0.0f, 0.0f, 0.0f, 0.0f}, ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-          for (int ks = 0; ks < KD; ++ks) mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y,
-                                                           zf[ks].z, zf[ks].w);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) e[u] = sb[u] + ss[u];
-        } else {
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const float(&zi)[D] = zr2[mt][u >> 1];
-            const float(&zj)[D] = zc[u & 1];
-            float s = zi[0] * zj[0];
-#pragma unroll
-            for (int k = 1; k < D; ++k) s = fmaf(zi[k], zj[k], s);
-            e[u] = s;
-          }
-        }
-        bool near = false;
+        for (int ks = 0; ks < KD; ++ks)
+          mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          e[u] = (e[u] + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first, then the biases
-          near |= e[u] >= thr[mt][u >> 1];
+          e[mt][u] = ((sb[u] + ss[u]) + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first
+          near |= e[mt][u] >= thr[mt][u >> 1];
         }
-        if (__any_sync(kFull, near)) {
+      }
+      if (__any_sync(kFull, near)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
-            if (e[u] >= thr[mt][u >> 1]) {
-              const float* zi = s_zr[wrow + 16 * mt + g + 8 * (u >> 1)];
-              const float* zj = s_zc[c0 + (u & 1)];
-              float s = 0.0f;
-#pragma unroll
-              for (int k = 0; k < D; ++k) {
-                const float dk = zi[k] - zj[k];
-                s = fmaf(dk, dk, s);
-              }
-              e[u] = -s;
-            }
+            const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
+            if (e[mt][u] >= thr[mt][u >> 1] && i < a.n && j < j_end)
+              e[mt][u] = tc_neg_sq_dist<D>(x1 + i * d, x2 + j * d, s_mu, s_w, d);
           }
-        }
+      }
+      uint4 vf[NT];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) vf[nt] = vf_s[(ch * NT + nt) * 32 + lane];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
         uint32_t ph[4], pl[4];  // A operand: k = t is column c0, k = t + 4 column c0 + 1
-        split_tf32(exp2_fast(e[0]), ph[0], pl[0]);
-        split_tf32(exp2_fast(e[2]), ph[1], pl[1]);
-        split_tf32(exp2_fast(e[1]), ph[2], pl[2]);
-        split_tf32(exp2_fast(e[3]), ph[3], pl[3]);
+        split_tf32(exp2_fast(e[mt][0]), ph[0], pl[0]);
+        split_tf32(exp2_fast(e[mt][2]), ph[1], pl[1]);
+        split_tf32(exp2_fast(e[mt][1]), ph[2], pl[2]);
+        split_tf32(exp2_fast(e[mt][3]), ph[3], pl[3]);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
       }
-      if constexpr (kFoldChunk) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              acc[mt][nt][u] += big[mt][nt][u] + small[mt][nt][u];
-              big[mt][nt][u] = small[mt][nt][u] = 0.0f;
-            }
-      }
     }
-    if constexpr (!kFoldChunk) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int u = 0; u < 4; ++u) acc[mt][nt][u] += big[mt][nt][u] + small[mt][nt][u];
-    }
+        for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
+          const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
+          const float s = __fadd_rn(acc[mt][nt][u], y);
+          comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
+          acc[mt][nt][u] = s;
+        }
+    __syncthreads();  // every thread is done with buffer k & 1 before the next tile's copy into it
   }
 
   // accumulator layout: (row g, rhs 8 nt + 2t), (g, 8 nt + 2t + 1), (g + 8, ...)
@@ -283,7 +292,7 @@ __global__ void __launch_bounds__(kWarps * 32) kv_tc_kernel(const KvFwdArgs<floa
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t i = row0 + wrow + 16 * mt + g + 8 * h;
+      const int64_t i = wrow + 16 * mt + g + 8 * h;
       if (i >= a.n) continue;
       float* dst = a.out + ((static_cast<int64_t>(split) * a.batch + b) * a.n + i) * tt;
 #pragma unroll

@@ -21,18 +21,16 @@ constexpr int kv_rows_per_thread() {
 
 // The tensor-core kernel's shapes: the default, and the variants a sweep compares (d <= 8, t <= 16 only).
 struct TcVariant {
-  int mt, warps;
-  bool tc_cross, fold_chunk;
+  int mt, warps, tile, min_blocks;
 };
-constexpr TcVariant kTcDefault{2, 4, true, false};
+constexpr TcVariant kTcDefault{1, 8, 32, 2};
 
 bool tc_variant(const std::string& name, TcVariant& out) {
   if (name == "tc") out = kTcDefault;
-  else if (name == "tc_m1w4") out = {1, 4, true, false};
-  else if (name == "tc_m4w4") out = {4, 4, true, false};
-  else if (name == "tc_m2w8") out = {2, 8, true, false};
-  else if (name == "tc_fold8") out = {2, 4, true, true};
-  else if (name == "tc_cc") out = {2, 4, false, false};
+  else if (name == "tc_occ3") out = {1, 8, 32, 3};
+  else if (name == "tc_m2w4") out = {2, 4, 32, 1};
+  else if (name == "tc_m1w4") out = {1, 4, 32, 4};
+  else if (name == "tc_t64") out = {1, 8, 64, 2};
   else return false;
   return true;
 }
@@ -68,22 +66,42 @@ void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   });
 }
 
-template <int KD, int NT, int MT, int W, bool kTcCross, bool kFold>
+template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks>
 void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                const at::Tensor& V, at::Tensor& result) {
+  using Tile = TcTile<KD, NT, kTile>;
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
   constexpr int kRows = W * 16 * MT;
-  const int64_t rowblocks = ceil_div(n, int64_t(kRows));
-  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && B <= 65535, "rbf_matmul: n=", n, " or batch ", B, " too large");
+  const int64_t rowblocks = ceil_div(n, int64_t(kRows)), tiles = ceil_div(m, int64_t(kTile));
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && tiles < (int64_t(1) << 31) && B <= 65535, "rbf_matmul: n=", n,
+              ", m=", m, " or batch ", B, " too large");
   int64_t splits = 1;
-  const int64_t cols = split_columns(rowblocks * B, m, kKvTcTile, 4, splits);
+  const int64_t cols = split_columns(rowblocks * B, m, kTile, 2, splits);
   TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
+  // the centre: the columns' mean, shared by rows and columns so that equal points scale to equal bits
+  const at::Tensor mu = x2.mean(1).contiguous();
+  at::Tensor staged = at::empty({B, tiles, Tile::kWords * 4}, x1.options().dtype(at::kInt));
   at::Tensor part = at::empty({splits, B, n, t}, x1.options());
-  KvFwdArgs<float> a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
-                     V.data_ptr<float>(),  part.data_ptr<float>(), n, m, B, static_cast<int>(d), static_cast<int>(t),
-                     1, cols};
+  KvTcArgs a{x1.data_ptr<float>(),
+             x2.data_ptr<float>(),
+             ls.data_ptr<float>(),
+             s.data_ptr<float>(),
+             mu.data_ptr<float>(),
+             V.data_ptr<float>(),
+             reinterpret_cast<uint4*>(staged.data_ptr<int>()),
+             part.data_ptr<float>(),
+             n,
+             m,
+             B,
+             tiles,
+             cols,
+             static_cast<int>(d),
+             static_cast<int>(t)};
+  kv_tc_stage_kernel<KD, NT, kTile>
+      <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B)), 128, 0, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  kv_tc_kernel<KD, NT, MT, W, kTcCross, kFold><<<grid, W * 32, 0, current_stream()>>>(a);
+  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks><<<grid, W * 32, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   result = splits == 1 ? part[0] : part.sum(0);
 }
@@ -93,20 +111,21 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
                      const at::Tensor& V, const TcVariant& var, at::Tensor& result) {
   const int KD = static_cast<int>(ceil_div(x1.size(2), 8)), NT = static_cast<int>(ceil_div(V.size(2), 8));
   const TcVariant& def = kTcDefault;
-  if (var.mt == def.mt && var.warps == def.warps && var.tc_cross == def.tc_cross && var.fold_chunk == def.fold_chunk) {
+  if (var.mt == def.mt && var.warps == def.warps && var.tile == def.tile && var.min_blocks == def.min_blocks) {
     with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
       with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
-        launch_tc<decltype(kd)::value, decltype(nt)::value, kTcDefault.mt, kTcDefault.warps, true, false>(
-            x1, x2, ls, s, V, result);
+        constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
+        // the widest buckets would spill under the default's register bound (ptxas): one block per SM there
+        constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : kTcDefault.min_blocks;
+        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTcDefault.tile, kMinBlocks>(x1, x2, ls, s, V, result);
       });
     });
     return;
   }
-  if (var.mt == 1) launch_tc<1, 2, 1, 4, true, false>(x1, x2, ls, s, V, result);
-  else if (var.mt == 4) launch_tc<1, 2, 4, 4, true, false>(x1, x2, ls, s, V, result);
-  else if (var.warps == 8) launch_tc<1, 2, 2, 8, true, false>(x1, x2, ls, s, V, result);
-  else if (var.fold_chunk) launch_tc<1, 2, 2, 4, true, true>(x1, x2, ls, s, V, result);
-  else launch_tc<1, 2, 2, 4, false, false>(x1, x2, ls, s, V, result);
+  if (var.min_blocks == 3) launch_tc<1, 2, 1, 8, 32, 3>(x1, x2, ls, s, V, result);
+  else if (var.mt == 2) launch_tc<1, 2, 2, 4, 32, 1>(x1, x2, ls, s, V, result);
+  else if (var.warps == 4) launch_tc<1, 2, 1, 4, 32, 4>(x1, x2, ls, s, V, result);
+  else launch_tc<1, 2, 1, 8, 64, 2>(x1, x2, ls, s, V, result);
 }
 
 // The kernel a shape gets: tensor cores for float32 with d <= 32 and t <= 32; CUDA cores otherwise (float64, and
@@ -125,8 +144,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     if (*forced == "cuda_cores") {
       tensor = false;
     } else {
-      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_m1w4', 'tc_m4w4', ",
-                  "'tc_m2w8', 'tc_fold8' or 'tc_cc', got '", *forced, "'");
+      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_m2w4', ",
+                  "'tc_m1w4' or 'tc_t64', got '", *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32, got ", x1.scalar_type());
       const bool is_default = *forced == "tc";
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
