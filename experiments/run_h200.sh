@@ -44,9 +44,8 @@
 #                 (the CUDA tests of the pivoted Cholesky and graphs, row c on the seven sets, step_anatomy on
 #                 ANATOMY_SETS; S6D_BUDGET 330), session7 (the CUDA tests of the pivoted Cholesky, graphs, engine and
 #                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585),
-#                 session8 (K @ V on tensor cores: every CUDA test, the kernel sweep, the 1M step, row c at 32 pivots
-#                 a block; S8_BUDGET 585), session8b (its second form: tests, sweep, ncu, sanitizers over K @ V, the
-#                 1M step; S8B_BUDGET 585)
+#                 session8c (K @ V on tensor cores: every CUDA test, sanitizers over K @ V, the kernel sweep, its
+#                 instruction mix, the 1M step; S8C_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -753,56 +752,44 @@ PYEOF
         | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s7_uci_c_b32.log")"
       anatomy "$OUT/s7_anatomy.log" 170
       stage_end s7 ;;
-    session8)
-      # K @ V on tensor cores (float32's new default): build (ptxas report); every CUDA test; bench_matmul's kernel
-      # sweep (the CUDA-core kernel, the tensor-core kernel and its variants) at 1M (t = 16 and 11), 200k and 36k;
-      # the 1M engine step with the new default; then row c at 32 pivots a block (stem uci_all_c_b32), as far as the
-      # budget goes; in one call of at most S8_BUDGET seconds (default 585). Files: s8_*.log, s8_results.tar.gz.
-      budget_start ${S8_BUDGET:-585}
+    session8c)
+      # K @ V on tensor cores (float32's default from 10^10 pairs), third form (64-column tiles; three ways to split
+      # P): build (ptxas report); every CUDA test; memcheck and racecheck over the K @ V kernels; the kernel sweep at
+      # 1M, 200k and 36k; the SASS instruction mix of the default kernel; the 1M engine step; in one call of at most
+      # S8C_BUDGET seconds (default 585). Files: s8c_*.log, s8c_results.tar.gz.
+      budget_start ${S8C_BUDGET:-585}
       export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/s8_results"; mkdir -p "$res"
-      brun 240 "$OUT/s8_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8_build.log"; exit 1; }
+      res="$OUT/s8c_results"; mkdir -p "$res"
+      brun 240 "$OUT/s8c_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8c_build.log"; exit 1; }
       echo "build done at $(( SECONDS - B_T0 )) s; ptxas of kv_tc_kernel:"
-      grep -A2 "kv_tc_kernel" "$OUT/s8_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
-      cuda_tests "$OUT/s8_tests.log" 150 tests
-      brun 150 "$OUT/s8_kv.log" python -m experiments.bench_matmul --cases 1000000:16 1000000:11 200000:16 36000:11 \
-        --kernels cuda_cores tc tc_m1w4 tc_m4w4 tc_m2w8 tc_fold8 tc_cc --reps 3 --stem bench_matmul
-      echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| [0-9]" "$res/bench_matmul_kernels.md"
-      brun 130 "$OUT/s8_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 2 --out "$res"
-      echo "engine1m rc=$?"; tail -4 "$OUT/s8_engine1m.log"
-      brun 150 "$OUT/s8_uci_c_b32.log" "${UCI[@]}" --rows gpfast --cg pivot_block=32 --stem uci_all_c_b32 --out "$res"
-      echo "uci c b32 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_b32.md" \
-        | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s8_uci_c_b32.log")"
-      stage_end s8 ;;
-    session8b)
-      # K @ V on tensor cores, second form (column tiles staged once by a pre-pass, copied by cp.async, Kahan sums
-      # across tiles): build; every CUDA test; the kernel sweep at 1M, 200k, 36k and 13.5k; Nsight Compute on the
-      # default kernel at 200k; the 1M engine step; memcheck and racecheck over the K @ V kernels; in one call of at
-      # most S8B_BUDGET seconds (default 585). Files: s8b_*.log, s8b_results.tar.gz.
-      budget_start ${S8B_BUDGET:-585}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/s8b_results"; mkdir -p "$res"
-      brun 240 "$OUT/s8b_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8b_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s; ptxas of kv_tc_kernel:"
-      grep -A2 "kv_tc_kernel" "$OUT/s8b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
-      cuda_tests "$OUT/s8b_tests.log" 150 tests
-      brun 120 "$OUT/s8b_kv.log" python -m experiments.bench_matmul --cases 1000000:16 1000000:11 200000:16 \
-        36000:11 13500:11 --kernels cuda_cores tc tc_occ3 tc_m2w4 tc_m1w4 tc_t64 --reps 3 --stem bench_matmul
-      echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| [0-9]" "$res/bench_matmul_kernels.md"
-      brun 60 "$OUT/s8b_ncu.log" ncu --clock-control none --profile-from-start off --section SpeedOfLight \
-        --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis --section LaunchStats \
-        python -m experiments.profile_ops --op kv --kernel tc; echo "ncu rc=$?"
-      grep -E "kv_tc|Throughput|Stall|Occupancy|Registers|Issue|Pipe|Executed Ipc" "$OUT/s8b_ncu.log" | head -40
+      grep -A2 "kv_tc_kernel" "$OUT/s8c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
+      cuda_tests "$OUT/s8c_tests.log" 150 tests
       for tool in memcheck racecheck; do
-        brun 60 "$OUT/s8b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+        brun 60 "$OUT/s8c_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
           python -m experiments.sanitize_ops --only matmul; echo "$tool rc=$?"
       done
-      tail -3 "$OUT/s8b_sanitize.log"
-      brun 150 "$OUT/s8b_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 2 --out "$res"
-      echo "engine1m rc=$?"; tail -4 "$OUT/s8b_engine1m.log"
-      stage_end s8b ;;
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|kernels ran|Error" "$OUT/s8c_sanitize.log" | head -8
+      brun 100 "$OUT/s8c_kv.log" python -m experiments.bench_matmul --cases 1000000:16 200000:16 36000:11 \
+        --kernels cuda_cores tc tc_occ3 tc_t32 tc_vsplit tc_isplit --reps 3 --stem bench_matmul
+      echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| [0-9]" "$res/bench_matmul_kernels.md"
+      so=$(ls /tmp/gpb/*/*.so 2>/dev/null | head -1)
+      [ -n "$so" ] && cuobjdump -sass "$so" > /tmp/s8c_sass.txt 2>&1
+      timeout 60 python - /tmp/s8c_sass.txt <<'PYEOF' | tee "$OUT/s8c_sass_mix.txt"
+import collections, re, sys
+text = open(sys.argv[1]).read()
+# static instruction counts, one function per "Function :" header; the default kernel at d <= 8, t <= 16 has template arguments 1, 2, 1, 8, 64
+for part in text.split("Function : ")[1:]:
+    name = part.split("\n", 1)[0]
+    if "kv_tc_kernelILi1ELi2ELi1ELi8ELi64E" not in name:
+        continue
+    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", part))
+    print(name[:90], sum(ops.values()), "instructions")
+    print(", ".join(f"{k} {v}" for k, v in ops.most_common(24)))
+PYEOF
+      brun 200 "$OUT/s8c_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
+      echo "engine1m rc=$?"; tail -4 "$OUT/s8c_engine1m.log"
+      stage_end s8c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -119,7 +119,7 @@ def run_matmul_kernels(dev):
         v = torch.randn(B, m, t, device=dev)
         kernels = ops.MATMUL_KERNELS if d <= 8 and t <= 16 else ("cuda_cores", "tc")
         for kernel in kernels:
-            ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
+            torch.ops.gpfast._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
     torch.cuda.synchronize()
 
 

@@ -261,6 +261,15 @@ def test_matmul_tensor_cores_large_against_cuda_cores_rule(ls):
         assert rel_err(out[rows], want) <= 2 * rel_err(plain, want) + 1e-6, kernel
 
 
+def test_matmul_default_kernel_by_size():
+    """float32 products of at least 10^10 pairs get the tensor-core kernel, smaller ones the CUDA-core kernel, bit
+    for bit what the private op gives when it names them."""
+    l = torch.rand(8, device="cuda") + 0.5
+    for n, kernel in ((100_000, "tc"), (99_999, "cuda_cores")):
+        x, v = torch.randn(n, 8, device="cuda"), torch.randn(n, 3, device="cuda")
+        assert torch.equal(ops.rbf_matmul(x, x, l, 1.3, v), ops._rbf_matmul_kernel(x, x, l, 1.3, v, kernel)), kernel
+
+
 def test_matmul_kernel_argument_errors():
     x = torch.randn(50, 8, device="cuda")
     v = torch.randn(50, 4, device="cuda")

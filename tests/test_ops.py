@@ -384,7 +384,7 @@ def test_backward_kernel_op_refuses_cpu_tensors(kernel):
         ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
 
 
-@pytest.mark.parametrize("kernel", ["cuda_cores", "tc", "tc_t64"])
+@pytest.mark.parametrize("kernel", ["cuda_cores", "tc", "tc_isplit"])
 def test_matmul_kernel_op_refuses_cpu_tensors(kernel):
     """The private op that forces one CUDA K @ V kernel has no CPU kernel: on CPU tensors it says so."""
     x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")
@@ -397,8 +397,8 @@ def test_matmul_kernel_op_refuses_cpu_tensors(kernel):
     [
         ("tc", 33, 2, "takes d <= 32 and t <= 32, got d=33 and t=2"),
         ("tc", 3, 33, "takes d <= 32 and t <= 32, got d=3 and t=33"),
-        ("tc_m1w4", 9, 2, "takes d <= 8 and t <= 16, got d=9 and t=2"),
-        ("tc_t64", 3, 17, "takes d <= 8 and t <= 16, got d=3 and t=17"),
+        ("tc_vsplit", 9, 2, "takes d <= 8 and t <= 16, got d=9 and t=2"),
+        ("tc_isplit", 3, 17, "takes d <= 8 and t <= 16, got d=3 and t=17"),
         ("cuda_cores", 33, 2, "takes d <= 32, got d=33 and t=2"),
         ("mma", 3, 2, "kernel must be one of"),
     ],

@@ -139,9 +139,30 @@ __device__ __forceinline__ float tc_neg_sq_dist(const float* xi, const float* xj
   return -s;
 }
 
+// P = hi + lo for the P V product, three ways (the sweep's kSplit): 0, both halves rounded to TF32 by cvt.rna (as
+// every other operand); 1, Veltkamp's split (hi = c - (c - p) with c = p (2^13 + 1): hi keeps 11 bits, rounded to
+// nearest, on the FMA units) and lo passed as it is, the tensor core dropping its bits below TF32 (at most 2^-23 p);
+// 2, hi rounded half up by an integer add and mask, lo as in 1. Nsight Compute put the integer/logic pipe first in
+// this kernel (47.6% of its cycles at n = 200,000), and the split of P is most of that pipe's work.
+template <int kSplit>
+__device__ __forceinline__ void split_p(float p, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit == 0) {
+    split_tf32(p, hi, lo);
+  } else if constexpr (kSplit == 1) {
+    const float c = __fmul_rn(p, 8193.0f);  // explicit roundings: a contraction into an FMA would break the split
+    const float h = __fsub_rn(c, __fsub_rn(c, p));
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(__fsub_rn(p, h));
+  } else {
+    const float h = __uint_as_float((__float_as_uint(p) + 0x1000u) & 0xffffe000u);
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(__fsub_rn(p, h));
+  }
+}
+
 // KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: t <= 32); kMinBlocks blocks
-// per multiprocessor bound the registers (the sweep's occupancy against registers).
-template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks>
+// per multiprocessor bound the registers (the sweep's occupancy against registers); kSplit as in split_p.
+template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const KvTcArgs a) {
   using Tile = TcTile<KD, NT, kTile>;
   constexpr int D = 8 * KD, kThreads = kWarps * 32, kRows = kWarps * 16 * MT;
@@ -263,10 +284,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         uint32_t ph[4], pl[4];  // A operand: k = t is column c0, k = t + 4 column c0 + 1
-        split_tf32(exp2_fast(e[mt][0]), ph[0], pl[0]);
-        split_tf32(exp2_fast(e[mt][2]), ph[1], pl[1]);
-        split_tf32(exp2_fast(e[mt][1]), ph[2], pl[2]);
-        split_tf32(exp2_fast(e[mt][3]), ph[3], pl[3]);
+        split_p<kSplit>(exp2_fast(e[mt][0]), ph[0], pl[0]);
+        split_p<kSplit>(exp2_fast(e[mt][2]), ph[1], pl[1]);
+        split_p<kSplit>(exp2_fast(e[mt][1]), ph[2], pl[2]);
+        split_p<kSplit>(exp2_fast(e[mt][3]), ph[3], pl[3]);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
           mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);

@@ -21,19 +21,24 @@ constexpr int kv_rows_per_thread() {
 
 // The tensor-core kernel's shapes: the default, and the variants a sweep compares (d <= 8, t <= 16 only).
 struct TcVariant {
-  int mt, warps, tile, min_blocks;
+  int mt, warps, tile, min_blocks, split;
 };
-constexpr TcVariant kTcDefault{1, 8, 32, 2};
+constexpr TcVariant kTcDefault{1, 8, 64, 2, 0};
 
 bool tc_variant(const std::string& name, TcVariant& out) {
   if (name == "tc") out = kTcDefault;
-  else if (name == "tc_occ3") out = {1, 8, 32, 3};
-  else if (name == "tc_m2w4") out = {2, 4, 32, 1};
-  else if (name == "tc_m1w4") out = {1, 4, 32, 4};
-  else if (name == "tc_t64") out = {1, 8, 64, 2};
+  else if (name == "tc_occ3") out = {1, 8, 64, 3, 0};
+  else if (name == "tc_t32") out = {1, 8, 32, 2, 0};
+  else if (name == "tc_vsplit") out = {1, 8, 64, 2, 1};
+  else if (name == "tc_isplit") out = {1, 8, 64, 2, 2};
   else return false;
   return true;
 }
+
+// Below this many pairs a product has too few row blocks to fill the H200 twice over, and the CUDA-core kernel
+// was faster (H200: 2.05 against 2.66 ms at n = m = 36,000; the tensor cores 16% faster at 200,000 and at 10^6,
+// experiments/results/bench_matmul_kernels.md); the switch lies between the measured sizes.
+constexpr double kTcMinPairs = 1e10;
 
 // out (splits, B, n, t) by the CUDA-core kernel
 void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
@@ -66,7 +71,7 @@ void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   });
 }
 
-template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks>
+template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks, int kSplit>
 void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                const at::Tensor& V, at::Tensor& result) {
   using Tile = TcTile<KD, NT, kTile>;
@@ -101,7 +106,7 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
       <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B)), 128, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks><<<grid, W * 32, 0, current_stream()>>>(a);
+  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks, kSplit><<<grid, W * 32, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   result = splits == 1 ? part[0] : part.sum(0);
 }
@@ -111,25 +116,29 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
                      const at::Tensor& V, const TcVariant& var, at::Tensor& result) {
   const int KD = static_cast<int>(ceil_div(x1.size(2), 8)), NT = static_cast<int>(ceil_div(V.size(2), 8));
   const TcVariant& def = kTcDefault;
-  if (var.mt == def.mt && var.warps == def.warps && var.tile == def.tile && var.min_blocks == def.min_blocks) {
+  if (var.mt == def.mt && var.warps == def.warps && var.tile == def.tile && var.min_blocks == def.min_blocks &&
+      var.split == def.split) {
     with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
       with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
         constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
-        // the widest buckets would spill under the default's register bound (ptxas): one block per SM there
+        // wider buckets: two 64-column tiles would pass the 48 KB of static shared memory, and the registers
+        // would spill under the default's bound (ptxas): 32-column tiles, and one block per SM from d > 16
+        constexpr int kTile = kKD + kNT <= 5 ? kTcDefault.tile : 32;
         constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : kTcDefault.min_blocks;
-        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTcDefault.tile, kMinBlocks>(x1, x2, ls, s, V, result);
+        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTile, kMinBlocks, kTcDefault.split>(x1, x2, ls, s, V,
+                                                                                                 result);
       });
     });
     return;
   }
-  if (var.min_blocks == 3) launch_tc<1, 2, 1, 8, 32, 3>(x1, x2, ls, s, V, result);
-  else if (var.mt == 2) launch_tc<1, 2, 2, 4, 32, 1>(x1, x2, ls, s, V, result);
-  else if (var.warps == 4) launch_tc<1, 2, 1, 4, 32, 4>(x1, x2, ls, s, V, result);
-  else launch_tc<1, 2, 1, 8, 64, 2>(x1, x2, ls, s, V, result);
+  if (var.min_blocks == 3) launch_tc<1, 2, 1, 8, 64, 3, 0>(x1, x2, ls, s, V, result);
+  else if (var.tile == 32) launch_tc<1, 2, 1, 8, 32, 2, 0>(x1, x2, ls, s, V, result);
+  else if (var.split == 1) launch_tc<1, 2, 1, 8, 64, 2, 1>(x1, x2, ls, s, V, result);
+  else launch_tc<1, 2, 1, 8, 64, 2, 2>(x1, x2, ls, s, V, result);
 }
 
-// The kernel a shape gets: tensor cores for float32 with d <= 32 and t <= 32; CUDA cores otherwise (float64, and
-// t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
+// The kernel a shape gets: tensor cores for float32 with d <= 32, t <= 32 and at least kTcMinPairs pairs; CUDA
+// cores otherwise (float64, small products, and t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
 at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                       const at::Tensor& outputscale, const at::Tensor& v, const std::string* forced) {
   const char* op = forced ? "_rbf_matmul_kernel" : "rbf_matmul";
@@ -139,13 +148,13 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   const int D = feature_bucket(d);
   const bool fp32 = x1.scalar_type() == at::kFloat;
   TcVariant var = kTcDefault;
-  bool tensor = fp32 && D != 0 && t <= 32;
+  bool tensor = fp32 && D != 0 && t <= 32 && static_cast<double>(B) * n * m >= kTcMinPairs;
   if (forced) {
     if (*forced == "cuda_cores") {
       tensor = false;
     } else {
-      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_m2w4', ",
-                  "'tc_m1w4' or 'tc_t64', got '", *forced, "'");
+      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
+                  "'tc_vsplit' or 'tc_isplit', got '", *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32, got ", x1.scalar_type());
       const bool is_default = *forced == "tc";
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
