@@ -125,8 +125,11 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
         // would spill under the default's bound (ptxas): 32-column tiles, and one block per SM from d > 16
         constexpr int kTile = kKD + kNT <= 5 ? kTcDefault.tile : 32;
         constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : kTcDefault.min_blocks;
-        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTile, kMinBlocks, kTcDefault.split>(x1, x2, ls, s, V,
-                                                                                                 result);
+        // P split by the integer round (split_p<2>) where that kernel was measured and tested on the H200, d <= 8
+        // and 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s at 10^6 points, t = 16, the same
+        // error); the other buckets keep the cvt.rna split until theirs is
+        constexpr int kSplit = (kKD == 1 && kNT == 2) ? 2 : kTcDefault.split;
+        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTile, kMinBlocks, kSplit>(x1, x2, ls, s, V, result);
       });
     });
     return;
