@@ -8,10 +8,10 @@ needs them (one row pass: the gradient mask skips the points' passes). ``--cases
 instead of the product of --sizes and --t. Writes experiments/results/STEM.{md,json}.
 
 ``--kernels K ...`` times instead each named kernel of the private op ``_rbf_matmul_kernel`` (``cuda_cores``, the
-tensor-core ``tc`` that float32 gets by default, and its variants; ``gpfast.ops.MATMUL_KERNELS``) on every case,
-with its error on the same 256 rows, beside the tensor cores' floor: 3xTF32 is three TF32 MMAs per product, so
-3 * 2 * (8 ceil(d / 8) + 8 ceil(t / 8)) flops a pair (the cross term and P V) at the H200's measured 356 TFLOP/s.
-Writes experiments/results/STEM_kernels.{md,json}.
+tensor-core ``tc`` and its variants; ``gpfast.ops.MATMUL_KERNELS``) on every case, with its error on the same 256
+rows, beside the tensor cores' floor: 3xTF32 is three TF32 MMAs per product, so 3 * 2 * (8 ceil(d / 8) +
+8 ceil(t / 8)) flops a pair (the cross term and P V) at the H200's 356 TFLOP/s (measured on the project's GPU
+machine). Writes experiments/results/STEM_kernels.{md,json}.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from gpfast.bench.report import md_table, write_results
 from gpfast.bench.timing import EXP_RATE, cuda_time_ms
 
 FP32_RATE = 67e12
-TF32_RATE = 356e12  # measured on the H200 (dense TF32 MMAs)
+TF32_RATE = 356e12  # the H200's dense TF32 MMA rate as measured on the project's GPU machine (its notes)
 
 
 def bench(n, d, t, reps, with_backward, with_gpytorch=True):

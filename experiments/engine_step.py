@@ -54,8 +54,7 @@ def run(n: int, d: int, steps: int, device: str, options: dict) -> dict:
             flush=True,
         )
     # not engine.finish(): when the last step missed CG's tolerance it solves that step again to the tolerance to
-    # judge the gradient (minutes at 10^6 points, which cut the H200 stage's runs before their table), and this
-    # benchmark of the step's time reads only the records
+    # judge the gradient, minutes at 10^6 points, and this benchmark of the step's time needs only the records
     rec = engine.record
     if engine.product is not None:
         engine.product.release()

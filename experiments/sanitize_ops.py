@@ -105,8 +105,8 @@ def run_bilinear_backward(dev):
 
 def run_matmul_kernels(dev):
     """The K @ V kernels forced one by one: the tensor-core kernel in each feature and right-hand-side bucket
-    (d/8 and t/8 rounded up, 1..4), rows ragged against its 128-row blocks and columns against its 32-column tiles
-    and split over blocks; the CUDA-core kernel and the tensor-core variants (d <= 8, t <= 16)."""
+    (d/8 and t/8 rounded up, 1..4), rows ragged against its 128-row blocks and columns against its 64- and
+    32-column tiles and split over blocks; the CUDA-core kernel and the tensor-core variants (d <= 8, t <= 16)."""
     for B, n, m, d, t in [
         (1, 1, 1, 1, 1),
         (2, 67, 131, 3, 9),

@@ -16,6 +16,8 @@ Error rules (``rel_err`` is the norm-wise relative error against float64):
 """
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -195,10 +197,21 @@ def test_matmul_large_against_float64_rows(ls):
     assert rel_err(out[rows], want) <= 2 * rel_err(plain, want) + 1e-6
 
 
-# The tensor-core K @ V (float32's default for d <= 32 and t <= 32) and its sweep variants, each forced through the
-# private op, against the CUDA-core kernel's rule: at most 2x plain float32 + 1e-6 against float64.
+# The tensor-core K @ V (float32's default for d <= 8, 9 <= t <= 16 and 10^10 pairs or more; every bucket when
+# forced) and its sweep variants, each forced through the private op, against the CUDA-core kernel's rule: at most
+# 2x plain float32 + 1e-6 against float64. The rule cannot tell whether the sums across tiles are compensated (at
+# these sizes their rounding is small); test_matmul_tensor_cores_long_sums does.
 KV_SHAPES_VARIANTS = [((), 130, 257, 3, 11), ((2,), 257, 70, 8, 16), ((), 333, 1000, 8, 1), ((), 17, 45, 5, 9)]
 KV_SHAPES_WIDE = [((), 70, 1000, 16, 24), ((), 33, 300, 29, 32), ((3,), 100, 130, 20, 17), ((), 200, 64, 32, 8)]
+
+
+def poison_partials(batch, n, m, t):
+    """NaN in freed blocks of exactly the size of every partial-product buffer (splits, B, n, t) the op may
+    allocate, two of each: the caching allocator gives an allocation a free block of its own size first, and these
+    buffers are far smaller than what poison_allocator fills (a different pool)."""
+    B = math.prod(batch)
+    bufs = [torch.full((k * B * n * t,), float("nan"), device="cuda") for _ in range(2) for k in range(1, m // 32 + 2)]
+    del bufs
 
 
 def forced_matmul_case(kernel, shape):
@@ -206,7 +219,7 @@ def forced_matmul_case(kernel, shape):
     x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", torch.float32)
     x1, x2 = x1 + 10, x2 + 10  # far from the origin: the kernels centre the points
     v = torch.randn(*batch, m, t, device="cuda")
-    poison_allocator("cuda", 8 * n * t * 64 * 4)
+    poison_partials(batch, n, m, t)
     out = ops._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
     assert out.shape == (*batch, n, t) and torch.isfinite(out).all(), "an output element was never written"
     want = ref.rbf_matmul(x1.double(), x2.double(), l.double(), s.double(), v.double())
@@ -229,8 +242,8 @@ def test_matmul_kernels_wide_match_float64(kernel, shape):
 
 @pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
 def test_matmul_kernels_self_diagonal_and_columns_split(kernel):
-    """K(x, x) read back through one-hot right-hand sides: exactly s on the diagonal (near pairs recomputed by
-    differences), every entry against float64; few rows and many columns, so the columns split over blocks."""
+    """K(x, x) read back through one-hot right-hand sides: exactly s on the diagonal and at exact duplicates (near
+    pairs recomputed by differences), every entry against float64."""
     m, d, t = 30000, 8, 12
     x = torch.randn(m, d, device="cuda")
     x[5000:5100] = x[:100]  # exact duplicates away from the diagonal
@@ -248,7 +261,8 @@ def test_matmul_kernels_self_diagonal_and_columns_split(kernel):
 
 @pytest.mark.parametrize("ls", [0.05, 0.3, 10.0])
 def test_matmul_tensor_cores_large_against_cuda_cores_rule(ls):
-    """n = 20,000 through the default (tensor cores) and the CUDA-core kernel, both within the rule on 256 rows."""
+    """n = 20,000, each point scaled by 3, through the tensor-core and the CUDA-core kernels, both within the rule on
+    256 rows, at a short, a medium and a long lengthscale."""
     n, d, t = 20000, 8, 16
     x = torch.randn(n, d, device="cuda") * 3
     v = torch.randn(n, t, device="cuda")
@@ -262,12 +276,56 @@ def test_matmul_tensor_cores_large_against_cuda_cores_rule(ls):
 
 
 def test_matmul_default_kernel_by_size():
-    """float32 products of at least 10^10 pairs get the tensor-core kernel, smaller ones the CUDA-core kernel, bit
-    for bit what the private op gives when it names them."""
+    """float32 products of at least 10^10 pairs with d <= 8 and 9 <= t <= 16 get the tensor-core kernel, the rest
+    the CUDA-core kernel, bit for bit what the private op gives when it names them."""
     l = torch.rand(8, device="cuda") + 0.5
-    for n, kernel in ((100_000, "tc"), (99_999, "cuda_cores")):
-        x, v = torch.randn(n, 8, device="cuda"), torch.randn(n, 3, device="cuda")
-        assert torch.equal(ops.rbf_matmul(x, x, l, 1.3, v), ops._rbf_matmul_kernel(x, x, l, 1.3, v, kernel)), kernel
+    for n, t, kernel in ((100_000, 11, "tc"), (99_999, 11, "cuda_cores"), (100_000, 8, "cuda_cores")):
+        x, v = torch.randn(n, 8, device="cuda"), torch.randn(n, t, device="cuda")
+        got = ops.rbf_matmul(x, x, l, 1.3, v)
+        assert torch.equal(got, ops._rbf_matmul_kernel(x, x, l, 1.3, v, kernel)), (n, t, kernel)
+
+
+def test_matmul_tensor_cores_long_sums():
+    """10^6 columns in one row block's range (40,000 rows fill the GPU without column splits): the sums across
+    tiles are compensated, so the kernel's error on 256 rows stays below plain float32's (measured on the H200 at
+    10^6 points: 4.7e-7 against 1.5e-6; uncompensated, 3.1e-6)."""
+    m, n, d, t = 1_000_000, 40_000, 8, 16
+    x = torch.randn(m, d, device="cuda")
+    l = torch.rand(d, device="cuda") + 0.5
+    v = torch.randn(m, t, device="cuda")
+    s = torch.tensor(1.3, device="cuda")
+    out = ops._rbf_matmul_kernel(x[:n], x, l, s, v, "tc")
+    rows = torch.randperm(n, device="cuda")[:256]
+    want = torch.cat([reference64(x[r], x, l, s) @ v.double() for r in rows.split(32)])
+    plain = torch.cat([ref.rbf_covariance(x[r], x, l, s) @ v for r in rows.split(32)])
+    assert rel_err(out[rows], want) <= rel_err(plain, want)
+
+
+def test_matmul_kernel_op_checks_in_a_subprocess():
+    """The C++ op's own argument checks (the Python wrapper's are passed by calling the op directly), each in a
+    process of its own: a failing check must raise, not end the interpreter."""
+    cases = {
+        "'tensor'": "kernel must be 'cuda_cores', 'tc'",
+        "'tc', dtype=torch.float64": "take float32 points, got x1 of dtype Double",
+        "'tc_vsplit', d=9": "takes d <= 8 and t <= 16, got d=9 and t=4",
+        "'tc', t=33": "takes d <= 32 and t <= 32, got d=8 and t=33",
+    }
+    for args, message in cases.items():
+        code = (
+            "import torch, gpfast.ops as ops\n"
+            "def call(kernel, dtype=torch.float32, d=8, t=4):\n"
+            "    x = torch.randn(1, 50, d, device='cuda', dtype=dtype)\n"
+            "    l, s = torch.ones(1, d, device='cuda', dtype=dtype), torch.ones(1, device='cuda', dtype=dtype)\n"
+            "    v = torch.randn(1, 50, t, device='cuda', dtype=dtype)\n"
+            "    ops._ensure_loaded()\n"
+            "    torch.ops.gpfast._rbf_matmul_kernel(x, x, l, s, v, kernel)\n"
+            "try:\n"
+            f"    call({args})\n"
+            "except RuntimeError as err:\n"
+            "    print('raised:', err)\n"
+        )
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (args, run.stdout, run.stderr)
 
 
 def test_matmul_kernel_argument_errors():

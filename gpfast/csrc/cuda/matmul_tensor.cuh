@@ -20,18 +20,18 @@
 // whose expanded exponent is within a fraction 2 tau of |z_i|^2 of zero has it recomputed as -|z_i - z_j|^2 from
 // the raw points, which makes K(x, x) = s exactly (as kv_fwd_kernel, covariance_forward.cuh).
 //
-// Why 3xTF32. TF32 keeps 11 bits of the significand, so each operand is split a = a_hi + a_lo (both TF32, rounded
-// to nearest) and a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, dropping a_lo b_lo (2^-22 relative at most): each
-// product is then about as accurate as float32's own rounding. On CUDA cores the work is about d + t + 4 FMAs a
-// pair (28 at d = 8, t = 16: 1.1 s at the H200's float32 peak for n = m = 10^6); here the CUDA cores keep about
-// ten operations a pair (the biases, the near test, the split of P) beside one exponential, and the tensor cores
-// take 3 (d / 8 + t / 8) MMAs per 128 pairs.
+// Why 3xTF32. TF32 keeps 11 bits of the significand, so each operand is split a = a_hi + a_lo (a_hi TF32, rounded
+// to nearest; a_lo within 2^-22 |a| of TF32) and a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, dropping a_lo b_lo: each
+// product is then within a few times 2^-22 of a b, against float32's 2^-24 rounding. On CUDA cores the work is
+// about d + t + 4 FMAs a pair (28 at d = 8, t = 16: 1.1 s for n = m = 10^6 at the 51 TFLOP/s measured on the H200);
+// here the CUDA cores keep about ten operations a pair (the biases, the near test, the split of P) beside one
+// exponential, and the tensor cores take 3 (d / 8 + t / 8) MMAs per 128 pairs.
 //
 // Why a compensated sum across tiles. Each tile's products are summed in fresh accumulators (`big` for hi x hi,
-// `small` for the two cross products) and then added to the row's total. Over m = 10^6 columns that is 31,250
-// float32 additions into one total, whose rounding (about sqrt(31,250) half-ulps) was the whole of this kernel's
-// error without compensation (3e-6 against plain float32's 1.5e-6 at 10^6, and twice that when folding every 8
-// columns); a Kahan sum (the total and its lost low part) removes it for four additions per tile and value.
+// `small` for the two cross products) and then added to the row's total: m / kTile float32 additions into one
+// total (15,625 at 10^6 columns and 64-column tiles), whose rounding grows as their square root. Left plain, it
+// dominated the error (H200, 10^6 points, 32-column tiles: 3.1e-6 against float64, plain float32's formula
+// 1.5e-6); a Kahan sum (the total and its lost low part), four additions per tile and value, took it to 6.9e-7.
 #pragma once
 
 #include "device_common.cuh"
@@ -143,7 +143,8 @@ __device__ __forceinline__ float tc_neg_sq_dist(const float* xi, const float* xj
 // operand); 1, Veltkamp's split (hi = c - (c - p) with c = p (2^13 + 1): hi keeps 11 bits, rounded to nearest, on
 // the FMA units) and lo passed as it is, the tensor core dropping its bits below TF32 (at most 2^-23 p); 2, hi
 // rounded half up by an integer add and mask, lo as in 1. Why: Nsight Compute put the integer/logic pipe first in
-// this kernel with the cvt.rna split (47.6% of its cycles at n = 200,000, H200). On the H200 at 10^6 points
+// this kernel with the cvt.rna split (47.6% of its cycles at n = 200,000, H200, measured with 32-column tiles). On
+// the H200 at 10^6 points
 // (d = 8, t = 16) the three took 1.28, 1.09 and 1.07 s with the same error (4.7e-7 against float64; plain float32
 // 1.5e-6), experiments/results/bench_matmul_kernels.md.
 template <int kSplit>

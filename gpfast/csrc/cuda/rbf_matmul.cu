@@ -35,10 +35,15 @@ bool tc_variant(const std::string& name, TcVariant& out) {
   return true;
 }
 
-// Below this many pairs a product has too few row blocks to fill the H200 twice over, and the CUDA-core kernel
-// was faster (H200: 2.05 against 2.66 ms at n = m = 36,000; the tensor cores 16% faster at 200,000 and at 10^6,
-// experiments/results/bench_matmul_kernels.md); the switch lies between the measured sizes.
+// Where float32 products get the tensor-core kernel by default: where it was timed against the CUDA-core kernel on
+// the H200 (experiments/results/bench_matmul_kernels.md, d = 8): faster at n = m = 200,000 (43.4 against 61.7 ms,
+// t = 16) and 10^6 (1.07 against 1.50 s), slower at 36,000 (2.34 against 2.21 ms, t = 11; why is not measured:
+// there it has 282 row blocks of 128 rows for 264 resident blocks). The pair threshold lies between the measured
+// sizes; the other feature and right-hand-side buckets were tested but not timed, so they keep the CUDA cores.
 constexpr double kTcMinPairs = 1e10;
+bool tensor_core_default(int64_t B, int64_t n, int64_t m, int64_t d, int64_t t) {
+  return d <= 8 && t > 8 && t <= 16 && static_cast<double>(B) * n * m >= kTcMinPairs;
+}
 
 // out (splits, B, n, t) by the CUDA-core kernel
 void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
@@ -78,12 +83,16 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
   constexpr int kRows = W * 16 * MT;
   const int64_t rowblocks = ceil_div(n, int64_t(kRows)), tiles = ceil_div(m, int64_t(kTile));
-  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && tiles < (int64_t(1) << 31) && B <= 65535, "rbf_matmul: n=", n,
-              ", m=", m, " or batch ", B, " too large");
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " rows is too many for one launch (at most ",
+              ((int64_t(1) << 31) - 1) * kRows, ")");
+  TORCH_CHECK(tiles < (int64_t(1) << 31), "rbf_matmul: m=", m, " columns is too many for one launch (at most ",
+              ((int64_t(1) << 31) - 1) * kTile, ")");
+  TORCH_CHECK(B <= 65535, "rbf_matmul: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, kTile, 2, splits);
-  TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
-  // the centre: the columns' mean, shared by rows and columns so that equal points scale to equal bits
+  TORCH_CHECK(splits <= 65535, "rbf_matmul: m=", m, " columns gives ", splits, " column splits (at most 65535)");
+  // the centre: the columns' mean, shared by rows and columns so that equal points scale to equal bits; the staged
+  // tiles take Tile::kWords * 16 / kTile bytes a column (196 at d <= 8, t <= 16: 0.2 GB at 10^6 columns)
   const at::Tensor mu = x2.mean(1).contiguous();
   at::Tensor staged = at::empty({B, tiles, Tile::kWords * 4}, x1.options().dtype(at::kInt));
   at::Tensor part = at::empty({splits, B, n, t}, x1.options());
@@ -114,20 +123,23 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
 // out by the tensor-core kernel (float32, d <= 32, t <= 32; the variants d <= 8, t <= 16)
 void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                      const at::Tensor& V, const TcVariant& var, at::Tensor& result) {
-  const int KD = static_cast<int>(ceil_div(x1.size(2), 8)), NT = static_cast<int>(ceil_div(V.size(2), 8));
+  // d = 0 (every distance zero) takes the first bucket
+  const int KD = static_cast<int>(std::max<int64_t>(1, ceil_div(x1.size(2), 8)));
+  const int NT = static_cast<int>(ceil_div(V.size(2), 8));
   const TcVariant& def = kTcDefault;
   if (var.mt == def.mt && var.warps == def.warps && var.tile == def.tile && var.min_blocks == def.min_blocks &&
       var.split == def.split) {
     with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
       with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
         constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
-        // wider buckets: two 64-column tiles would pass the 48 KB of static shared memory, and the registers
-        // would spill under the default's bound (ptxas): 32-column tiles, and one block per SM from d > 16
+        // wider buckets: two 64-column tiles would pass the 48 KB of static shared memory (32-column tiles
+        // there), and under the default's register bound ptxas spills (one block per SM from d > 16 or
+        // d + t > 40; 8 bytes still spill at d <= 16, t <= 16)
         constexpr int kTile = kKD + kNT <= 5 ? kTcDefault.tile : 32;
         constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : kTcDefault.min_blocks;
-        // P split by the integer round (split_p<2>) where that kernel was measured and tested on the H200, d <= 8
-        // and 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s at 10^6 points, t = 16, the same
-        // error); the other buckets keep the cvt.rna split until theirs is
+        // P split by the integer round (split_p<2>) in the bucket where that was timed on the H200, d <= 8 and
+        // 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s for cvt.rna at 10^6 points, t = 16,
+        // the same error); cvt.rna in the others, whose timings with either split are not measured
         constexpr int kSplit = (kKD == 1 && kNT == 2) ? 2 : kTcDefault.split;
         launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTile, kMinBlocks, kSplit>(x1, x2, ls, s, V, result);
       });
@@ -140,8 +152,8 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   else launch_tc<1, 2, 1, 8, 64, 2, 2>(x1, x2, ls, s, V, result);
 }
 
-// The kernel a shape gets: tensor cores for float32 with d <= 32, t <= 32 and at least kTcMinPairs pairs; CUDA
-// cores otherwise (float64, small products, and t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
+// The kernel a shape gets: tensor cores where tensor_core_default says (float32); CUDA cores otherwise (float64,
+// small products, untimed buckets, and t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
 at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                       const at::Tensor& outputscale, const at::Tensor& v, const std::string* forced) {
   const char* op = forced ? "_rbf_matmul_kernel" : "rbf_matmul";
@@ -151,14 +163,14 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   const int D = feature_bucket(d);
   const bool fp32 = x1.scalar_type() == at::kFloat;
   TcVariant var = kTcDefault;
-  bool tensor = fp32 && D != 0 && t <= 32 && static_cast<double>(B) * n * m >= kTcMinPairs;
+  bool tensor = fp32 && tensor_core_default(B, n, m, d, t);
   if (forced) {
     if (*forced == "cuda_cores") {
       tensor = false;
     } else {
       TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
                   "'tc_vsplit' or 'tc_isplit', got '", *forced, "'");
-      TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32, got ", x1.scalar_type());
+      TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       const bool is_default = *forced == "tc";
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
                   "' takes d <= ", is_default ? 32 : 8, " and t <= ", is_default ? 32 : 16, ", got d=", d, " and t=", t);
