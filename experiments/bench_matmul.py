@@ -29,12 +29,20 @@ FP32_RATE = 67e12
 TF32_RATE = 356e12  # the H200's dense TF32 MMA rate as measured on the project's GPU machine (its notes)
 
 
+def _problem(n, d, t):
+    """Random points (n, d), lengthscales, outputscale and right-hand sides (n, t) on the GPU."""
+    dev = "cuda"
+    return (
+        torch.randn(n, d, device=dev),
+        torch.rand(d, device=dev) + 0.5,
+        torch.tensor(1.3, device=dev),
+        torch.randn(n, t, device=dev),
+    )
+
+
 def bench(n, d, t, reps, with_backward, with_gpytorch=True):
     dev = "cuda"
-    x = torch.randn(n, d, device=dev)
-    l = torch.rand(d, device=dev) + 0.5
-    s = torch.tensor(1.3, device=dev)
-    v = torch.randn(n, t, device=dev)
+    x, l, s, v = _problem(n, d, t)
     pairs = n * n
     row = {"n": n, "d": d, "t": t, "flop_floor_s": (2 * d + 2 * t) * pairs / FP32_RATE, "exp_floor_s": pairs / EXP_RATE}
     torch.cuda.reset_peak_memory_stats()
@@ -91,10 +99,7 @@ def bench(n, d, t, reps, with_backward, with_gpytorch=True):
 def bench_kernels(n, d, t, reps, kernels):
     """One row per kernel of ``_rbf_matmul_kernel`` at n = m, K(x, x) @ V: median time and error on 256 rows."""
     dev = "cuda"
-    x = torch.randn(n, d, device=dev)
-    l = torch.rand(d, device=dev) + 0.5
-    s = torch.tensor(1.3, device=dev)
-    v = torch.randn(n, t, device=dev)
+    x, l, s, v = _problem(n, d, t)
     pairs = n * n
     tc_flops = 3 * 2 * (8 * -(-d // 8) + 8 * -(-t // 8))
     floors = {"tf32x3_floor_s": tc_flops * pairs / TF32_RATE, "exp_floor_s": pairs / EXP_RATE}
