@@ -68,15 +68,15 @@ log() { echo "== $* ($(date +%T))"; }
 # CMD on GPU $G with the smaller of CAP and what is left of the budget, appending to LOG; under 15 s left it is
 # skipped (rc 124), so that the whole stage stays inside one call.
 budget_start() { B_BUDGET=$1; B_T0=$SECONDS; }
-# Stages with a results folder: stage_begin NAME BUDGET [BUILD_CAP] starts the budget, builds for sm_90 (log
-# $OUT/NAME_build.log; the architecture is part of the build's cache key, so the tests and benchmarks reuse it) and
-# makes $res = $OUT/NAME_results; stage_end NAME packs $res into NAME_results.tar.gz (one file: the transfer limits
-# count files) and says the stage's time.
+# Stages with a results folder: stage_begin NAME BUDGET [BUILD_CAP] starts the budget, builds for sm_90 (log, with
+# ptxas's registers and spills: $OUT/NAME_build.log; the architecture is part of the build's cache key, so the tests
+# and benchmarks reuse it) and makes $res = $OUT/NAME_results; stage_end NAME packs $res into NAME_results.tar.gz
+# (one file: the transfer limits count files) and says the stage's time.
 stage_begin() {
   budget_start "$2"
   export TORCH_CUDA_ARCH_LIST=9.0
   res="$OUT/$1_results"; mkdir -p "$res"
-  brun "${3:-240}" "$OUT/$1_build.log" python -m gpfast.build || { tail -40 "$OUT/$1_build.log"; exit 1; }
+  brun "${3:-240}" "$OUT/$1_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/$1_build.log"; exit 1; }
   echo "build done at $(( SECONDS - B_T0 )) s"
 }
 stage_end() { tar czf "$OUT/$1_results.tar.gz" -C "$OUT" "$1_results" && rm -rf "$res"; echo "$1: $(( SECONDS - B_T0 )) s"; }
@@ -757,11 +757,8 @@ PYEOF
       # P): build (ptxas report); every CUDA test; memcheck and racecheck over the K @ V kernels; the kernel sweep at
       # 1M, 200k and 36k; the SASS instruction mix of the default kernel; the 1M engine step; in one call of at most
       # S8C_BUDGET seconds (default 585). Files: s8c_*.log, s8c_results.tar.gz.
-      budget_start ${S8C_BUDGET:-585}
-      export TORCH_CUDA_ARCH_LIST=9.0
-      res="$OUT/s8c_results"; mkdir -p "$res"
-      brun 240 "$OUT/s8c_build.log" python -m gpfast.build --verbose || { tail -40 "$OUT/s8c_build.log"; exit 1; }
-      echo "build done at $(( SECONDS - B_T0 )) s; ptxas of kv_tc_kernel:"
+      stage_begin s8c ${S8C_BUDGET:-585} 240
+      echo "ptxas of kv_tc_kernel:"
       grep -A2 "kv_tc_kernel" "$OUT/s8c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
       cuda_tests "$OUT/s8c_tests.log" 150 tests
       for tool in memcheck racecheck; do

@@ -19,22 +19,6 @@ constexpr int kv_rows_per_thread() {
   return D + TC <= 28 ? 4 : (D + TC <= 40 ? 2 : 1);
 }
 
-// The tensor-core kernel's shapes: the default, and the variants a sweep compares (d <= 8, t <= 16 only).
-struct TcVariant {
-  int mt, warps, tile, min_blocks, split;
-};
-constexpr TcVariant kTcDefault{1, 8, 64, 2, 0};
-
-bool tc_variant(const std::string& name, TcVariant& out) {
-  if (name == "tc") out = kTcDefault;
-  else if (name == "tc_occ3") out = {1, 8, 64, 3, 0};
-  else if (name == "tc_t32") out = {1, 8, 32, 2, 0};
-  else if (name == "tc_vsplit") out = {1, 8, 64, 2, 1};
-  else if (name == "tc_isplit") out = {1, 8, 64, 2, 2};
-  else return false;
-  return true;
-}
-
 // Where float32 products get the tensor-core kernel by default: where it was timed against the CUDA-core kernel on
 // the H200 (experiments/results/bench_matmul_kernels.md, d = 8): faster at n = m = 200,000 (43.4 against 61.7 ms,
 // t = 16) and 10^6 (1.07 against 1.50 s), slower at 36,000 (2.34 against 2.21 ms, t = 11; why is not measured:
@@ -120,36 +104,41 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   result = splits == 1 ? part[0] : part.sum(0);
 }
 
-// out by the tensor-core kernel (float32, d <= 32, t <= 32; the variants d <= 8, t <= 16)
+using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, at::Tensor&);
+
+// The variants a sweep compares with the default (d <= 8, t <= 16 only): more blocks per multiprocessor,
+// 32-column tiles, P split by Veltkamp's method or by the integer round (split_p); null for another name.
+KvLaunch tc_variant(const std::string& name) {
+  if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
+  if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
+  if (name == "tc_vsplit") return &launch_tc<1, 2, 1, 8, 64, 2, 1>;
+  if (name == "tc_isplit") return &launch_tc<1, 2, 1, 8, 64, 2, 2>;
+  return nullptr;
+}
+
+// out by the tensor-core kernel (float32, d <= 32, t <= 32): one row tile a warp, 8 warps a block, in the
+// instance of its feature and right-hand-side bucket
 void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
-                     const at::Tensor& V, const TcVariant& var, at::Tensor& result) {
+                     const at::Tensor& V, at::Tensor& result) {
   // d = 0 (every distance zero) takes the first bucket
   const int KD = static_cast<int>(std::max<int64_t>(1, ceil_div(x1.size(2), 8)));
   const int NT = static_cast<int>(ceil_div(V.size(2), 8));
-  const TcVariant& def = kTcDefault;
-  if (var.mt == def.mt && var.warps == def.warps && var.tile == def.tile && var.min_blocks == def.min_blocks &&
-      var.split == def.split) {
-    with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
-      with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
-        constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
-        // wider buckets: two 64-column tiles would pass the 48 KB of static shared memory (32-column tiles
-        // there), and under the default's register bound ptxas spills (one block per SM from d > 16 or
-        // d + t > 40; 8 bytes still spill at d <= 16, t <= 16)
-        constexpr int kTile = kKD + kNT <= 5 ? kTcDefault.tile : 32;
-        constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : kTcDefault.min_blocks;
-        // P split by the integer round (split_p<2>) in the bucket where that was timed on the H200, d <= 8 and
-        // 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s for cvt.rna at 10^6 points, t = 16,
-        // the same error); cvt.rna in the others, whose timings with either split are not measured
-        constexpr int kSplit = (kKD == 1 && kNT == 2) ? 2 : kTcDefault.split;
-        launch_tc<kKD, kNT, kTcDefault.mt, kTcDefault.warps, kTile, kMinBlocks, kSplit>(x1, x2, ls, s, V, result);
-      });
+  with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
+    with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
+      constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
+      // 64-column tiles, two blocks per SM; wider buckets: two 64-column tiles would pass the 48 KB of static
+      // shared memory (32-column tiles there), and under that register bound ptxas spills (one block per SM from
+      // d > 16 or d + t > 40; 8 bytes still spill at d <= 16, t <= 16)
+      constexpr int kTile = kKD + kNT <= 5 ? 64 : 32;
+      constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : 2;
+      // P split by the integer round (split_p<2>) in the bucket where that was timed on the H200, d <= 8 and
+      // 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s for cvt.rna at 10^6 points, t = 16,
+      // the same error); cvt.rna in the others, whose timings with either split are not measured
+      constexpr int kSplit = (kKD == 1 && kNT == 2) ? 2 : 0;
+      launch_tc<kKD, kNT, 1, 8, kTile, kMinBlocks, kSplit>(x1, x2, ls, s, V, result);
     });
-    return;
-  }
-  if (var.min_blocks == 3) launch_tc<1, 2, 1, 8, 64, 3, 0>(x1, x2, ls, s, V, result);
-  else if (var.tile == 32) launch_tc<1, 2, 1, 8, 32, 2, 0>(x1, x2, ls, s, V, result);
-  else if (var.split == 1) launch_tc<1, 2, 1, 8, 64, 2, 1>(x1, x2, ls, s, V, result);
-  else launch_tc<1, 2, 1, 8, 64, 2, 2>(x1, x2, ls, s, V, result);
+  });
 }
 
 // The kernel a shape gets: tensor cores where tensor_core_default says (float32); CUDA cores otherwise (float64,
@@ -162,16 +151,17 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
   const int D = feature_bucket(d);
   const bool fp32 = x1.scalar_type() == at::kFloat;
-  TcVariant var = kTcDefault;
+  KvLaunch variant = nullptr;  // a sweep's variant instead of the default tensor-core kernel
   bool tensor = fp32 && tensor_core_default(B, n, m, d, t);
   if (forced) {
     if (*forced == "cuda_cores") {
       tensor = false;
     } else {
-      TORCH_CHECK(tc_variant(*forced, var), op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
+      const bool is_default = *forced == "tc";
+      variant = is_default ? nullptr : tc_variant(*forced);
+      TORCH_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
                   "'tc_vsplit' or 'tc_isplit', got '", *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
-      const bool is_default = *forced == "tc";
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
                   "' takes d <= ", is_default ? 32 : 8, " and t <= ", is_default ? 32 : 16, ", got d=", d, " and t=", t);
       tensor = true;
@@ -192,8 +182,10 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
   at::Tensor result;
-  if (tensor)
-    kv_tensor_cores(p1, p2, ls, s, V, var, result);
+  if (variant)
+    variant(p1, p2, ls, s, V, result);
+  else if (tensor)
+    kv_tensor_cores(p1, p2, ls, s, V, result);
   else
     kv_cuda_cores(p1, p2, ls, s, V, D, result);
   return result;
@@ -206,8 +198,9 @@ at::Tensor matmul_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   return run_matmul(x1, x2, lengthscale, outputscale, v, nullptr);
 }
 
-// rbf_matmul by a named kernel: "cuda_cores" (any dtype, d <= 32), "tc" (tensor cores, the default for float32,
-// d <= 32, t <= 32) or one of the tensor-core variants a sweep compares (d <= 8, t <= 16): for tests and benchmarks.
+// rbf_matmul by a named kernel: "cuda_cores" (any dtype, d <= 32), "tc" (the tensor-core kernel in every bucket,
+// float32, d <= 32, t <= 32; float32's default where tensor_core_default says) or one of the tensor-core variants a
+// sweep compares (d <= 8, t <= 16): for tests and benchmarks.
 at::Tensor matmul_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                               const at::Tensor& outputscale, const at::Tensor& v, c10::string_view kernel) {
   const std::string name(kernel);
