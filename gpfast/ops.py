@@ -494,16 +494,16 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
 
 
-# The tensor-core variants that a sweep compares (d <= 8, t <= 16), beside "cuda_cores" and "tc" (the default).
+# The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16).
 MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit")
 
 
 @torch.no_grad()
 def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
     """:func:`rbf_matmul` by a named CUDA kernel, for tests and benchmarks: ``"cuda_cores"`` (kv_fwd_kernel, any
-    dtype), ``"tc"`` (tensor cores, float32, d <= 32 and t <= 32: what float32 products of at least 10^10 pairs get by
-    default), or a variant of it
-    (``MATMUL_KERNELS``; d <= 8 and t <= 16). Arguments as in :func:`rbf_matmul`; no autograd.
+    dtype), ``"tc"`` (tensor cores, float32, d <= 32 and t <= 32; what float32 gets by default at d <= 8, 9 <= t <= 16
+    and at least 10^10 pairs), or a variant of it (``MATMUL_KERNELS``; d <= 8 and t <= 16). Arguments as in
+    :func:`rbf_matmul`; no autograd.
     """
     _ensure_loaded()
     if kernel not in MATMUL_KERNELS:

@@ -241,7 +241,7 @@ def test_matmul_kernels_wide_match_float64(kernel, shape):
 
 
 @pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
-def test_matmul_kernels_self_diagonal_and_columns_split(kernel):
+def test_matmul_kernels_self_diagonal_and_duplicates(kernel):
     """K(x, x) read back through one-hot right-hand sides: exactly s on the diagonal and at exact duplicates (near
     pairs recomputed by differences), every entry against float64."""
     m, d, t = 30000, 8, 12
