@@ -7,7 +7,8 @@ kernel each shape gets by default and with each one forced through the private o
 row-streaming kernel by differences and by the norm expansion, and the tiled kernel); forward+backward with all four
 gradients and with the hyperparameters' only (the points need no gradient: the gradient mask skips their passes).
 ``--quick`` leaves out eager PyTorch and torch.compile; ``--bwd-op`` adds the backward op alone (all gradients, and
-the hyperparameters' only).
+the hyperparameters' only), by default and with each row pass named (float64 arithmetic, ``rows64``; float32,
+``rows32``), with each one's error against the float64 op.
 Writes experiments/results/bench_ops.{md,json}.
 """
 
@@ -42,12 +43,22 @@ FWD_KERNELS = ("diff", "expand", "tile")  # the row-streaming kernel's two forms
 
 def bench_backward_op(row, x1, x2, l, s, G, reps):
     """The backward op alone (no forward, no autograd), all gradients and the hyperparameters' only: keys
-    gpfast_bwd and gpfast_bwd_theta."""
+    gpfast_bwd and gpfast_bwd_theta (the default kernel), bwd_<kernel> and bwd_<kernel>_theta for each named row
+    pass, and err_<kernel>: its largest norm-wise relative error over the four gradients against the float64 op on
+    the same inputs in float64."""
     B, n, d = x1.shape
     args = (G, x1, x2, l.reshape(B, d), s)
     op = torch.ops.gpfast.rbf_covariance_backward.default
     row["gpfast_bwd"] = cuda_time_ms(lambda: op(*args, True), reps=reps)
     row["gpfast_bwd_theta"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
+    want = op(*(a.double() for a in args), True)
+    named = torch.ops.gpfast._rbf_covariance_backward_kernel.default
+    for kernel in ("rows64", "rows32"):
+        row[f"bwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: named(*args, True, kernel), reps=reps)
+        row[f"bwd_{kernel}_theta"] = cuda_time_ms(lambda kernel=kernel: named(*args, False, kernel), reps=reps)
+        got = named(*args, True, kernel)
+        row[f"err_{kernel}"] = max(((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want))
+    del want
 
 
 def bench_shape(B, n, m, d, reps, quick=False, bwd_op=False):
@@ -140,6 +151,12 @@ def main(argv=None):
         "gpfast_fwd_bwd_theta",
         "gpfast_bwd",
         "gpfast_bwd_theta",
+        "bwd_rows64",
+        "bwd_rows32",
+        "bwd_rows64_theta",
+        "bwd_rows32_theta",
+        "err_rows64",
+        "err_rows32",
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -160,6 +177,12 @@ def main(argv=None):
             "gpfast fwd+bwd (l, s only)",
             "bwd op",
             "bwd op (l, s only)",
+            "bwd, float64 pass",
+            "bwd, float32 pass",
+            "bwd (l, s), float64 pass",
+            "bwd (l, s), float32 pass",
+            "error, float64 pass",
+            "error, float32 pass",
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

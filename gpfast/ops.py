@@ -545,3 +545,27 @@ def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kerne
     gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(G, x1c, x2c, lc, sc, vc, kernel)
     _, _, gl, gs = _grads_to_inputs((None, None, gl, gs), x1, x2, lengthscale, outputscale, batch, False)
     return gl, gs
+
+
+# The kernels of _rbf_covariance_backward_kernel.
+COVARIANCE_BACKWARD_KERNELS = ("rows64", "rows32")
+
+
+@torch.no_grad()
+def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kernel: str, *, x_grads: bool = True):
+    """:func:`rbf_covariance_backward` by a named CUDA kernel, for tests and benchmarks: ``"rows64"`` (the row pass
+    in float64 arithmetic, any dtype) or ``"rows32"`` (float32 arithmetic where the accuracy rule allows it, the
+    exponent in float64; float32 only, and what float32 gets by default). d > 32 takes the dense float64 fall-back
+    either way. Arguments and results as in :func:`rbf_covariance_backward`.
+    """
+    _ensure_loaded()
+    if kernel not in COVARIANCE_BACKWARD_KERNELS:
+        raise ValueError(
+            f"_rbf_covariance_backward_kernel: kernel must be one of {COVARIANCE_BACKWARD_KERNELS}, got {kernel!r}"
+        )
+    x1c, x2c, lc, sc, batch = _canonicalize(x1, x2, lengthscale, outputscale, False)
+    if kernel == "rows32" and x1c.dtype != torch.float32:
+        raise ValueError(f"_rbf_covariance_backward_kernel: 'rows32' takes float32, got {x1c.dtype}")
+    G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], x2c.shape[1])), x1c)
+    grads = torch.ops.gpfast._rbf_covariance_backward_kernel(G, x1c, x2c, lc, sc, x_grads, kernel)
+    return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)

@@ -384,6 +384,24 @@ def test_backward_kernel_op_refuses_cpu_tensors(kernel):
         ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
 
 
+@pytest.mark.parametrize("kernel", ["rows64", "rows32"])
+def test_covariance_backward_kernel_op_refuses_cpu_tensors(kernel):
+    """The private op that forces one CUDA covariance backward has no CPU kernel: on CPU tensors it says so."""
+    x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")
+    with pytest.raises(RuntimeError, match=f"the kernel '{kernel}' runs on CUDA tensors only, got x1 on cpu"):
+        ops._rbf_covariance_backward_kernel(torch.randn(6, 5), x1, x2, l, s, kernel)
+
+
+@pytest.mark.parametrize(
+    "kernel, dtype, match",
+    [("rows16", torch.float32, "kernel must be one of"), ("rows32", torch.float64, "'rows32' takes float32")],
+)
+def test_covariance_backward_kernel_wrapper_checks(kernel, dtype, match):
+    x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu", dtype)
+    with pytest.raises(ValueError, match=match):
+        ops._rbf_covariance_backward_kernel(torch.randn(6, 5, dtype=dtype), x1, x2, l, s, kernel)
+
+
 @pytest.mark.parametrize("kernel", ["cuda_cores", "tc", "tc_isplit"])
 def test_matmul_kernel_op_refuses_cpu_tensors(kernel):
     """The private op that forces one CUDA K @ V kernel has no CPU kernel: on CPU tensors it says so."""

@@ -33,6 +33,13 @@ std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cpu(const at::Tensor&,
               "' runs on CUDA tensors only, got x1 on ", x1.device());
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_kernel_cpu(
+    const at::Tensor&, const at::Tensor& x1, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+    c10::string_view kernel) {
+  TORCH_CHECK(false, "_rbf_covariance_backward_kernel: the kernel '", std::string(kernel),
+              "' runs on CUDA tensors only, got x1 on ", x1.device());
+}
+
 at::Tensor matmul_kernel_cpu(const at::Tensor& x1, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, c10::string_view kernel) {
   TORCH_CHECK(false, "_rbf_matmul_kernel: the kernel '", std::string(kernel), "' runs on CUDA tensors only, got x1 on ",
@@ -69,6 +76,11 @@ TORCH_LIBRARY(gpfast, m) {
   m.def(
       "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
       " Tensor v, str kernel) -> (Tensor, Tensor)");
+  // rbf_covariance_backward on CUDA with the named kernel: "rows64" (float64 arithmetic, any dtype) or "rows32"
+  // (float32 arithmetic where the accuracy rule allows it; float32 only; csrc/README.md).
+  m.def(
+      "_rbf_covariance_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
+      " bool x_grads, str kernel) -> (Tensor, Tensor, Tensor, Tensor)");
   // One of the four rbf ops on the CPU (its tensor arguments in schema order), with the portable build instead of
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
@@ -86,4 +98,5 @@ TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
   m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
   m.impl("_rbf_matmul_kernel", &gpfast::matmul_kernel_cpu);
+  m.impl("_rbf_covariance_backward_kernel", &gpfast::covariance_backward_kernel_cpu);
 }

@@ -71,6 +71,32 @@ __device__ __forceinline__ double exp_nonpositive(double x) {
   return underflow ? 0.0 : p * scale;
 }
 
+// 2^(q + kExp2Bias) in float32 for a double q <= 0, to about 1 ulp whatever |q|: n = round(q) (the 1.5 * 2^52
+// shift), f = q - n in [-1/2, 1/2] (exact in double) rounded to float32 (an absolute error of at most 2^-25 in the
+// exponent, where rounding q itself to float32 would cost |q| 2^-24), 2^f by a degree-6 polynomial on the FMA pipe
+// (1.6e-8 relative on [-1/2, 1/2], a least-squares fit in float32 coefficients), 2^(n + kExp2Bias) added into the
+// exponent bits. Zero where the result would fall below 2^-125 (the bit arithmetic has no denormals). The bias
+// shifts float32's range down: weights formed with it reach 2^-149, the plain float32 formula's smallest denormal,
+// so no pair that formula keeps underflows here; callers scale their sums back by 2^-kExp2Bias in double. The
+// price is headroom: sums overflow for weights g above about 1e28 (2^-24 of float32's largest value, less the
+// sums' growth).
+constexpr int kExp2Bias = 24;
+__device__ __forceinline__ float exp2_biased(double q) {
+  constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
+  const double qc = fmax(q, -300.0);             // keeps n + kExp2Bias in range of the test below
+  const double shifted = qc + kShift;
+  const float f = static_cast<float>(qc - (shifted - kShift));
+  float p = 0.00015345809515565634f;
+  p = fmaf(p, f, 0.0013399930903688073f);
+  p = fmaf(p, f, 0.009618489071726799f);
+  p = fmaf(p, f, 0.05550328642129898f);
+  p = fmaf(p, f, 0.24022646248340607f);
+  p = fmaf(p, f, 0.6931471824645996f);
+  p = fmaf(p, f, 1.0f);
+  const int e = __double2loint(shifted) + kExp2Bias;  // the low word of 1.5 * 2^52 + n is n
+  return e < -125 ? 0.0f : __int_as_float(__float_as_int(p) + static_cast<int>(static_cast<unsigned>(e) << 23));
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Stores. K is written once and never read back by the kernel that writes it: streaming (evict-first) stores of
 // 16 bytes where the row pitch and pointer allow (the host checks), through inline PTX because nvcc merges a
