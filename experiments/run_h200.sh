@@ -45,7 +45,8 @@
 #                 ANATOMY_SETS; S6D_BUDGET 330), session7 (the CUDA tests of the pivoted Cholesky, graphs, engine and
 #                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585),
 #                 session8c (K @ V on tensor cores: every CUDA test, sanitizers over K @ V, the kernel sweep, its
-#                 instruction mix, the 1M step; S8C_BUDGET 585)
+#                 instruction mix, the 1M step; S8C_BUDGET 585), session9 (the float32 covariance backward: its
+#                 tests, bench_ops with both row passes, sanitizers over them, every CUDA test; S9_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -787,6 +788,26 @@ PYEOF
       brun 200 "$OUT/s8c_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
       echo "engine1m rc=$?"; tail -4 "$OUT/s8c_engine1m.log"
       stage_end s8c ;;
+    session9)
+      # The float32 covariance backward (bwd_rows_f32_kernel, float32's default): build (ptxas report); its CUDA
+      # tests; bench_ops at the target shapes with both row passes timed and their errors against float64; memcheck
+      # and racecheck over the backward's row passes; every CUDA test; in one call of at most S9_BUDGET seconds
+      # (default 585). Files: s9_*.log, s9_results.tar.gz.
+      stage_begin s9 ${S9_BUDGET:-585} 240
+      echo "ptxas of bwd_rows_f32_kernel:"
+      grep -A2 "bwd_rows_f32_kernel" "$OUT/s9_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
+      cuda_tests "$OUT/s9_tests_bwd.log" 90 tests/test_cuda_kernels.py -k "backward or rows32"
+      brun 130 "$OUT/s9_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      for tool in memcheck racecheck; do
+        brun 50 "$OUT/s9_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9_sanitize.log" | head -8
+      cuda_tests "$OUT/s9_tests.log" 170 tests
+      stage_end s9 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

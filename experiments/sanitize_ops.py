@@ -8,10 +8,12 @@ variants);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
-weight bucket); the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
+weight bucket); the covariance backward's two row passes forced through ``_rbf_covariance_backward_kernel``;
+the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
 pivots (``_pivot_block``). Usage:
-``python -m experiments.sanitize_ops [--only matmul]`` (or ``python experiments/sanitize_ops.py``) under
-``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul`` runs the K @ V kernels alone.
+``python -m experiments.sanitize_ops [--only matmul|backward]`` (or ``python experiments/sanitize_ops.py``) under
+``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul`` runs the K @ V kernels alone, ``--only backward``
+the covariance backward's row passes.
 """
 
 import torch
@@ -73,6 +75,7 @@ def run_all():
             for x_grads in (True, False):
                 torch.ops.gpfast.rbf_covariance_backward(w, x1, x2, l, s, x_grads)
                 torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
+    run_covariance_backward(dev)
     run_bilinear_backward(dev)
     run_matmul_kernels(dev)
     # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
@@ -80,6 +83,27 @@ def run_all():
         A = torch.randn(c, rank, device=dev, dtype=torch.float64)
         S = A @ A.t()
         torch.ops.gpfast._pivot_block(S, S.diagonal().clone(), torch.tensor(1e-10, device=dev, dtype=S.dtype), b)
+    torch.cuda.synchronize()
+
+
+def run_covariance_backward(dev):
+    """The covariance backward's two row passes forced through ``_rbf_covariance_backward_kernel`` on float32
+    inputs, with and without point gradients: every feature bucket, rows ragged against the 128-row blocks, columns
+    against the 32-column tiles and 16-column runs and split over blocks."""
+    for B, n, m, d in [
+        (2, 67, 131, 3),
+        (1, 130, 70, 8),
+        (1, 33, 300, 16),
+        (1, 40, 45, 29),
+        (1, 300, 37, 32),
+        (2, 19, 1027, 9),
+        (1, 1, 1, 1),
+    ]:
+        x1, x2, l, s = _inputs(B, n, m, d, dev, torch.float32)
+        w = torch.randn(B, n, m, device=dev)
+        for kernel in ops.COVARIANCE_BACKWARD_KERNELS:
+            for x_grads in (True, False):
+                torch.ops.gpfast._rbf_covariance_backward_kernel(w, x1, x2, l, s, x_grads, kernel)
     torch.cuda.synchronize()
 
 
@@ -129,6 +153,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--only", "matmul"]:  # the K @ V kernels alone: a short run for a change to them
         run_matmul_kernels("cuda")
         print("sanitize_ops: the K @ V kernels ran")
+    elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
+        run_covariance_backward("cuda")
+        print("sanitize_ops: the covariance backward's row passes ran")
     else:
         run_all()
         print("sanitize_ops: all kernels ran")
