@@ -8,12 +8,12 @@ variants);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
-weight bucket); the covariance backward's two row passes forced through ``_rbf_covariance_backward_kernel``;
+weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
 pivots (``_pivot_block``). Usage:
 ``python -m experiments.sanitize_ops [--only matmul|backward]`` (or ``python experiments/sanitize_ops.py``) under
 ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul`` runs the K @ V kernels alone, ``--only backward``
-the covariance backward's row passes.
+the covariance backward's kernels.
 """
 
 import torch
@@ -87,10 +87,12 @@ def run_all():
 
 
 def run_covariance_backward(dev):
-    """The covariance backward's two row passes forced through ``_rbf_covariance_backward_kernel`` on float32
-    inputs, with and without point gradients: every feature bucket, rows ragged against the 128-row blocks, columns
-    against the 32-column tiles and 16-column runs and split over blocks."""
+    """The covariance backward's kernels forced through ``_rbf_covariance_backward_kernel`` on float32 inputs, with
+    and without point gradients: every feature bucket, rows ragged against the 128-row blocks and 16-row chunks,
+    columns against the 32-column tiles, 16-column runs and the one-pass kernel's strips, and split over blocks."""
     for B, n, m, d in [
+        (1, 40, 3000, 4),
+        (2, 700, 50, 16),
         (2, 67, 131, 3),
         (1, 130, 70, 8),
         (1, 33, 300, 16),
@@ -101,7 +103,7 @@ def run_covariance_backward(dev):
     ]:
         x1, x2, l, s = _inputs(B, n, m, d, dev, torch.float32)
         w = torch.randn(B, n, m, device=dev)
-        for kernel in ops.COVARIANCE_BACKWARD_KERNELS:
+        for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64", "rows32"):
             for x_grads in (True, False):
                 torch.ops.gpfast._rbf_covariance_backward_kernel(w, x1, x2, l, s, x_grads, kernel)
     torch.cuda.synchronize()
@@ -155,7 +157,7 @@ if __name__ == "__main__":
         print("sanitize_ops: the K @ V kernels ran")
     elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
         run_covariance_backward("cuda")
-        print("sanitize_ops: the covariance backward's row passes ran")
+        print("sanitize_ops: the covariance backward's kernels ran")
     else:
         run_all()
         print("sanitize_ops: all kernels ran")

@@ -499,13 +499,16 @@ def named_cov_grads(kernel, x1, x2, l, s, w, x_grads=True):
     return torch.ops.gpfast._rbf_covariance_backward_kernel(w, x1, x2, l, s, x_grads, kernel)
 
 
-@pytest.mark.parametrize("kernel", ["rows64", "rows32"])
+@pytest.mark.parametrize("kernel", ["rows64", "rows32", "onepass32"])
 @pytest.mark.parametrize("shift", [0.0, 10.0])
-@pytest.mark.parametrize("shape", [s for s in BWD_SHAPES if s[3] <= 32])
+@pytest.mark.parametrize("shape", [s for s in BWD_SHAPES if s[3] <= 32] + [((), 40, 3000, 4), ((2,), 700, 50, 16)])
 def test_named_covariance_backward_vs_float64(kernel, shape, shift):
-    """Each row pass on float32 inputs, with and without the point gradients, within the accuracy rule against
-    float64 on fresh draws, its partial buffers poisoned."""
+    """Each kernel on float32 inputs, with and without the point gradients, within the accuracy rule against
+    float64 on fresh draws, its partial buffers poisoned (the one-pass kernel: d <= 16, in every bucket, with many
+    column strips and many row blocks)."""
     batch, n, m, d = shape
+    if kernel == "onepass32" and d > 16:
+        pytest.skip("the one-pass kernel takes d <= 16")
     for draw in range(2):
         x1, x2, l, s = canonical(batch, n, m, d, torch.float32, shift)
         w = torch.randn(x1.shape[0], n, m, device="cuda")
@@ -522,19 +525,23 @@ def test_named_covariance_backward_vs_float64(kernel, shape, shift):
                 assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, (kernel, name, draw, x_grads)
 
 
-@pytest.mark.parametrize("d", [3, 8, 16, 29])
-def test_float32_backward_default_is_rows32(d):
-    """float32 gets the float32 row pass by default (bit for bit), float64 the float64 one."""
+@pytest.mark.parametrize("d", [3, 8, 16, 17, 29])
+def test_float32_backward_defaults(d):
+    """float32 gets the one-pass kernel by default for d <= 16 and the float32 row passes beyond (bit for bit),
+    float64 the float64 row passes."""
     x1, x2, l, s = canonical((2,), 150, 260, d, torch.float32)
     w = torch.randn(2, 150, 260, device="cuda")
-    for a, b in zip(cov_grads(x1, x2, l, s, w), named_cov_grads("rows32", x1, x2, l, s, w)):
-        assert torch.equal(a, b)
+    for x_grads in (True, False):
+        want = named_cov_grads("onepass32" if d <= 16 else "rows32", x1, x2, l, s, w, x_grads)
+        for a, b in zip(cov_grads(x1, x2, l, s, w, x_grads), want):
+            assert torch.equal(a, b)
     args64 = [t.double() for t in (x1, x2, l, s)]
     for a, b in zip(cov_grads(*args64, w.double()), named_cov_grads("rows64", *args64, w.double())):
         assert torch.equal(a, b)
 
 
-def test_rows32_backward_far_apart_points():
+@pytest.mark.parametrize("kernel", ["rows32", "onepass32"])
+def test_float32_backward_far_apart_points(kernel):
     """Kernel values below float32's normal range (2^-126 = 1.2e-38): lengthscale 0.03 and two pairs placed at
     K = 1e-40 and 1e-42, every other pair below 1e-45. The plain float32 formula keeps them as denormals; the float32
     pass forms its weights scaled up, so it must keep them too (flushed to zero, every gradient would be off by
@@ -546,7 +553,7 @@ def test_rows32_backward_far_apart_points():
             u = torch.randn(8, device="cuda")
             x2[0, row] = x1[0, row] + u / u.norm() * 0.03 * math.sqrt(-2 * math.log(k))
         w = torch.randn(1, 300, 2000, device="cuda")
-        got = named_cov_grads("rows32", x1, x2, l, s, w)
+        got = named_cov_grads(kernel, x1, x2, l, s, w)
         want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())
         plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)
         want[2], plain[2] = want[2][:, 0], plain[2][:, 0]
@@ -555,11 +562,12 @@ def test_rows32_backward_far_apart_points():
             assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
-def test_rows32_backward_large_weights():
+@pytest.mark.parametrize("kernel", ["rows32", "onepass32"])
+def test_float32_backward_large_weights(kernel):
     """Weights of 1e25 (the scaled-up weights' headroom ends near 1e28): finite and within the rule."""
     x1, x2, l, s = canonical((), 200, 1100, 8, torch.float32)
     w = torch.randn(1, 200, 1100, device="cuda") * 1e25
-    got = named_cov_grads("rows32", x1, x2, l, s, w)
+    got = named_cov_grads(kernel, x1, x2, l, s, w)
     want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())
     plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)
     want[2], plain[2] = want[2][:, 0], plain[2][:, 0]
@@ -568,12 +576,13 @@ def test_rows32_backward_large_weights():
         assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
-def test_rows32_backward_refuses_float64():
+def test_float32_backward_kernels_refuse_float64():
     x1, x2, l, s = canonical((), 20, 30, 3, torch.float64)
     w = torch.randn(1, 20, 30, device="cuda", dtype=torch.float64)
-    with pytest.raises(RuntimeError, match="'rows32' takes float32, got Double"):
-        named_cov_grads("rows32", x1, x2, l, s, w)
-    with pytest.raises(RuntimeError, match="kernel must be 'rows64' or 'rows32', got 'rows16'"):
+    for kernel in ("rows32", "onepass32"):
+        with pytest.raises(RuntimeError, match=f"'{kernel}' takes float32, got Double"):
+            named_cov_grads(kernel, x1, x2, l, s, w)
+    with pytest.raises(RuntimeError, match="kernel must be 'rows64', 'rows32' or 'onepass32', got 'rows16'"):
         named_cov_grads("rows16", x1.float(), x2.float(), l.float(), s.float(), w.float())
 
 

@@ -384,7 +384,7 @@ def test_backward_kernel_op_refuses_cpu_tensors(kernel):
         ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
 
 
-@pytest.mark.parametrize("kernel", ["rows64", "rows32"])
+@pytest.mark.parametrize("kernel", ["rows64", "rows32", "onepass32"])
 def test_covariance_backward_kernel_op_refuses_cpu_tensors(kernel):
     """The private op that forces one CUDA covariance backward has no CPU kernel: on CPU tensors it says so."""
     x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")
@@ -393,11 +393,16 @@ def test_covariance_backward_kernel_op_refuses_cpu_tensors(kernel):
 
 
 @pytest.mark.parametrize(
-    "kernel, dtype, match",
-    [("rows16", torch.float32, "kernel must be one of"), ("rows32", torch.float64, "'rows32' takes float32")],
+    "kernel, dtype, d, match",
+    [
+        ("rows16", torch.float32, 3, "kernel must be one of"),
+        ("rows32", torch.float64, 3, "'rows32' takes float32"),
+        ("onepass32", torch.float64, 3, "'onepass32' takes float32"),
+        ("onepass32", torch.float32, 17, "'onepass32' takes d <= 16, got d=17"),
+    ],
 )
-def test_covariance_backward_kernel_wrapper_checks(kernel, dtype, match):
-    x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu", dtype)
+def test_covariance_backward_kernel_wrapper_checks(kernel, dtype, d, match):
+    x1, x2, l, s = rand_inputs((), 6, 5, d, "cpu", dtype)
     with pytest.raises(ValueError, match=match):
         ops._rbf_covariance_backward_kernel(torch.randn(6, 5, dtype=dtype), x1, x2, l, s, kernel)
 

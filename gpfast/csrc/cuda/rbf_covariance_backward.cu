@@ -1,9 +1,14 @@
 // CUDA launchers for rbf_covariance_backward and the private _rbf_covariance_backward_kernel that runs a named
-// kernel. Device code: backward_rows.cuh (float64 arithmetic), backward_rows_f32.cuh (float32).
+// kernel. Device code: backward_rows.cuh (float64 arithmetic), backward_rows_f32.cuh and backward_onepass_f32.cuh
+// (float32).
+#include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 
 #include "backward_host.h"
+#include "backward_onepass_f32.cuh"
 #include "dispatch.h"
 
 namespace gpfast {
@@ -11,10 +16,56 @@ namespace cuda {
 
 namespace {
 
-// rows32: float32 inputs by bwd_rows_f32_kernel; otherwise bwd_rows_kernel (float64 arithmetic, any dtype).
+enum class BwdKernel { kRows64, kRows32, kOnePass32 };
+
+// The one-pass float32 backward (d <= 16): grid of column strips by row blocks by batch, about 16 blocks per SM so
+// that the last wave is short; partial sums in double, added by finish_grads.
+template <int kD>
+Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
+                       const at::Tensor& s, bool x_grads) {
+  constexpr int kCPL = onepass_cols_per_lane(kD);
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
+  const int64_t strips = ceil_div(m, int64_t(kOneThreads) * kCPL);
+  int64_t rowblocks = std::clamp<int64_t>(ceil_div(int64_t(16) * sm_count(), strips * B), 1, ceil_div(n, int64_t(kOneRows)));
+  const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), int64_t(kOneRows)) * kOneRows;
+  rowblocks = ceil_div(n, rows_per_block);
+  TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535,
+              "rbf_covariance_backward: shape too large for one launch (rows=", n, ", columns=", m, ")");
+  const auto opts = x1.options().dtype(at::kDouble);
+  RowPassSums rows, cols;
+  if (x_grads) {
+    rows.a = at::empty({strips, B, n, kD}, opts);
+    cols.a = at::empty({rowblocks, B, m, kD}, opts);
+  }
+  rows.l = at::empty({rowblocks, strips, B, kD}, opts);
+  rows.s = at::empty({rowblocks, strips, B}, opts);
+  OnePassArgs a{};
+  a.x1 = x1.data_ptr<float>();
+  a.x2 = x2.data_ptr<float>();
+  a.ls = ls.data_ptr<float>();
+  a.scale = s.data_ptr<float>();
+  a.g = G.data_ptr<float>();
+  a.part_a = x_grads ? rows.a.data_ptr<double>() : nullptr;
+  a.part_b = x_grads ? cols.a.data_ptr<double>() : nullptr;
+  a.part_l = rows.l.data_ptr<double>();
+  a.part_s = rows.s.data_ptr<double>();
+  a.n = n, a.m = m, a.batch = B, a.rows_per_block = rows_per_block;
+  a.d = static_cast<int>(x1.size(2));
+  a.vec_load = m % kCPL == 0 && reinterpret_cast<uintptr_t>(a.g) % (sizeof(float) * kCPL) == 0;
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
+  if (x_grads)
+    bwd_onepass_f32_kernel<kD, kCPL, true><<<grid, kOneThreads, 0, current_stream()>>>(a);
+  else
+    bwd_onepass_f32_kernel<kD, kCPL, false><<<grid, kOneThreads, 0, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return finish_grads(x1, x2, ls, rows, x_grads ? std::optional<RowPassSums>(cols) : std::nullopt, x_grads);
+}
+
+// kRows64: bwd_rows_kernel (float64 arithmetic, any dtype); kRows32: bwd_rows_f32_kernel, two row passes;
+// kOnePass32: bwd_onepass_f32_kernel (d <= 16). The float32 kernels take float32 inputs only.
 Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads,
-                               bool rows32, const char* op) {
+                               BwdKernel kernel, const char* op) {
   check_canonical(x1, x2, lengthscale, outputscale, op);
   const c10::cuda::CUDAGuard guard(x1.device());
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
@@ -46,7 +97,13 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
         });
       };
       if constexpr (std::is_same_v<scalar_t, float>) {
-        out = rows32 ? passes(std::true_type{}) : passes(std::false_type{});
+        if constexpr (kD <= 16) {
+          if (kernel == BwdKernel::kOnePass32) {
+            out = onepass_backward<kD>(G, p1, p2, ls, s, x_grads);
+            return;
+          }
+        }
+        out = kernel == BwdKernel::kRows64 ? passes(std::false_type{}) : passes(std::true_type{});
       } else {
         out = passes(std::false_type{});
       }
@@ -57,23 +114,31 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
 
 }  // namespace
 
+// float32: one pass for d <= 16, the float32 row passes for d <= 32; float64: the float64 row passes.
 Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
-  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads,
-                                  x1.scalar_type() == at::kFloat, "rbf_covariance_backward");
+  const BwdKernel kernel = x1.scalar_type() != at::kFloat ? BwdKernel::kRows64
+                           : x1.size(2) <= 16             ? BwdKernel::kOnePass32
+                                                          : BwdKernel::kRows32;
+  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads, kernel, "rbf_covariance_backward");
 }
 
-// The backward by a named kernel, for tests and benchmarks: "rows64" (bwd_rows_kernel, float64 arithmetic) or
-// "rows32" (bwd_rows_f32_kernel, float32 only; the float32 default). d > 32 takes the dense fall-back either way.
+// The backward by a named kernel, for tests and benchmarks: "rows64" (bwd_rows_kernel, float64 arithmetic),
+// "rows32" (bwd_rows_f32_kernel, float32 only) or "onepass32" (bwd_onepass_f32_kernel, float32, d <= 16). d > 32
+// takes the dense fall-back whichever is named.
 Grads covariance_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                       const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads,
                                       c10::string_view kernel) {
   constexpr const char* kOp = "_rbf_covariance_backward_kernel";
   const std::string name(kernel);
-  TORCH_CHECK(name == "rows64" || name == "rows32", kOp, ": kernel must be 'rows64' or 'rows32', got '", name, "'");
-  TORCH_CHECK(name == "rows64" || x1.scalar_type() == at::kFloat, kOp, ": 'rows32' takes float32, got ",
+  TORCH_CHECK(name == "rows64" || name == "rows32" || name == "onepass32", kOp,
+              ": kernel must be 'rows64', 'rows32' or 'onepass32', got '", name, "'");
+  TORCH_CHECK(name == "rows64" || x1.scalar_type() == at::kFloat, kOp, ": '", name, "' takes float32, got ",
               x1.scalar_type());
-  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads, name == "rows32", kOp);
+  TORCH_CHECK(name != "onepass32" || x1.size(2) <= 16, kOp, ": 'onepass32' takes d <= 16");
+  const BwdKernel k = name == "rows64" ? BwdKernel::kRows64 : name == "rows32" ? BwdKernel::kRows32
+                                                                               : BwdKernel::kOnePass32;
+  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads, k, kOp);
 }
 
 }  // namespace cuda
