@@ -46,7 +46,9 @@
 #                 checkpoints, row c on the seven sets at 16 and at 32 pivots a block, step_anatomy; S7_BUDGET 585),
 #                 session8c (K @ V on tensor cores: every CUDA test, sanitizers over K @ V, the kernel sweep, its
 #                 instruction mix, the 1M step; S8C_BUDGET 585), session9 (the float32 covariance backward: its
-#                 tests, bench_ops with both row passes, sanitizers over them, every CUDA test; S9_BUDGET 585)
+#                 tests, bench_ops with both row passes, sanitizers over them, every CUDA test; S9_BUDGET 585), session9b
+#                 (the one-pass float32 backward: its tests, bench_ops, Nsight Compute, sanitizers, every CUDA test;
+#                 S9B_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -808,6 +810,36 @@ PYEOF
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9_sanitize.log" | head -8
       cuda_tests "$OUT/s9_tests.log" 170 tests
       stage_end s9 ;;
+    session9b)
+      # The one-pass float32 covariance backward (bwd_onepass_f32_kernel, float32's default for d <= 16): build
+      # (ptxas report); the backward's CUDA tests; bench_ops at the target shapes with every backward kernel timed and
+      # its error; Nsight Compute over the one-pass kernel and the float32 row passes at n = 16384, d = 8; memcheck and
+      # racecheck over the backward's kernels; every CUDA test; in one call of at most S9B_BUDGET seconds (default
+      # 585). Files: s9b_*.log, s9b_results.tar.gz.
+      stage_begin s9b ${S9B_BUDGET:-585} 240
+      echo "ptxas of bwd_onepass_f32_kernel:"
+      grep -A2 "bwd_onepass_f32_kernel" "$OUT/s9b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      cuda_tests "$OUT/s9b_tests_bwd.log" 100 tests/test_cuda_kernels.py tests/test_ops.py \
+        -k "backward or grad or rows32 or onepass or float32"
+      brun 130 "$OUT/s9b_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for k in onepass32 rows32; do
+        echo "#### ncu $k" >> "$OUT/s9b_ncu.log"
+        brun 40 "$OUT/s9b_ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set basic \
+          --section WarpStateStats --section Occupancy --section ComputeWorkloadAnalysis \
+          python -m experiments.profile_ops --op cov_bwd --bwd-kernel $k; echo "ncu $k rc=$?"
+      done
+      grep -E "####|bwd_|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Stall|Executed Ipc A" "$OUT/s9b_ncu.log" | head -40
+      for tool in memcheck racecheck; do
+        brun 45 "$OUT/s9b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9b_sanitize.log" | head -8
+      cuda_tests "$OUT/s9b_tests.log" 170 tests
+      stage_end s9b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
