@@ -54,7 +54,7 @@ def bench_backward_op(row, x1, x2, l, s, G, reps):
     row["gpfast_bwd_theta"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
     want = op(*(a.double() for a in args), True)
     named = torch.ops.gpfast._rbf_covariance_backward_kernel.default
-    for kernel in ("rows64", "rows32", "onepass32") if d <= 16 else ("rows64", "rows32"):
+    for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64", "rows32"):
         row[f"bwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: named(*args, True, kernel), reps=reps)
         row[f"bwd_{kernel}_theta"] = cuda_time_ms(lambda kernel=kernel: named(*args, False, kernel), reps=reps)
         got = named(*args, True, kernel)
@@ -155,12 +155,14 @@ def main(argv=None):
         "bwd_rows64",
         "bwd_rows32",
         "bwd_onepass32",
+        "bwd_onepass32_occ",
         "bwd_rows64_theta",
         "bwd_rows32_theta",
         "bwd_onepass32_theta",
         "err_rows64",
         "err_rows32",
         "err_onepass32",
+        "err_onepass32_occ",
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -184,12 +186,14 @@ def main(argv=None):
             "bwd, float64 passes",
             "bwd, float32 passes",
             "bwd, float32 one pass",
+            "bwd, float32 one pass, registers capped",
             "bwd (l, s), float64 pass",
             "bwd (l, s), float32 pass",
             "bwd (l, s), float32 one pass",
             "error, float64 passes",
             "error, float32 passes",
             "error, float32 one pass",
+            "error, one pass, registers capped",
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

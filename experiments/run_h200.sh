@@ -48,7 +48,7 @@
 #                 instruction mix, the 1M step; S8C_BUDGET 585), session9 (the float32 covariance backward: its
 #                 tests, bench_ops with both row passes, sanitizers over them, every CUDA test; S9_BUDGET 585), session9b
 #                 (the one-pass float32 backward: its tests, bench_ops, Nsight Compute, sanitizers, every CUDA test;
-#                 S9B_BUDGET 585)
+#                 S9B_BUDGET 585), session9c (backward_f32_probe, the backward's tests, bench_ops; S9C_BUDGET 400)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -840,6 +840,23 @@ PYEOF
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9b_sanitize.log" | head -8
       cuda_tests "$OUT/s9b_tests.log" 170 tests
       stage_end s9b ;;
+    session9c)
+      # The float32 backward's accuracy on many draws and the one-pass kernel with registers capped: build; the
+      # backward's CUDA tests; backward_f32_probe (every float32 kernel against the accuracy rule on 500 draws a d,
+      # and the float32 row passes against their CPU emulation); bench_ops at the target shapes; in one call of at
+      # most S9C_BUDGET seconds (default 400). Files: s9c_*.log, s9c_results.tar.gz.
+      stage_begin s9c ${S9C_BUDGET:-400} 240
+      grep -A2 "bwd_onepass_f32_kernel" "$OUT/s9c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      brun 120 "$OUT/s9c_probe.log" python -m experiments.backward_f32_probe --draws 500
+      echo "probe rc=$?"; cp experiments/results/backward_f32_probe.* "$res/" 2>/dev/null
+      grep -E "^\| " "$res/backward_f32_probe.md"
+      cuda_tests "$OUT/s9c_tests_bwd.log" 100 tests/test_cuda_kernels.py tests/test_ops.py \
+        -k "backward or grad or rows32 or onepass or float32"
+      brun 130 "$OUT/s9c_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      stage_end s9c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -384,7 +384,7 @@ def test_backward_kernel_op_refuses_cpu_tensors(kernel):
         ops._rbf_matmul_backward_kernel(g, x1, x2, l, s, v, kernel)
 
 
-@pytest.mark.parametrize("kernel", ["rows64", "rows32", "onepass32"])
+@pytest.mark.parametrize("kernel", ops.COVARIANCE_BACKWARD_KERNELS)
 def test_covariance_backward_kernel_op_refuses_cpu_tensors(kernel):
     """The private op that forces one CUDA covariance backward has no CPU kernel: on CPU tensors it says so."""
     x1, x2, l, s = rand_inputs((), 6, 5, 3, "cpu")

@@ -42,9 +42,10 @@ struct OnePassArgs {
   bool vec_load;  // each lane's CPL weights of a row are one aligned vector load
 };
 
-// kX: the point gradients (A and A2); L and S always.
-template <int D, int CPL, bool kX>
-__global__ void __launch_bounds__(kOneThreads) bwd_onepass_f32_kernel(const OnePassArgs a) {
+// kX: the point gradients (A and A2); L and S always. kMinBlocks: resident blocks per SM asked of the compiler
+// (1 lets it take the registers it wants: 133 at D = 8 with kX, 3 blocks of 4 warps).
+template <int D, int CPL, bool kX, int kMinBlocks>
+__global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kernel(const OnePassArgs a) {
   constexpr int kWarps = kOneThreads / 32, kCols = kOneThreads * CPL;
   static_assert(D <= 32 && (D & (D - 1)) == 0, "the row sums' reduce-scatter takes a power of two");
   __shared__ __align__(16) double s_yd[kOneRows][D];
