@@ -842,12 +842,12 @@ PYEOF
       stage_end s9b ;;
     session9c)
       # The float32 backward's accuracy on many draws and the one-pass kernel with registers capped: build; the
-      # backward's CUDA tests; backward_f32_probe (every float32 kernel against the accuracy rule on 500 draws a d,
+      # backward's CUDA tests; backward_f32_probe (every float32 kernel against the accuracy rule on 300 draws a d,
       # and the float32 row passes against their CPU emulation); bench_ops at the target shapes; in one call of at
       # most S9C_BUDGET seconds (default 400). Files: s9c_*.log, s9c_results.tar.gz.
       stage_begin s9c ${S9C_BUDGET:-400} 240
       grep -A2 "bwd_onepass_f32_kernel" "$OUT/s9c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
-      brun 120 "$OUT/s9c_probe.log" python -m experiments.backward_f32_probe --draws 500
+      brun 120 "$OUT/s9c_probe.log" python -m experiments.backward_f32_probe --draws 300
       echo "probe rc=$?"; cp experiments/results/backward_f32_probe.* "$res/" 2>/dev/null
       grep -E "^\| " "$res/backward_f32_probe.md"
       cuda_tests "$OUT/s9c_tests_bwd.log" 100 tests/test_cuda_kernels.py tests/test_ops.py \

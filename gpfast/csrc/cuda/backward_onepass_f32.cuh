@@ -2,18 +2,18 @@
 // one exponential per pair and one read of the incoming gradient G, where the row passes (backward_rows.cuh,
 // backward_rows_f32.cuh) make two passes, one per point set. Sums as in backward_rows.cuh, with W = s E o G:
 //   A_i = sum_j W_ij (z1_i - z2_j)   (rows),   A2_j = sum_i W_ij (z2_j - z1_i)   (columns),
-//   L = sum_ij W_ij (z1_i - z2_j)^2,   S = sum_ij W_ij / s.
-// The arithmetic is bwd_rows_f32_kernel's (see there for why each part has the precision it has): the exponent in
-// double by the norm expansion, 2^f by a float32 polynomial with the weights scaled up by 2^kExp2Bias, the terms in
-// float32 from differences of the points rounded to float32, sums in float32 over at most 16 rows and 32 CPL
-// columns, then in double.
+// L = sum_ij W_ij (z1_i - z2_j)^2,   S = sum_ij W_ij / s.
+// The arithmetic is bwd_rows_f32_kernel's (see there for why each part has the precision it has): the exponent and
+// its exponential in double, S in double term by term, the other terms in float32 from the weight rounded to
+// float32 (scaled up by 2^kExp2Bias) and differences of the points rounded to float32, summed in float32 over at
+// most 16 rows and CPL columns (and a warp), then in double.
 //
 // Layout, as the streaming forward (covariance_forward.cuh): each lane owns CPL consecutive columns (their points
 // in registers, their sums A2 in float32 over a chunk of 16 rows, then in double in shared memory); the block walks
 // down a range of rows staged 16 at a time in shared memory (read as broadcasts; the next chunk's loads in flight
 // while this one computes); each lane reads its CPL weights of a row straight from global memory, one row ahead. A
 // row's A is summed over the lane's columns, then over the warp by a reduce-scatter, then over the block's warps in
-// double; L and S per thread over a chunk, then over the warp, in double per warp.
+// double; L per thread over a chunk, then over the warp, in double per warp.
 #pragma once
 
 #include "device_common.cuh"
@@ -146,6 +146,7 @@ __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kerne
     }
   };
 
+  double ssum = 0.0;  // S, term by term in double
   fetch(i_begin);
   for (int64_t ic = i_begin; ic < i_end; ic += kOneRows) {
     __syncthreads();  // the previous chunk's reads of s_yd, s_yf, s_b1 and s_a are done
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kerne
     __syncthreads();
     fetch(ic + kOneRows);
     const int rows = static_cast<int>(min(static_cast<int64_t>(kOneRows), i_end - ic));  // block-uniform
-    float lrun[D], srun = 0.0f, brun[kX ? CPL : 1][kX ? D : 1];
+    float lrun[D], brun[kX ? CPL : 1][kX ? D : 1];
 #pragma unroll
     for (int k = 0; k < D; ++k) lrun[k] = 0.0f;
 #pragma unroll
@@ -181,8 +182,9 @@ __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kerne
 #pragma unroll
         for (int k = 0; k < D; ++k) p[k & 3] = fma(yd[k], y2d[c][k], p[k & 3]);
         const double q = fma(2.0, (p[0] + p[1]) + (p[2] + p[3]), b1 + b2[c]);
-        const float w = gc[c] * exp2_biased(fmin(q, 0.0));
-        srun += w;
+        const double e = exp2_nonpositive(fmin(q, 0.0));
+        ssum = fma(static_cast<double>(gc[c]), e, ssum);
+        const float w = gc[c] * static_cast<float>(e * kExp2BiasScale);
 #pragma unroll
         for (int k = 0; k < D; ++k) {
           const float diff = yf[k] - y2f[c][k];
@@ -219,13 +221,13 @@ __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kerne
     }
 #pragma unroll
     for (int k = 0; k < D; ++k) lrun[k] = warp_sum(lrun[k]);
-    srun = warp_sum(srun);
     if (lane == 0) {
 #pragma unroll
       for (int k = 0; k < D; ++k) s_lt[warp][k] += static_cast<double>(lrun[k]);
-      s_lt[warp][D] += static_cast<double>(srun);
     }
   }
+  ssum = warp_sum(ssum);
+  if (lane == 0) s_lt[warp][D] = ssum;
 
   __syncthreads();
   const double s = static_cast<double>(a.scale[b]);
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kerne
     if (tid < D)
       a.part_l[blk * D + tid] = s / kHalfLog2e * kUnbias * acc;
     else
-      a.part_s[blk] = kUnbias * acc;
+      a.part_s[blk] = acc;
   }
 }
 

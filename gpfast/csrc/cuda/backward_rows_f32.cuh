@@ -3,23 +3,25 @@
 //   A_i = sum_j W_ij (z1_i - z2_j),   L = sum_ij W_ij (z1_i - z2_j)^2,   S = sum_ij W_ij / s,
 // W_ij = s E_ij g_ij, E = K / s, into the same float64 partial buffers, so the host's reduction is shared.
 //
-// Where the precision goes (each choice checked by an emulation of this arithmetic on the CUDA tests' draws,
-// python -m experiments.backward_f32_emulation, experiments/results/backward_f32_emulation.md):
-//   - the exponent q = -|y1 - y2|^2 in double, by the norm expansion (its cancellation costs nothing there), and
-//     reduced in double: q = n + f with f rounded to float32. A float32 q carries an error of |q| 2^-24, which
-//     where every pair is far apart (the extreme-lengthscale test: K ~ 1e-27 at its largest) put the gradients 10x
-//     over the rule; this way the exponent's error is 2^-25 whatever |q|.
-//   - 2^f by a polynomial in float32 (exp2_biased): the special-function unit's exponential (2 ulp) put the
-//     outputscale gradient over the rule on one draw of the emulation's 103.
-//   - the weights g E and the terms W (y1 - y2), W (y1 - y2)^2 in float32, from differences of the points rounded
-//     to float32: the differences' rounding is per point, as in the plain formula's z = x / l.
+// Where the precision goes (the accuracy rule: each gradient's error against float64 at most 4x the plain float32
+// formula's + 1e-6, on every draw):
+//   - the exponent q = -|y1 - y2|^2 in double by the norm expansion (its cancellation costs nothing there), and
+//     2^q in double (exp2_nonpositive). A float32 q carries an error of |q| 2^-24, which where every pair is far
+//     apart (the extreme-lengthscale test: K ~ 1e-27 at its largest) put the gradients 10x over the rule in an
+//     emulation of this arithmetic (python -m experiments.backward_f32_emulation).
+//   - S = sum g E in double term by term. S is a single sum of terms of either sign, and any float32 rounding of
+//     its terms is independent from pair to pair, while the plain formula's errors come mostly from rounding each
+//     point (shared by all its pairs, so they average out over a row): with E from a float32 polynomial (0.5 ulp)
+//     S exceeded the rule on the H200 on about 1 draw in 100 (n = 70, m = 90; experiments/backward_f32_probe.py).
+//   - the weights g E rounded to float32 and the terms W (y1 - y2), W (y1 - y2)^2 in float32, from differences of
+//     the points rounded to float32 (a per-point rounding, as the plain formula's z = x / l).
 //   - sums: each thread sums a run of kRun columns in float32 (the rounding of 16 additions), then adds the run into
 //     float64 totals; blocks and splits are added in float64 as by bwd_rows_kernel.
-// The weights are formed 2^kExp2Bias too large (float32's range then reaches the plain formula's smallest
+// The float32 weights are formed 2^kExp2Bias too large (float32's range then reaches the plain formula's smallest
 // denormal) and the runs scaled back exactly when they are added into double.
 //
-// Per pair and feature: one FP64 FMA (the expansion) and 2 (A), 2 (L) or 4 (both) float32 operations; the FP64
-// pipe runs at half the float32 rate on an H200, so at d = 8 this is about a third of the float64 row pass's work.
+// Per pair and feature: one FP64 FMA (the expansion) and 2 (A), 2 (L) or 4 (both) float32 operations, and per pair
+// about 16 FP64 operations for the exponential and S.
 #pragma once
 
 #include "backward_rows.cuh"
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_f32_kernel(const BwdArgs
 
     for (int j0 = 0; j0 < cols; j0 += kBwd32Run) {
       const int run_end = min(cols, j0 + kBwd32Run);
-      float rr = 0.0f, ra[kA ? D : 1], rl[kL ? D : 1];
+      float ra[kA ? D : 1], rl[kL ? D : 1];
 #pragma unroll
       for (int k = 0; k < (kA ? D : 1); ++k) ra[k] = 0.0f;
 #pragma unroll
@@ -129,8 +131,10 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_f32_kernel(const BwdArgs
           p[(k + 1) & 3] = fma(y1[k + 1], z.y, p[(k + 1) & 3]);
         }
         const double q = fma(2.0, (p[0] + p[1]) + (p[2] + p[3]), b1 + s_b2[jj]);
-        const float w = s_g[tid][jj] * exp2_biased(fmin(q, 0.0));
-        rr += w;
+        const double e = exp2_nonpositive(fmin(q, 0.0));
+        const float gw = s_g[tid][jj];
+        racc = fma(static_cast<double>(gw), e, racc);
+        const float w = gw * static_cast<float>(e * kExp2BiasScale);
         float y2[D];
         load_row<float, D>(&s_y32[jj][0], y2);
 #pragma unroll
@@ -140,7 +144,6 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_f32_kernel(const BwdArgs
           if constexpr (kL) rl[k] = fmaf(w * diff, diff, rl[k]);
         }
       }
-      racc += static_cast<double>(rr);
 #pragma unroll
       for (int k = 0; k < (kA ? D : 0); ++k) acc_a[k] += static_cast<double>(ra[k]);
 #pragma unroll
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(kBwdThreads) bwd_rows_f32_kernel(const BwdArgs
     double tot[D + 1];  // rows past n have zero weights, so they add nothing here
 #pragma unroll
     for (int k = 0; k < D; ++k) tot[k] = kL ? s * kInvC2 * kUnbias * acc_l[kL ? k : 0] : 0.0;
-    tot[D] = kUnbias * racc;
+    tot[D] = racc;
     block_sum(tot, s_scratch, s_tot);
     const int64_t blk = (static_cast<int64_t>(split) * gridDim.x + blockIdx.x) * a.batch + b;
     if (kL && tid < D) a.part_l[blk * D + tid] = s_tot[tid];

@@ -71,31 +71,38 @@ __device__ __forceinline__ double exp_nonpositive(double x) {
   return underflow ? 0.0 : p * scale;
 }
 
-// 2^(q + kExp2Bias) in float32 for a double q <= 0, to about 1 ulp whatever |q|: n = round(q) (the 1.5 * 2^52
-// shift), f = q - n in [-1/2, 1/2] (exact in double) rounded to float32 (an absolute error of at most 2^-25 in the
-// exponent, where rounding q itself to float32 would cost |q| 2^-24), 2^f by a degree-6 polynomial on the FMA pipe
-// (1.6e-8 relative on [-1/2, 1/2], a least-squares fit in float32 coefficients), 2^(n + kExp2Bias) added into the
-// exponent bits. Zero where the result would fall below 2^-125 (the bit arithmetic has no denormals). The bias
-// shifts float32's range down: weights formed with it reach 2^-149, the plain float32 formula's smallest denormal,
-// so no pair that formula keeps underflows here; callers scale their sums back by 2^-kExp2Bias in double. The
-// price is headroom: sums overflow for weights g above about 1e28 (2^-24 of float32's largest value, less the
-// sums' growth).
-constexpr int kExp2Bias = 24;
-__device__ __forceinline__ float exp2_biased(double q) {
+// 2^q in double for q <= 0, to about 1e-11 relative: n = round(q) (the 1.5 * 2^52 shift), f = q - n in [-1/2, 1/2]
+// (exact), 2^f by its Taylor series to degree 9 (truncation 9.4e-12 on [-1/2, 1/2]), 2^n into the exponent bits.
+// Zero below 2^-1022. For kernels whose exponent q is already in base 2: no multiplication by ln 2 and no
+// two-part range reduction, 11 FP64 operations.
+__device__ __forceinline__ double exp2_nonpositive(double q) {
   constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer
-  const double qc = fmax(q, -300.0);             // keeps n + kExp2Bias in range of the test below
+  constexpr double kC[10] = {1.0,
+                             0.6931471805599453,
+                             0.2402265069591007,
+                             0.055504108664821576,
+                             0.009618129107628477,
+                             0.0013333558146428441,
+                             0.00015403530393381606,
+                             1.5252733804059838e-05,
+                             1.3215486790144305e-06,
+                             1.0178086009239696e-07};  // (ln 2)^k / k!
+  const bool underflow = q < -1022.0;
+  const double qc = underflow ? -1022.0 : q;
   const double shifted = qc + kShift;
-  const float f = static_cast<float>(qc - (shifted - kShift));
-  float p = 0.00015345809515565634f;
-  p = fmaf(p, f, 0.0013399930903688073f);
-  p = fmaf(p, f, 0.009618489071726799f);
-  p = fmaf(p, f, 0.05550328642129898f);
-  p = fmaf(p, f, 0.24022646248340607f);
-  p = fmaf(p, f, 0.6931471824645996f);
-  p = fmaf(p, f, 1.0f);
-  const int e = __double2loint(shifted) + kExp2Bias;  // the low word of 1.5 * 2^52 + n is n
-  return e < -125 ? 0.0f : __int_as_float(__float_as_int(p) + static_cast<int>(static_cast<unsigned>(e) << 23));
+  const double f = qc - (shifted - kShift);
+  double p = kC[9];
+#pragma unroll
+  for (int k = 8; k >= 0; --k) p = fma(p, f, kC[k]);
+  const int n = __double2loint(shifted);  // the low word of 1.5 * 2^52 + n is n
+  return underflow ? 0.0 : p * __hiloint2double((n + 1023) << 20, 0);
 }
+
+// The float32 kernels form their float32 weights 2^kExp2Bias too large and scale their sums back exactly in
+// double: float32's normal range then reaches 2^-149, the plain float32 formula's smallest denormal, so no pair that
+// formula keeps underflows there. The price is headroom: sums overflow for weights above about 1e28.
+constexpr int kExp2Bias = 24;
+constexpr double kExp2BiasScale = 16777216.0;  // 2^kExp2Bias
 
 // ------------------------------------------------------------------------------------------------------------
 // Stores. K is written once and never read back by the kernel that writes it: streaming (evict-first) stores of
