@@ -1,19 +1,21 @@
-"""The arithmetic of the float32 covariance backward (csrc/cuda/backward_rows_f32.cuh), emulated on the CPU,
+"""The arithmetic of the float32 covariance backward (csrc/cuda/backward_onepass_f32.cuh), emulated on the CPU,
 against the accuracy rule of the CUDA tests: every gradient's error against float64 at most 4x the plain float32
 formula's + 1e-6, on the shapes and draws of tests/test_cuda_kernels.py.
 
     python -m experiments.backward_f32_emulation [--draws 3]
 
-The kernel's arithmetic (an FMA in float32 is emulated as an exact product plus one rounding): rows in blocks of
-128 centred on their mean, y = (x - mu) w with w = sqrt(log2(e) / 2) / l in double, the exponent
+The kernel's arithmetic (an FMA in float32 is emulated as an exact product plus one rounding), in a row pass's order:
+rows in blocks of 128 centred on their mean, y = (x - mu) w with w = sqrt(log2(e) / 2) / l in double, the exponent
 q = -|y1 - y2|^2 by the norm expansion in double, 2^q in double, S = sum g 2^q in double term by term, the weight
 g 2^q in float32 (2^q rounded to float32, scaled by 2^BIAS), the differences of y rounded to float32, and per row
-the sums of w (y1 - y2) and w (y1 - y2)^2 over runs of 16 columns in float32, each run added into double. Two other
-exponentials are compared, with S summed from the float32 weights: ``poly32`` (2^f by a float32 polynomial on the
-reduced argument, ``exp2_poly``) and ``mufu`` (2^q with a relative error uniform within 2 ulp, the special-function
-unit's). The plain float32 formula here runs on the CPU, whose float32 exponential is less accurate than the GPU's:
-on the H200, ``poly32`` exceeded the rule on about 1 draw in 100 that this emulation passed
-(experiments/backward_f32_probe.py measures the kernels themselves on a GPU).
+the sums of w (y1 - y2) and w (y1 - y2)^2 over runs of 16 columns in float32, each run added into double. (The
+kernel centres each block on its columns and sums in float32 over a warp's columns per row and over runs of 16
+rows per column: the same roundings of the terms, other orders of the float32 sums.) Two other exponentials are
+compared, with S summed from the float32 weights: ``poly32`` (2^f by a float32 polynomial on the reduced argument,
+``exp2_poly``) and ``mufu`` (2^q with a relative error uniform within 2 ulp, the special-function unit's). The plain
+float32 formula here runs on the CPU; on the H200, ``poly32`` exceeded the rule on about 1 draw in 100 of n = 70,
+m = 90, where this emulation found none over it in 600 such draws (the GPU's plain formula was the more accurate
+on the failing draws; why was not measured). experiments/backward_f32_probe.py measures the kernels on a GPU.
 Prints the draws above half the bound and the worst ratios; writes experiments/results/backward_f32_emulation.md.
 """
 

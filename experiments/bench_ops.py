@@ -8,8 +8,7 @@ row-streaming kernel by differences and by the norm expansion, and the tiled ker
 gradients and with the hyperparameters' only (the points need no gradient: the gradient mask skips their passes).
 ``--quick`` leaves out eager PyTorch and torch.compile; ``--bwd-op`` adds the backward op alone (all gradients, and
 the hyperparameters' only), by default and with each kernel named (two row passes in float64 arithmetic,
-``rows64``, or in float32, ``rows32``; one pass in float32, ``onepass32``, d <= 16), with each one's error against
-the float64 op.
+``rows64``; one pass in float32 arithmetic, ``onepass32``, d <= 16), with each one's error against the float64 op.
 Writes experiments/results/bench_ops.{md,json}.
 """
 
@@ -54,7 +53,7 @@ def bench_backward_op(row, x1, x2, l, s, G, reps):
     row["gpfast_bwd_theta"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
     want = op(*(a.double() for a in args), True)
     named = torch.ops.gpfast._rbf_covariance_backward_kernel.default
-    for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64", "rows32"):
+    for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64",):
         row[f"bwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: named(*args, True, kernel), reps=reps)
         row[f"bwd_{kernel}_theta"] = cuda_time_ms(lambda kernel=kernel: named(*args, False, kernel), reps=reps)
         got = named(*args, True, kernel)
@@ -153,16 +152,11 @@ def main(argv=None):
         "gpfast_bwd",
         "gpfast_bwd_theta",
         "bwd_rows64",
-        "bwd_rows32",
         "bwd_onepass32",
-        "bwd_onepass32_occ",
         "bwd_rows64_theta",
-        "bwd_rows32_theta",
         "bwd_onepass32_theta",
         "err_rows64",
-        "err_rows32",
         "err_onepass32",
-        "err_onepass32_occ",
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -184,16 +178,11 @@ def main(argv=None):
             "bwd op",
             "bwd op (l, s only)",
             "bwd, float64 passes",
-            "bwd, float32 passes",
             "bwd, float32 one pass",
-            "bwd, float32 one pass, registers capped",
             "bwd (l, s), float64 pass",
-            "bwd (l, s), float32 pass",
             "bwd (l, s), float32 one pass",
             "error, float64 passes",
-            "error, float32 passes",
             "error, float32 one pass",
-            "error, one pass, registers capped",
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

@@ -48,7 +48,9 @@
 #                 instruction mix, the 1M step; S8C_BUDGET 585), session9 (the float32 covariance backward: its
 #                 tests, bench_ops with both row passes, sanitizers over them, every CUDA test; S9_BUDGET 585), session9b
 #                 (the one-pass float32 backward: its tests, bench_ops, Nsight Compute, sanitizers, every CUDA test;
-#                 S9B_BUDGET 585), session9c (backward_f32_probe, the backward's tests, bench_ops; S9C_BUDGET 400)
+#                 S9B_BUDGET 585), session9c (backward_f32_probe, the backward's tests, bench_ops; S9C_BUDGET 400),
+#                 session9d (the float32 backward as it lands: tests, probe, sanitizers, bench_ops, every CUDA test;
+#                 S9D_BUDGET 540)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -857,6 +859,29 @@ PYEOF
       echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
       grep -E "^\| \(|^- " "$res/bench_ops.md"
       stage_end s9c ;;
+    session9d)
+      # The float32 backward as it lands (the one-pass kernel, float32's default for d <= 16; the float32 row passes
+      # deleted): build; the backward's CUDA tests; backward_f32_probe; memcheck and racecheck over the backward's
+      # kernels; bench_ops at the target shapes; every CUDA test; in one call of at most S9D_BUDGET seconds (default
+      # 540). Files: s9d_*.log, s9d_results.tar.gz.
+      stage_begin s9d ${S9D_BUDGET:-540} 240
+      grep -A2 "bwd_onepass_f32_kernel" "$OUT/s9d_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      cuda_tests "$OUT/s9d_tests_bwd.log" 90 tests/test_cuda_kernels.py tests/test_ops.py \
+        -k "backward or grad or onepass or float32"
+      brun 90 "$OUT/s9d_probe.log" python -m experiments.backward_f32_probe --draws 300
+      echo "probe rc=$?"; cp experiments/results/backward_f32_probe.* "$res/" 2>/dev/null
+      grep -E "^\| " "$res/backward_f32_probe.md"
+      for tool in memcheck racecheck; do
+        brun 45 "$OUT/s9d_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9d_sanitize.log" | head -8
+      brun 110 "$OUT/s9d_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      cuda_tests "$OUT/s9d_tests.log" 120 tests
+      stage_end s9d ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

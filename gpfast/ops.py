@@ -548,17 +548,16 @@ def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kerne
 
 
 # The kernels of _rbf_covariance_backward_kernel.
-COVARIANCE_BACKWARD_KERNELS = ("rows64", "rows32", "onepass32", "onepass32_occ")
+COVARIANCE_BACKWARD_KERNELS = ("rows64", "onepass32")
 
 
 @torch.no_grad()
 def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kernel: str, *, x_grads: bool = True):
     """:func:`rbf_covariance_backward` by a named CUDA kernel, for tests and benchmarks: ``"rows64"`` (two row
-    passes in float64 arithmetic, any dtype), ``"rows32"`` (two row passes in float32 arithmetic where the accuracy
-    rule allows it, the exponent in float64; float32 only, float32's default for 16 < d <= 32) or ``"onepass32"``
-    (the same arithmetic in one pass over the pairs; float32 with d <= 16, and its default there) or
-    ``"onepass32_occ"`` (the same with its registers capped for more resident blocks). d > 32 takes the
-    dense float64 fall-back whichever is named. Arguments and results as in :func:`rbf_covariance_backward`.
+    passes in float64 arithmetic, any dtype; the default for float64 and for d > 16) or ``"onepass32"`` (one pass
+    over the pairs in float32 arithmetic where the accuracy rule allows it, the exponential and the outputscale's
+    sum in float64; float32 with d <= 16, and its default there). d > 32 takes the dense float64 fall-back whichever
+    is named. Arguments and results as in :func:`rbf_covariance_backward`.
     """
     _ensure_loaded()
     if kernel not in COVARIANCE_BACKWARD_KERNELS:
@@ -568,7 +567,7 @@ def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kern
     x1c, x2c, lc, sc, batch = _canonicalize(x1, x2, lengthscale, outputscale, False)
     if kernel != "rows64" and x1c.dtype != torch.float32:
         raise ValueError(f"_rbf_covariance_backward_kernel: {kernel!r} takes float32, got {x1c.dtype}")
-    if kernel.startswith("onepass") and x1c.shape[-1] > 16:
+    if kernel == "onepass32" and x1c.shape[-1] > 16:
         raise ValueError(f"_rbf_covariance_backward_kernel: {kernel!r} takes d <= 16, got d={x1c.shape[-1]}")
     G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], x2c.shape[1])), x1c)
     grads = torch.ops.gpfast._rbf_covariance_backward_kernel(G, x1c, x2c, lc, sc, x_grads, kernel)

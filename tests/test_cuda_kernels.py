@@ -508,8 +508,8 @@ def test_named_covariance_backward_vs_float64(kernel, shape, shift):
     float64 on fresh draws, its partial buffers poisoned (the one-pass kernel: d <= 16, in every bucket, with many
     column strips and many row blocks)."""
     batch, n, m, d = shape
-    if kernel.startswith("onepass") and d > 16:
-        pytest.skip("the one-pass kernels take d <= 16")
+    if kernel == "onepass32" and d > 16:
+        pytest.skip("the one-pass kernel takes d <= 16")
     for draw in range(2):
         x1, x2, l, s = canonical(batch, n, m, d, torch.float32, shift)
         w = torch.randn(x1.shape[0], n, m, device="cuda")
@@ -541,12 +541,11 @@ def test_float32_backward_defaults(d):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kernel", ["rows32", "onepass32"])
-def test_float32_backward_far_apart_points(kernel):
+def test_float32_backward_far_apart_points():
     """Kernel values below float32's normal range (2^-126 = 1.2e-38): lengthscale 0.03 and two pairs placed at
-    K = 1e-40 and 1e-42, every other pair below 1e-45. The plain float32 formula keeps them as denormals; the float32
-    pass forms its weights scaled up, so it must keep them too (flushed to zero, every gradient would be off by
-    100%), and to more digits than the plain formula's denormals."""
+    K = 1e-40 and 1e-42, every other pair below 1e-45. The plain float32 formula keeps them as denormals; the one-pass
+    kernel forms its float32 weights scaled up, so it must keep them too (flushed to zero, every gradient would be
+    off by 100%), and to more digits than the plain formula's denormals."""
     for _ in range(3):
         x1, x2, _, s = canonical((), 300, 2000, 8, torch.float32)
         l = torch.full_like(x1[:, 0, :], 0.03)
@@ -554,7 +553,7 @@ def test_float32_backward_far_apart_points(kernel):
             u = torch.randn(8, device="cuda")
             x2[0, row] = x1[0, row] + u / u.norm() * 0.03 * math.sqrt(-2 * math.log(k))
         w = torch.randn(1, 300, 2000, device="cuda")
-        got = named_cov_grads(kernel, x1, x2, l, s, w)
+        got = named_cov_grads("onepass32", x1, x2, l, s, w)
         want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())
         plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)
         want[2], plain[2] = want[2][:, 0], plain[2][:, 0]
@@ -563,12 +562,11 @@ def test_float32_backward_far_apart_points(kernel):
             assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
-@pytest.mark.parametrize("kernel", ["rows32", "onepass32"])
-def test_float32_backward_large_weights(kernel):
+def test_float32_backward_large_weights():
     """Weights of 1e25 (the scaled-up weights' headroom ends near 1e28): finite and within the rule."""
     x1, x2, l, s = canonical((), 200, 1100, 8, torch.float32)
     w = torch.randn(1, 200, 1100, device="cuda") * 1e25
-    got = named_cov_grads(kernel, x1, x2, l, s, w)
+    got = named_cov_grads("onepass32", x1, x2, l, s, w)
     want = grads_of(ref.rbf_covariance, [t.double() for t in (x1, x2, l[:, None], s)], w.double())
     plain = grads_of(ref.rbf_covariance, (x1, x2, l[:, None], s), w)
     want[2], plain[2] = want[2][:, 0], plain[2][:, 0]
@@ -577,13 +575,12 @@ def test_float32_backward_large_weights(kernel):
         assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, name
 
 
-def test_float32_backward_kernels_refuse_float64():
+def test_onepass_backward_refuses_float64():
     x1, x2, l, s = canonical((), 20, 30, 3, torch.float64)
     w = torch.randn(1, 20, 30, device="cuda", dtype=torch.float64)
-    for kernel in ("rows32", "onepass32"):
-        with pytest.raises(RuntimeError, match=f"'{kernel}' takes float32, got Double"):
-            named_cov_grads(kernel, x1, x2, l, s, w)
-    with pytest.raises(RuntimeError, match="kernel must be 'rows64', 'rows32', 'onepass32' or 'onepass32_occ', got"):
+    with pytest.raises(RuntimeError, match="'onepass32' takes float32, got Double"):
+        named_cov_grads("onepass32", x1, x2, l, s, w)
+    with pytest.raises(RuntimeError, match="kernel must be 'rows64' or 'onepass32', got 'rows16'"):
         named_cov_grads("rows16", x1.float(), x2.float(), l.float(), s.float(), w.float())
 
 

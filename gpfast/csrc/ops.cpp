@@ -76,8 +76,9 @@ TORCH_LIBRARY(gpfast, m) {
   m.def(
       "_rbf_matmul_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
       " Tensor v, str kernel) -> (Tensor, Tensor)");
-  // rbf_covariance_backward on CUDA with the named kernel: "rows64" (float64 arithmetic, any dtype) or "rows32"
-  // (float32 arithmetic where the accuracy rule allows it; float32 only; csrc/README.md).
+  // rbf_covariance_backward on CUDA with the named kernel: "rows64" (two row passes in float64 arithmetic, any
+  // dtype) or "onepass32" (one pass in float32 arithmetic where the accuracy rule allows it; float32, d <= 16;
+  // csrc/README.md).
   m.def(
       "_rbf_covariance_backward_kernel(Tensor grad, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale,"
       " bool x_grads, str kernel) -> (Tensor, Tensor, Tensor, Tensor)");

@@ -5,10 +5,8 @@
 #include <algorithm>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 
 #include "backward_rows.cuh"
-#include "backward_rows_f32.cuh"
 #include "dispatch.h"
 
 namespace gpfast {
@@ -37,19 +35,16 @@ struct RowPassSums {
 constexpr int bwd_rows_per_thread(int D) { return D <= 8 ? 2 : 1; }
 
 // One row pass over rows x_rows (B, n, d) against columns x_cols (B, m, d) (all contiguous). The weight of pair
-// (i, j) is g[b * g_batch + i * g_row + j * g_col] (dense, TC = 0) or gr_i . vc_j (low-rank, TC > 0). kF32: the
-// float32 kernel (bwd_rows_f32_kernel; float32 dense weights only) instead of bwd_rows_kernel.
-template <typename scalar_t, int kD, int kTC, bool kS, bool kL, bool kF32 = false>
+// (i, j) is g[b * g_batch + i * g_row + j * g_col] (dense, TC = 0) or gr_i . vc_j (low-rank, TC > 0).
+template <typename scalar_t, int kD, int kTC, bool kS, bool kL>
 RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const at::Tensor& ls, const at::Tensor& s,
                      const scalar_t* g, int64_t g_batch, int64_t g_row, int64_t g_col, const at::Tensor* gr,
                      const at::Tensor* vc, bool want_a) {
-  static_assert(!kF32 || (std::is_same_v<scalar_t, float> && kTC == 0), "the float32 kernel takes dense float32");
-  constexpr int kTM = kF32 ? 1 : bwd_rows_per_thread(kD);
-  constexpr int kTile = kF32 ? kBwd32Tile : bwd_tile_cols<scalar_t>();
+  constexpr int kTM = bwd_rows_per_thread(kD);
   const int64_t B = x_rows.size(0), n = x_rows.size(1), m = x_cols.size(1);
   const int64_t rowblocks = ceil_div(n, int64_t(kBwdThreads) * kTM);
   int64_t splits = 1;
-  const int64_t cols = split_columns(rowblocks * B, m, kTile, 4, splits);
+  const int64_t cols = split_columns(rowblocks * B, m, bwd_tile_cols<scalar_t>(), 4, splits);
   TORCH_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
               "gpfast backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
   const auto opts = x_rows.options().dtype(at::kDouble);
@@ -72,21 +67,7 @@ RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const a
   a.n = n, a.m = m, a.batch = B, a.cols_per_split = cols;
   a.d = static_cast<int>(x_rows.size(2));
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  if constexpr (kF32) {
-    // at D = 32 the host never asks for A and L from one pass (see run_backward), which would not fit in registers
-    if constexpr (kL && kD >= 32) {
-      TORCH_CHECK(!want_a, "gpfast backward: the float32 row pass forms A and L together only for d <= 16");
-      bwd_rows_f32_kernel<kD, false, true, kS><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-    } else if (want_a) {
-      bwd_rows_f32_kernel<kD, true, kL, kS><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-    } else if constexpr (kS || kL) {
-      bwd_rows_f32_kernel<kD, false, kL, kS><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-    } else {
-      TORCH_CHECK(false, "gpfast backward: a row pass with nothing to compute");
-    }
-  } else {
-    bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
-  }
+  bwd_rows_kernel<scalar_t, kD, kTM, kTC, kS, kL><<<grid, kBwdThreads, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

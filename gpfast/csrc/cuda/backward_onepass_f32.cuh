@@ -1,12 +1,26 @@
 // The covariance backward for float32 in one pass over the pairs (d <= 16): both point gradients, L and S from
-// one exponential per pair and one read of the incoming gradient G, where the row passes (backward_rows.cuh,
-// backward_rows_f32.cuh) make two passes, one per point set. Sums as in backward_rows.cuh, with W = s E o G:
+// one exponential per pair and one read of the incoming gradient G, where the row passes (backward_rows.cuh) make
+// two, one per point set, in float64 arithmetic. Sums as in backward_rows.cuh, with W = s E o G, E = K / s:
 //   A_i = sum_j W_ij (z1_i - z2_j)   (rows),   A2_j = sum_i W_ij (z2_j - z1_i)   (columns),
-// L = sum_ij W_ij (z1_i - z2_j)^2,   S = sum_ij W_ij / s.
-// The arithmetic is bwd_rows_f32_kernel's (see there for why each part has the precision it has): the exponent and
-// its exponential in double, S in double term by term, the other terms in float32 from the weight rounded to
-// float32 (scaled up by 2^kExp2Bias) and differences of the points rounded to float32, summed in float32 over at
-// most 16 rows and CPL columns (and a warp), then in double.
+//   L = sum_ij W_ij (z1_i - z2_j)^2,   S = sum_ij W_ij / s,
+// into float64 partial buffers that finish_grads adds up.
+//
+// Where the precision goes (the accuracy rule: each gradient's error against float64 at most 4x the plain float32
+// formula's + 1e-6, on every draw; experiments/backward_f32_probe.py measures it on many draws):
+//   - the exponent q = -|y1 - y2|^2 in double by the norm expansion (its cancellation costs nothing there), and
+//     2^q in double (exp2_nonpositive). A float32 q carries an error of |q| 2^-24, which where every pair is far
+//     apart (the extreme-lengthscale test: K ~ 1e-27 at its largest) put the gradients 10x over the rule in an
+//     emulation of this arithmetic (experiments/backward_f32_emulation.py).
+//   - S = sum g E in double term by term. S is a single sum of terms of either sign; any float32 rounding of its
+//     terms is independent from pair to pair, while the plain formula's errors come mostly from rounding each point
+//     (shared by all its pairs, so they average out over a row): with E from a float32 polynomial (0.5 ulp) S
+//     exceeded the rule on the H200 on about 1 draw in 100 (n = 70, m = 90).
+//   - the weight g E rounded to float32 (scaled up by 2^kExp2Bias, so that float32's range reaches the plain
+//     formula's smallest denormal), and the terms W (y1 - y2), W (y1 - y2)^2 in float32 from differences of the
+//     points rounded to float32 (a per-point rounding, like the plain formula's z = x / l).
+//   - sums: in float32 over at most 16 rows and CPL columns (and a warp), then in double.
+// Per pair and feature: one FP64 FMA (the expansion) and 5 float32 operations (3 without the point gradients);
+// per pair about 16 FP64 operations for the exponential and S.
 //
 // Layout, as the streaming forward (covariance_forward.cuh): each lane owns CPL consecutive columns (their points
 // in registers, their sums A2 in float32 over a chunk of 16 rows, then in double in shared memory); the block walks
@@ -42,8 +56,7 @@ struct OnePassArgs {
   bool vec_load;  // each lane's CPL weights of a row are one aligned vector load
 };
 
-// kX: the point gradients (A and A2); L and S always. kMinBlocks: resident blocks per SM asked of the compiler
-// (1 lets it take the registers it wants: 133 at D = 8 with kX, 3 blocks of 4 warps).
+// kX: the point gradients (A and A2); L and S always. kMinBlocks: resident blocks per SM asked of the compiler.
 template <int D, int CPL, bool kX, int kMinBlocks>
 __global__ void __launch_bounds__(kOneThreads, kMinBlocks) bwd_onepass_f32_kernel(const OnePassArgs a) {
   constexpr int kWarps = kOneThreads / 32, kCols = kOneThreads * CPL;

@@ -1,6 +1,6 @@
 // CUDA launchers for rbf_covariance_backward and the private _rbf_covariance_backward_kernel that runs a named
-// kernel. Device code: backward_rows.cuh (float64 arithmetic), backward_rows_f32.cuh and backward_onepass_f32.cuh
-// (float32).
+// kernel. Device code: backward_rows.cuh (two row passes, float64 arithmetic), backward_onepass_f32.cuh (one pass,
+// float32 arithmetic where the accuracy rule allows it).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -16,14 +16,16 @@ namespace cuda {
 
 namespace {
 
-enum class BwdKernel { kRows64, kRows32, kOnePass32, kOnePass32Occ };
+enum class BwdKernel { kRows64, kOnePass32 };
 
 // The one-pass float32 backward (d <= 16): grid of column strips by row blocks by batch, about 16 blocks per SM so
-// that the last wave is short; partial sums in double, added by finish_grads. kMinBlocks: the kernel's launch bound.
-template <int kD, int kMinBlocks>
+// that the last wave is short; partial sums in double, added by finish_grads. Registers capped for 4 resident blocks
+// an SM (3 at d = 16): uncapped (170 registers at d = 8, 3 blocks) it took 2.67 ms at n = 16384, d = 8 on the H200,
+// capped 2.14 ms, and 15.7 against 11.2 ms at n = 40,000 (experiments/results/h200_2026-12-02_session7/call4_*).
+template <int kD>
 Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
                        const at::Tensor& s, bool x_grads) {
-  constexpr int kCPL = onepass_cols_per_lane(kD);
+  constexpr int kCPL = onepass_cols_per_lane(kD), kMinBlocks = kD <= 8 ? 4 : 3;
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   const int64_t strips = ceil_div(m, int64_t(kOneThreads) * kCPL);
   int64_t rowblocks = std::clamp<int64_t>(ceil_div(int64_t(16) * sm_count(), strips * B), 1, ceil_div(n, int64_t(kOneRows)));
@@ -61,9 +63,7 @@ Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tens
   return finish_grads(x1, x2, ls, rows, x_grads ? std::optional<RowPassSums>(cols) : std::nullopt, x_grads);
 }
 
-// kRows64: bwd_rows_kernel (float64 arithmetic, any dtype); kRows32: bwd_rows_f32_kernel, two row passes;
-// kOnePass32: bwd_onepass_f32_kernel (d <= 16); kOnePass32Occ: the same with registers capped for more resident
-// blocks. The float32 kernels take float32 inputs only.
+// kRows64: bwd_rows_kernel (float64 arithmetic, any dtype); kOnePass32: bwd_onepass_f32_kernel (float32, d <= 16).
 Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads,
                                BwdKernel kernel, const char* op) {
@@ -87,31 +87,18 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
     const scalar_t* g = G.data_ptr<scalar_t>();
     with_feature_bucket(D, [&](auto dc) {
       constexpr int kD = decltype(dc)::value;
-      // pass 1 over the rows of x1 (G read along its rows), pass 2 over the rows of x2 (G read down its columns)
-      auto passes = [&](auto f32) {
-        constexpr bool kF32 = decltype(f32)::value;
-        return run_backward<kD>(p1, p2, ls, x_grads, [&](auto with_s, auto with_l, bool over_x1, bool want_a) {
-          constexpr bool kS = decltype(with_s)::value, kL = decltype(with_l)::value;
-          return over_x1
-                     ? row_pass<scalar_t, kD, 0, kS, kL, kF32>(p1, p2, ls, s, g, n * m, m, 1, nullptr, nullptr, want_a)
-                     : row_pass<scalar_t, kD, 0, kS, kL, kF32>(p2, p1, ls, s, g, n * m, 1, m, nullptr, nullptr, want_a);
-        });
-      };
-      if constexpr (std::is_same_v<scalar_t, float>) {
-        if constexpr (kD <= 16) {
-          if (kernel == BwdKernel::kOnePass32) {
-            out = onepass_backward<kD, 1>(G, p1, p2, ls, s, x_grads);
-            return;
-          }
-          if (kernel == BwdKernel::kOnePass32Occ) {  // registers capped for 4 blocks an SM (3 at D = 16)
-            out = onepass_backward<kD, kD <= 8 ? 4 : 3>(G, p1, p2, ls, s, x_grads);
-            return;
-          }
+      if constexpr (std::is_same_v<scalar_t, float> && kD <= 16) {
+        if (kernel == BwdKernel::kOnePass32) {
+          out = onepass_backward<kD>(G, p1, p2, ls, s, x_grads);
+          return;
         }
-        out = kernel == BwdKernel::kRows64 ? passes(std::false_type{}) : passes(std::true_type{});
-      } else {
-        out = passes(std::false_type{});
       }
+      // pass 1 over the rows of x1 (G read along its rows), pass 2 over the rows of x2 (G read down its columns)
+      out = run_backward<kD>(p1, p2, ls, x_grads, [&](auto with_s, auto with_l, bool over_x1, bool want_a) {
+        constexpr bool kS = decltype(with_s)::value, kL = decltype(with_l)::value;
+        return over_x1 ? row_pass<scalar_t, kD, 0, kS, kL>(p1, p2, ls, s, g, n * m, m, 1, nullptr, nullptr, want_a)
+                       : row_pass<scalar_t, kD, 0, kS, kL>(p2, p1, ls, s, g, n * m, 1, m, nullptr, nullptr, want_a);
+      });
     });
   });
   return out;
@@ -119,9 +106,8 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
 
 }  // namespace
 
-// float32 with d <= 16: one pass in float32 arithmetic; otherwise the float64 row passes. (The float32 row passes
-// exceeded the accuracy rule's bound on the outputscale gradient at d = 29 on one draw of 160 on an H200, and
-// were 7% faster there; csrc/README.md.)
+// float32 with d <= 16: one pass in float32 arithmetic; otherwise the float64 row passes (at d = 32 the one pass's
+// registers would not hold a column's points in double and in float32 beside its sums).
 Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
   const BwdKernel kernel =
@@ -129,26 +115,21 @@ Grads covariance_backward_cuda(const at::Tensor& grad, const at::Tensor& x1, con
   return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads, kernel, "rbf_covariance_backward");
 }
 
-// The backward by a named kernel, for tests and benchmarks: "rows64" (bwd_rows_kernel, float64 arithmetic),
-// "rows32" (bwd_rows_f32_kernel, float32 only), "onepass32" (bwd_onepass_f32_kernel, float32, d <= 16) or
-// "onepass32_occ" (the same with registers capped for occupancy). d > 32
-// takes the dense fall-back whichever is named.
+// The backward by a named kernel, for tests and benchmarks: "rows64" (bwd_rows_kernel, float64 arithmetic) or
+// "onepass32" (bwd_onepass_f32_kernel, float32, d <= 16). d > 32 takes the dense fall-back either way.
 Grads covariance_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& x1, const at::Tensor& x2,
                                       const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads,
                                       c10::string_view kernel) {
   constexpr const char* kOp = "_rbf_covariance_backward_kernel";
   const std::string name(kernel);
-  const bool onepass = name == "onepass32" || name == "onepass32_occ";
-  TORCH_CHECK(name == "rows64" || name == "rows32" || onepass, kOp,
-              ": kernel must be 'rows64', 'rows32', 'onepass32' or 'onepass32_occ', got '", name, "'");
-  TORCH_CHECK(name == "rows64" || x1.scalar_type() == at::kFloat, kOp, ": '", name, "' takes float32, got ",
+  TORCH_CHECK(name == "rows64" || name == "onepass32", kOp, ": kernel must be 'rows64' or 'onepass32', got '", name,
+              "'");
+  const bool onepass = name == "onepass32";
+  TORCH_CHECK(!onepass || x1.scalar_type() == at::kFloat, kOp, ": 'onepass32' takes float32, got ",
               x1.scalar_type());
-  TORCH_CHECK(!onepass || x1.size(2) <= 16, kOp, ": '", name, "' takes d <= 16");
-  const BwdKernel k = name == "rows64"      ? BwdKernel::kRows64
-                      : name == "rows32"    ? BwdKernel::kRows32
-                      : name == "onepass32" ? BwdKernel::kOnePass32
-                                            : BwdKernel::kOnePass32Occ;
-  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads, k, kOp);
+  TORCH_CHECK(!onepass || x1.size(2) <= 16, kOp, ": 'onepass32' takes d <= 16");
+  return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads,
+                                  onepass ? BwdKernel::kOnePass32 : BwdKernel::kRows64, kOp);
 }
 
 }  // namespace cuda
