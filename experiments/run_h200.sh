@@ -181,7 +181,7 @@ for st in "$@"; do
       stem="uci_${sets//,/_}_${letters}"
       CUDA_VISIBLE_DEVICES=$G timeout ${UCI_TIMEOUT:-580} python -m experiments.uci_table --data-dir .data/uci \
         --device cuda --splits 0 --iters 50 --quiet --datasets ${sets//,/ } --rows ${rows//,/ } --stem "$stem" \
-        > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log" ;;
+        > "$OUT/$stem.log" 2>&1; tail -14 "$OUT/$stem.log"; cp experiments/results/"$stem".* "$OUT/" 2>/dev/null ;;
     kernels)
       # Build for sm_90, every CUDA test, bench_ops and bench_matmul at the target shapes, compute-sanitizer
       # memcheck and racecheck over experiments/sanitize_ops.py, then a summary table. Each step gets its own limit,
