@@ -164,7 +164,11 @@ def test_estimator_cg_predictions_equal_cholesky_ones(dtype):
     m1, c1 = exact.predict(X[:30], return_cov=True)
     m2, c2 = cg.predict(X[:30], return_cov=True)
     d = np.sqrt(np.diag(c1))
-    assert (np.abs(c2 - c1) / np.outer(d, d)).max() <= 2e-3
+    # the certificate (CGPosterior.predict_covariance): entry (i, j) within sqrt(gap_i gap_j), each gap at most
+    # 2 variance_rtol v (variance_rtol 1e-2). The value depends on the CPU's float32 arithmetic: within 2e-3 on the
+    # machines of earlier CI runs, 2.2e-3 on an Intel Xeon, so the bound is the certificate's, not a margin over one
+    # machine's value
+    assert (np.abs(c2 - c1) / np.outer(d, d)).max() <= 2e-2
 
 
 @pytest.mark.cuda
