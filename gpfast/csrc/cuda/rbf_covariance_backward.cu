@@ -21,7 +21,7 @@ enum class BwdKernel { kRows64, kOnePass32 };
 // The one-pass float32 backward (d <= 16): grid of column strips by row blocks by batch, about 16 blocks per SM so
 // that the last wave is short; partial sums in double, added by finish_grads. Registers capped for 4 resident blocks
 // an SM (3 at d = 16): uncapped (170 registers at d = 8, 3 blocks) it took 2.67 ms at n = 16384, d = 8 on the H200,
-// capped 2.14 ms, and 15.7 against 11.2 ms at n = 40,000 (experiments/results/h200_2026-12-02_session7/call4_*).
+// capped 2.32 ms, and 15.7 against 13.2 ms at n = 40,000 (experiments/results/h200_2026-12-02_session7/call4_*).
 template <int kD>
 Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
                        const at::Tensor& s, bool x_grads) {
