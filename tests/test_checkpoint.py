@@ -37,6 +37,8 @@ ENGINE = dict(
 )
 # the preconditioner rescaled only at its rebuilds: a resume must give it the update it last had, not the current one
 ENGINE_STALE = {**ENGINE, "cg": {**ENGINE["cg"], "rebuild_every": 5, "rescale_change": 50.0}}
+# rebuilds asked for at every step but deferred by their cost: a resume must keep the iterations since the build
+ENGINE_DEFERRED = {**ENGINE, "cg": {**ENGINE["cg"], "rebuild_every": 1, "rebuild_cost_share": 2.0}}
 EXACT_LBFGS = dict(solver="cholesky", max_iter=30)
 EXACT_ADAM = dict(solver="cholesky", optimizer="adam", tol=0, max_iter=10)
 GPYTORCH_LBFGS = dict(solver="cg", dtype="float64", optimizer="lbfgs", cg={"trainer": "gpytorch"}, max_iter=5)
@@ -182,8 +184,8 @@ def test_fit_killed_by_a_signal_resumes_to_the_uninterrupted_fit(tmp_path, kw, a
 @pytest.mark.parametrize("after", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(5, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "kw",
-    [ENGINE, ENGINE_STALE, EXACT_LBFGS, pytest.param(GPYTORCH_LBFGS, marks=pytest.mark.slow)],
-    ids=["engine", "engine-stale-scales", "exact-lbfgs", "gpytorch-lbfgs"],
+    [ENGINE, ENGINE_STALE, ENGINE_DEFERRED, EXACT_LBFGS, pytest.param(GPYTORCH_LBFGS, marks=pytest.mark.slow)],
+    ids=["engine", "engine-stale-scales", "engine-deferred-rebuilds", "exact-lbfgs", "gpytorch-lbfgs"],
 )
 def test_interrupted_fit_resumes_bit_for_bit(monkeypatch, tmp_path, kw, after):
     X, y = _data()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
+from dataclasses import replace
 
 import gpytorch
 import numpy as np
@@ -694,6 +696,69 @@ def test_missed_solves_raise_the_rank_then_the_cap():
     small.after_step(cfg, True, [1.0], _solve(15), [5, 10], 0.05, True)  # the rank stops at n, then the cap grows
     small.after_step(cfg, True, [1.0], _solve(15), [5, 10], 0.05, True)
     assert (small.rank, small.cap) == (150, 23)
+
+
+def test_rebuild_waits_until_the_iterations_since_the_build_cost_a_build():
+    """A rebuild that the lengthscale or age rule asks for waits for CG iterations worth rebuild_cost_share of a
+    build (by the cost model); the first build and a new rank never wait; 0 rebuilds as soon as asked."""
+    from types import SimpleNamespace
+
+    from gpfast.train.costs import rebuild_iterations
+    from gpfast.train.state import _State
+
+    n, rank = 13_500, 3200
+    product = SimpleNamespace(n=n, rows=slice(0, n), x=torch.zeros(n, 26), mode="stored")
+    wait = rebuild_iterations(n, n, rank, 16, 11, 26, True, "cpu")
+    assert wait > 10  # at this rank a build costs many iterations: the rule has something to defer
+    cfg = CGSettings(max_preconditioner_rank=rank, preconditioner_rank=rank)
+    state = _State(cfg)
+    assert state.rebuild_due(cfg, 0, product, 11)  # nothing built yet
+    state.pc = SimpleNamespace(k=rank)
+    state.built_at, state.rebuild_next = 0, True
+    state.its_since_build = math.floor(wait)
+    assert not state.rebuild_due(cfg, 1, product, 11)
+    assert state.rebuild_due(replace(cfg, rebuild_cost_share=0.0), 1, product, 11)
+    state.its_since_build = math.ceil(wait)
+    assert state.rebuild_due(cfg, 1, product, 11)
+    state.its_since_build, state.rebuild_next = 10**6, False
+    assert not state.rebuild_due(cfg, 1, product, 11)  # nothing asks: no rebuild however long it has been
+    assert state.rebuild_due(cfg, cfg.rebuild_every, product, 11)  # the age rule asks
+    state.its_since_build, state.rank = 0, 2 * rank  # the accuracy rule doubled the rank: rebuild at once
+    assert state.rebuild_due(replace(cfg, rebuild_cost_share=1e9), 1, product, 11)
+
+
+def test_rebuild_cost_model_follows_rank_points_and_device():
+    """The model's build cost grows with the rank and the points; in iterations it is far more on a GPU at a high
+    rank and few points (per-block launches against a short product) than at rank 100 on many points, where a
+    rebuild costs about one iteration and the rule defers nothing."""
+    from gpfast.train.costs import GPU_RATES, build_seconds, rebuild_iterations
+
+    costs = [build_seconds(43_945, k, 16, 20, GPU_RATES) for k in (100, 400, 3200)]
+    assert costs == sorted(costs) and build_seconds(13_500, 3200, 16, 20, GPU_RATES) < costs[-1]
+    assert build_seconds(43_945, 3200, 32, 20, GPU_RATES) < costs[-1]  # half the blocks
+    pol = rebuild_iterations(13_500, 13_500, 3200, 16, 11, 26, True, "cuda")
+    kegg = rebuild_iterations(43_945, 43_945, 100, 16, 11, 20, True, "cuda")
+    assert pol > 50 and kegg < 2, (pol, kegg)
+    assert rebuild_iterations(600, 600, 100, 16, 168, 4, True, "cpu") < 1  # the CPU tests' sizes: never deferred
+
+
+def test_deferred_rebuilds_skip_rebuilds_the_rule_asks_for():
+    """On a problem where the lengthscale rule asks for rebuilds, a large rebuild_cost_share takes fewer of them
+    (only the first build and the accuracy rule's new ranks), and rebuild_cost_share=0 takes them all."""
+    model = _problem(n=400, d=3, dtype=torch.float64, seed=5, noise=0.05)
+    rebuilt = {}
+    for share in (0.0, 1e9):
+        m = copy.deepcopy(model)
+        engine = Engine(CGSettings(product="stored", rebuild_every=2, rebuild_cost_share=share))
+        closure = engine.objective(m)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1)
+        for _ in range(10):
+            closure()
+            opt.step()
+        rec = engine.finish()
+        rebuilt[share] = rec.rebuilt
+    assert sum(rebuilt[0.0]) >= 5, rebuilt  # every second step at least
+    assert sum(rebuilt[1e9]) < sum(rebuilt[0.0]), rebuilt
 
 
 def test_step_anatomy_runs_on_the_cpu(tmp_path, capsys):

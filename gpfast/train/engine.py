@@ -5,8 +5,10 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 1. Products: K̂ = K + noise I for the current hyperparameters, stored or matrix-free (:mod:`.product`).
 2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
    every ``rebuild_every`` steps, or sooner when a lengthscale has moved by more than
-   ``rebuild_lengthscale_change`` in log since the build; in between, it takes the current outputscale and noise
-   (exactly, by its Woodbury form) at the step after one of them has moved by more than ``rescale_change`` in log.
+   ``rebuild_lengthscale_change`` in log since the build, once the CG iterations since the build have cost
+   about as much as a rebuild (``rebuild_cost_share``, :mod:`.costs`); in between, it takes the current
+   outputscale and noise (exactly, by its Woodbury form) at the step after one of them has moved by more than
+   ``rescale_change`` in log.
 3. Probes: s fixed Rademacher vectors (drawn anew every ``resample_every`` steps if set), independent of the
    preconditioner, so their solves stay good warm starts across rebuilds.
 4. One batched PCG solve of [y - mean, z_1 ... z_s] (:mod:`.cg`), warm-started from the previous step's
@@ -205,7 +207,8 @@ class Engine:
         ls, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
         s, noise, mu = s[0], noise[0], mu[0]
         product.update(ls, s, noise)
-        rebuild = state.pc is None or state.rebuild_next or step - state.built_at >= cfg.rebuild_every
+        k = 1 if y.dim() == 1 else y.shape[0]  # outputs: the first k columns of the solve
+        rebuild = state.rebuild_due(cfg, step, product, k + state.s)
         if rebuild:
             state.build(product, s, X.dtype)
             state.built_at = step
@@ -219,7 +222,6 @@ class Engine:
             state.z_rng = generator_state(X.device)
             state.Z = _rademacher(n, state.s, X, product.split is not None)
             state.drawn_at = step
-        k = 1 if y.dim() == 1 else y.shape[0]  # outputs: the first k columns of the solve
         B, x0, warm = self._right_hand_sides(state, pc, (y - mu).reshape(k, n).T, first, resample)
         cap = state.cap
         estimate = None if (first or resample) else state.estimate

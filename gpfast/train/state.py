@@ -12,6 +12,7 @@ import torch
 
 from gpfast.train.cg import CUDAGraphs
 from gpfast.train.checks import estimate_count, solve_rate
+from gpfast.train.costs import rebuild_iterations
 from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
 from gpfast.train.settings import CGSettings
@@ -49,6 +50,7 @@ class _State:
         self.block = settings.pivot_block  # pivots per block of the preconditioner's build
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
+        self.its_since_build = 0  # CG iterations of the steps since the last build, its own step's included
         self.scales_at: list[float] | None = None  # (outputscale, noise) of the preconditioner's last update (host)
         self.rescale_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
@@ -63,7 +65,23 @@ class _State:
 
     _LISTS = ("l_build", "g", "hyper", "g2", "scales_at")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next", "rescale_next",
-                "estimate", "rate", "g2_steps")  # fmt: skip
+                "estimate", "rate", "g2_steps", "its_since_build")  # fmt: skip
+
+    def rebuild_due(self, cfg: CGSettings, step: int, product: CovarianceProduct, columns: int) -> bool:
+        """Whether this step rebuilds the preconditioner (solving ``columns`` right-hand sides): always for the
+        first build and for a new rank (the accuracy rule); when the lengthscale rule or ``rebuild_every`` asks,
+        only once the CG iterations since the last build have cost ``cfg.rebuild_cost_share`` of a build
+        (:mod:`gpfast.train.costs`)."""
+        if self.pc is None or self.pc.k != min(self.rank, product.n):
+            return True
+        if not (self.rebuild_next or step - self.built_at >= cfg.rebuild_every):
+            return False
+        if cfg.rebuild_cost_share == 0:
+            return True
+        rows = product.rows.stop - product.rows.start
+        cost = rebuild_iterations(product.n, rows, self.pc.k, self.block, columns, product.x.shape[1],
+                                  product.mode == "stored", product.x.device.type)  # fmt: skip
+        return self.its_since_build >= cfg.rebuild_cost_share * cost
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
         """Rebuild the preconditioner at the product's current hyperparameters (no host read).
@@ -111,6 +129,7 @@ class _State:
         measure ``res``, and whether it started from the last step's solutions)."""
         if rebuilt:
             self.l_build = list(lengthscale)
+        self.its_since_build = result.iterations + (0 if rebuilt else self.its_since_build)
         self.rebuild_next = _log_change(lengthscale, self.l_build) > cfg.rebuild_lengthscale_change
         points = [(i, r) for i, r in result.checked if 0 < i < result.iterations] + [(result.iterations, res)]
         if warm:
