@@ -50,7 +50,8 @@
 #                 (the one-pass float32 backward: its tests, bench_ops, Nsight Compute, sanitizers, every CUDA test;
 #                 S9B_BUDGET 585), session9c (backward_f32_probe, the backward's tests, bench_ops; S9C_BUDGET 400),
 #                 session9d (the float32 backward as it lands: tests, probe, sanitizers, bench_ops, every CUDA test;
-#                 S9D_BUDGET 540)
+#                 S9D_BUDGET 540), session10a (rebuilds that wait for their cost: the engine's CUDA tests, row c
+#                 on the seven sets at rebuild_cost_share 1, 0 and (three sets) 4; S10A_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -882,6 +883,23 @@ PYEOF
       grep -E "^\| \(|^- " "$res/bench_ops.md"
       cuda_tests "$OUT/s9d_tests.log" 120 tests
       stage_end s9d ;;
+    session10a)
+      # Rebuilds that wait for their cost (CGSettings.rebuild_cost_share): build; the CUDA tests of the engine, graphs,
+      # pivoted Cholesky and checkpoints; row c on the seven sets at the default (share 1), then at share 0 (every
+      # rebuild the lengthscale and age rules ask for, as before) and on the three smaller sets at share 4; in one
+      # call of at most S10A_BUDGET seconds (default 560). Files: s10a_*.log, s10a_results.tar.gz.
+      stage_begin s10a ${S10A_BUDGET:-560} 240
+      cuda_tests "$OUT/s10a_tests.log" 70 tests/test_train.py tests/test_cuda_graphs.py \
+        tests/test_pivoted_cholesky.py tests/test_checkpoint.py
+      row_c "$OUT/s10a_uci_c.log" 150
+      for v in "share0 0 pol elevators bike kin40k protein keggdirected keggundirected" "share4 4 pol elevators bike"; do
+        set -- $v; tag=$1 share=$2; shift 2
+        brun 150 "$OUT/s10a_uci_c_$tag.log" "${UCI[@]}" --rows gpfast --datasets "$@" --cg rebuild_cost_share=$share \
+          --stem "uci_c_$tag" --out "$res"
+        echo "uci c $tag rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_c_$tag.md" \
+          | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s10a_uci_c_$tag.log")"
+      done
+      stage_end s10a ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
