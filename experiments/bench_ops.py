@@ -4,7 +4,9 @@ Run on a GPU: ``python -m experiments.bench_ops``. Times are medians of CUDA-eve
 ``floor`` is the larger of the bytes the forward must move (inputs read once, K written once) over the 4.27 TB/s
 copy bandwidth measured on the H200 and its n m exponentials at 16 per SM per clock. The forward is timed with the
 kernel each shape gets by default and with each one forced through the private op ``_rbf_covariance_kernel`` (the
-row-streaming kernel by differences and by the norm expansion, and the tiled kernel); forward+backward with all four
+row-streaming kernel by differences and by the norm expansion, the tiled kernel, and for float32 with 8 < d <= 32
+the tensor-core kernel and its sweep variants), each with its error against float64 on the first 256 rows of the
+first batch (norm-wise; ``plain`` is the plain float32 formula's); forward+backward with all four
 gradients and with the hyperparameters' only (the points need no gradient: the gradient mask skips their passes).
 ``--quick`` leaves out eager PyTorch and torch.compile; ``--bwd-op`` adds the backward op alone (all gradients, and
 the hyperparameters' only), by default and with each kernel named (two row passes in float64 arithmetic,
@@ -30,6 +32,10 @@ def eager(x1, x2, l, s):
     return _reference.rbf_covariance(x1, x2, l, s)
 
 
+def _rel(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
 def run_or_oom(fn):
     try:
         return fn()
@@ -38,7 +44,10 @@ def run_or_oom(fn):
         return "OOM"
 
 
-FWD_KERNELS = ("diff", "expand", "tile")  # the row-streaming kernel's two forms, the tiled kernel
+# the row-streaming kernel's two forms, the tiled kernel, the tensor-core kernel and its variants (8 < d <= 32)
+FWD_KERNELS = ("diff", "expand", "tile", "tc", "tc_mt2", "tc_w4")
+TC_KERNELS = ("tc", "tc_mt2", "tc_w4")
+ERR_ROWS = 256  # rows of the forward compared with float64
 
 
 def bench_backward_op(row, x1, x2, l, s, G, reps):
@@ -91,8 +100,16 @@ def bench_shape(B, n, m, d, reps, quick=False, bwd_op=False):
     row["gpfast_fwd"] = cuda_time_ms(fwd(gpfast_op), reps=reps)
     forced = torch.ops.gpfast._rbf_covariance_kernel.default
     l2 = l.reshape(B, d)
+    r = min(ERR_ROWS, n)
+    want = _reference.rbf_covariance(x1[0, :r].double(), x2[0].double(), l[0].double(), s[0].double())
+    row["err_fwd_plain"] = _rel(_reference.rbf_covariance(x1[0, :r], x2[0], l[0], s[0]), want)
+    row["err_fwd"] = _rel(gpfast_op(x1, x2, l, s)[0, :r], want)
     for kernel in FWD_KERNELS:  # each forward kernel, forced (the default picks one by shape)
+        if kernel in TC_KERNELS and not 8 < d <= 32:
+            continue
         row[f"gpfast_fwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: forced(x1, x2, l2, s, kernel), reps=reps)
+        row[f"err_fwd_{kernel}"] = _rel(forced(x1, x2, l2, s, kernel)[0, :r], want)
+    del want
     row["gpfast_fwd_bwd"] = cuda_time_ms(fwd_bwd(gpfast_op), reps=reps)
     row["gpfast_fwd_bwd_theta"] = cuda_time_ms(fwd_bwd(gpfast_op, points=False), reps=reps)
     if bwd_op:
@@ -146,6 +163,13 @@ def main(argv=None):
         "gpfast_fwd_diff",
         "gpfast_fwd_expand",
         "gpfast_fwd_tile",
+        "gpfast_fwd_tc",
+        "gpfast_fwd_tc_mt2",
+        "gpfast_fwd_tc_w4",
+        "err_fwd_plain",
+        "err_fwd",
+        "err_fwd_expand",
+        "err_fwd_tc",
         "gpfast_fwd_graph",
         "gpfast_fwd_bwd",
         "gpfast_fwd_bwd_theta",
@@ -172,6 +196,13 @@ def main(argv=None):
             "fwd, differences",
             "fwd, norm expansion",
             "fwd, tiled",
+            "fwd, tensor cores",
+            "fwd, tc 2 row tiles",
+            "fwd, tc 4 warps",
+            "fwd error, plain float32",
+            "fwd error, default",
+            "fwd error, expansion",
+            "fwd error, tensor cores",
             "gpfast fwd (graph replay)",
             "gpfast fwd+bwd",
             "gpfast fwd+bwd (l, s only)",

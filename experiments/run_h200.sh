@@ -50,8 +50,9 @@
 #                 (the one-pass float32 backward: its tests, bench_ops, Nsight Compute, sanitizers, every CUDA test;
 #                 S9B_BUDGET 585), session9c (backward_f32_probe, the backward's tests, bench_ops; S9C_BUDGET 400),
 #                 session9d (the float32 backward as it lands: tests, probe, sanitizers, bench_ops, every CUDA test;
-#                 S9D_BUDGET 540), session10a (rebuilds that wait for their cost: the engine's CUDA tests, row c
-#                 on the seven sets at rebuild_cost_share 1, 0 and (three sets) 4; S10A_BUDGET 560)
+#                 S9D_BUDGET 540), session10 (the tensor-core forward and rebuilds that wait for their cost:
+#                 forward tests, bench_ops, row c at rebuild_cost_share 1 and 0, sanitizers, engine tests; S10_BUDGET
+#                 575)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -883,23 +884,32 @@ PYEOF
       grep -E "^\| \(|^- " "$res/bench_ops.md"
       cuda_tests "$OUT/s9d_tests.log" 120 tests
       stage_end s9d ;;
-    session10a)
-      # Rebuilds that wait for their cost (CGSettings.rebuild_cost_share): build; the CUDA tests of the engine, graphs,
-      # pivoted Cholesky and checkpoints; row c on the seven sets at the default (share 1), then at share 0 (every
-      # rebuild the lengthscale and age rules ask for, as before) and on the three smaller sets at share 4; in one
-      # call of at most S10A_BUDGET seconds (default 560). Files: s10a_*.log, s10a_results.tar.gz.
-      stage_begin s10a ${S10A_BUDGET:-560} 240
-      cuda_tests "$OUT/s10a_tests.log" 70 tests/test_train.py tests/test_cuda_graphs.py \
-        tests/test_pivoted_cholesky.py tests/test_checkpoint.py
-      row_c "$OUT/s10a_uci_c.log" 150
-      for v in "share0 0 pol elevators bike kin40k protein keggdirected keggundirected" "share4 4 pol elevators bike"; do
-        set -- $v; tag=$1 share=$2; shift 2
-        brun 150 "$OUT/s10a_uci_c_$tag.log" "${UCI[@]}" --rows gpfast --datasets "$@" --cg rebuild_cost_share=$share \
-          --stem "uci_c_$tag" --out "$res"
-        echo "uci c $tag rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_c_$tag.md" \
-          | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s10a_uci_c_$tag.log")"
+    session10)
+      # The tensor-core covariance forward (float32, 8 < d <= 32, the default there) and rebuilds that wait for their
+      # cost (CGSettings.rebuild_cost_share), in value order: build (ptxas report); the forward's CUDA tests; bench_ops
+      # at the target shapes and the engine sets' d (every forward kernel timed, with its error); row c on the seven
+      # sets at the defaults, then at rebuild_cost_share=0 (every rebuild the lengthscale and age rules ask for);
+      # memcheck and racecheck over the forward's kernels; the engine's CUDA tests; in one call of at most S10_BUDGET
+      # seconds (default 575). Files: s10_*.log, s10_results.tar.gz.
+      stage_begin s10 ${S10_BUDGET:-575} 240
+      grep -A2 "cov_fwd_tc_kernel" "$OUT/s10_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      cuda_tests "$OUT/s10_tests_fwd.log" 60 tests/test_cuda_kernels.py -k "forward or diagonal or covariance_kernel"
+      brun 100 "$OUT/s10_bench.log" python -m experiments.bench_ops --quick --reps 5 \
+        --shapes 1,16384,16384,8 4,8192,8192,32 1,16384,16384,16 1,13500,13500,26 1,43945,43945,20
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      row_c "$OUT/s10_uci_c.log" 150
+      brun 150 "$OUT/s10_uci_c_share0.log" "${UCI[@]}" --rows gpfast --cg rebuild_cost_share=0 --stem uci_c_share0 \
+        --out "$res"
+      echo "uci c share0 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_c_share0.md" \
+        | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s10_uci_c_share0.log")"
+      for tool in memcheck racecheck; do
+        brun 40 "$OUT/s10_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only forward; echo "$tool rc=$?"
       done
-      stage_end s10a ;;
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s10_sanitize.log" | head -8
+      cuda_tests "$OUT/s10_tests_engine.log" 60 tests/test_train.py tests/test_cuda_graphs.py
+      stage_end s10 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -2,18 +2,18 @@
 
 Covers: the covariance forward's kernels, by default and each forced through the private op
 ``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
-and the tiled kernel); K @ V in every right-hand-side bucket (1, 8, 12, 16, 32, several chunks), with column splits,
-and each of its kernels forced through ``_rbf_matmul_kernel`` (the CUDA-core kernel, the tensor-core kernel and its
-variants);
+the tiled kernel, and the tensor-core kernel with its sweep variants); K @ V in every right-hand-side bucket (1, 8,
+12, 16, 32, several chunks), with column splits, and each of its kernels forced through ``_rbf_matmul_kernel`` (the
+CUDA-core kernel, the tensor-core kernel and its variants);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-pivots (``_pivot_block``). Usage:
-``python -m experiments.sanitize_ops [--only matmul|backward]`` (or ``python experiments/sanitize_ops.py``) under
-``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul`` runs the K @ V kernels alone, ``--only backward``
-the covariance backward's kernels.
+pivots (``_pivot_block``). Usage: ``python -m experiments.sanitize_ops [--only matmul|backward|forward]`` (or
+``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
+runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
+covariance forward's.
 """
 
 import torch
@@ -28,16 +28,26 @@ def _inputs(B, n, m, d, dev, dtype):
     return x1, x2, torch.rand(B, d, device=dev, dtype=dtype) + 0.5, torch.rand(B, device=dev, dtype=dtype) + 0.5
 
 
+def run_covariance_forward(dev, dtype):
+    """(B, n, m, d) with m % 4 != 0 (scalar stores) and m % 4 == 0 (vector stores); the tensor-core kernels for
+    float32 with 8 < d <= 32 on ragged rows, columns and features, odd m among them."""
+    for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40),
+                       (2, 150, 333, 12), (1, 300, 130, 21)]:  # fmt: skip
+        x1, x2, l, s = _inputs(B, n, m, d, dev, dtype)
+        torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
+        kernels = ("diff", "expand", "tile") if d <= 32 else ("tile",)
+        if dtype == torch.float32 and 8 < d <= 32:
+            kernels += ("tc", "tc_mt2", "tc_w4")
+        for kernel in kernels:
+            torch.ops.gpfast._rbf_covariance_kernel(x1, x2, l, s, kernel)
+    torch.cuda.synchronize()
+
+
 def run_all():
     torch.manual_seed(0)
     dev = "cuda"
     for dtype in (torch.float32, torch.float64):
-        # covariance forward: (B, n, m, d) with m % 4 != 0 (scalar stores) and m % 4 == 0 (vector stores)
-        for B, n, m, d in [(2, 37, 1027, 3), (1, 65, 1100, 8), (1, 33, 300, 16), (1, 20, 257, 29), (1, 9, 64, 40)]:
-            x1, x2, l, s = _inputs(B, n, m, d, dev, dtype)
-            torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
-            for kernel in ("diff", "expand", "tile") if d <= 32 else ("tile",):
-                torch.ops.gpfast._rbf_covariance_kernel(x1, x2, l, s, kernel)
+        run_covariance_forward(dev, dtype)
         # K @ V: every right-hand-side bucket, and few rows against many columns (column splits)
         for B, n, m, d, t in [
             (2, 67, 131, 3, 1),
@@ -158,6 +168,10 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
         run_covariance_backward("cuda")
         print("sanitize_ops: the covariance backward's kernels ran")
+    elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
+        for dtype in (torch.float32, torch.float64):
+            run_covariance_forward("cuda", dtype)
+        print("sanitize_ops: the covariance forward's kernels ran")
     else:
         run_all()
         print("sanitize_ops: all kernels ran")

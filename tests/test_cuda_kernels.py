@@ -37,7 +37,7 @@ def reference64(x1, x2, l, s):
 
 
 def forced_covariance(x1, x2, l, s, kernel):
-    """rbf_covariance with the named forward kernel ("tile", "diff" or "expand") whatever the shape."""
+    """rbf_covariance with the named forward kernel (FWD_KERNELS) whatever the shape."""
     x1c, x2c, lc, sc, batch = ops._canonicalize(x1, x2, l, s, True)
     K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
     return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
@@ -53,12 +53,21 @@ def covariance(x1, x2, l, s, variant):
 def forward_bound(variant, dtype, d, plain_err):
     if dtype == torch.float64:
         return 1e-13
-    if variant == "expand" or (variant == "auto" and d > 8):
+    if variant in ("expand", *TC_KERNELS) or (variant == "auto" and d > 8):
         return max(2 * plain_err, 1e-6)
     return 2 * plain_err + 1e-7
 
 
 # ------------------------------------------------------------------------------------------------- covariance forward
+
+TC_KERNELS = ("tc", "tc_mt2", "tc_w4")  # the tensor-core forward and its sweep variants: float32, 8 < d <= 32
+FWD_KERNELS = ("diff", "expand", "tile", *TC_KERNELS)
+
+
+def skip_unless_applies(variant, dtype, d):
+    if variant in TC_KERNELS and (dtype != torch.float32 or not 8 < d <= 32):
+        pytest.skip("the tensor-core forward takes float32 with 8 < d <= 32")
+
 
 FWD_SHAPES = [  # (batch, n, m, d): ragged rows and columns around the kernels' blocks (32 rows, 1024 columns)
     ((), 33, 1023, 3),
@@ -73,12 +82,13 @@ FWD_SHAPES = [  # (batch, n, m, d): ragged rows and columns around the kernels' 
 ]
 
 
-@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "tile"])
+@pytest.mark.parametrize("variant", ["auto", *FWD_KERNELS])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", FWD_SHAPES)
 @pytest.mark.parametrize("shift", [0.0, 10.0])
 def test_forward_variants_match_float64(variant, dtype, shape, shift):
     batch, n, m, d = shape
+    skip_unless_applies(variant, dtype, d)
     x1, x2, l, s = rand_inputs(batch, n, m, d, "cuda", dtype)
     x1, x2 = x1 + shift, x2 + shift
     K = covariance(x1, x2, l, s, variant)
@@ -88,12 +98,13 @@ def test_forward_variants_match_float64(variant, dtype, shape, shift):
     assert (K <= s.reshape(*batch, 1, 1)).all()
 
 
-@pytest.mark.parametrize("variant", ["auto", "diff", "expand", "tile"])
+@pytest.mark.parametrize("variant", ["auto", *FWD_KERNELS])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [2, 8, 16, 29])
 def test_diagonal_exact_duplicates_and_bound(variant, dtype, d):
     """K(x, x) = s bit for bit, also for rows of x2 that duplicate rows of x1, and K <= s: on data far from the
     origin, with near duplicates (the expansion's recomputed pairs)."""
+    skip_unless_applies(variant, dtype, d)
     n = 1500
     x = torch.randn(n, d, device="cuda", dtype=dtype) * 3 + 10
     x[1::3] = x[::3][: x[1::3].shape[0]] + 1e-3 * torch.randn_like(x[1::3])
@@ -114,7 +125,7 @@ def test_diagonal_exact_duplicates_and_bound(variant, dtype, d):
     assert rel_err(pairs, want) < (1e-12 if dtype == torch.float64 else 2e-6)
 
 
-@pytest.mark.parametrize("variant", ["diff", "expand"])
+@pytest.mark.parametrize("variant", ["diff", "expand", "tc"])
 @pytest.mark.parametrize("ls", [0.01, 0.05, 10.0, 300.0])
 def test_forward_extreme_lengthscales(variant, ls):
     x1, x2, _, s = rand_inputs((), 200, 1500, 12, "cuda")
@@ -126,18 +137,55 @@ def test_forward_extreme_lengthscales(variant, ls):
     assert (K <= s).all() and (K >= 0).all()
 
 
-def test_forward_64bit_indexing_expansion():
+@pytest.mark.parametrize("variant", ["expand", "tc"])
+def test_forward_64bit_indexing_expansion(variant):
     n = 46400  # n * n > 2^31
     x = torch.randn(n, 16, device="cuda")
     l = torch.rand(16, device="cuda") + 1.0
     poison_allocator("cuda", 4 * n * n)
-    K = forced_covariance(x, x, l, torch.tensor(1.5, device="cuda"), "expand")
+    K = forced_covariance(x, x, l, torch.tensor(1.5, device="cuda"), variant)
     rows = torch.tensor([0, 1, n // 2, n - 2, n - 1], device="cuda")
     want = reference64(x[rows], x, l, torch.tensor(1.5))
     assert rel_err(K[rows], want) < 2e-6
     assert torch.isfinite(K[-3:]).all() and torch.isfinite(K[:, -3:]).all()
     assert (K.diagonal() == 1.5).all()
     del K
+
+
+@pytest.mark.parametrize("d", [9, 16, 20, 32])
+def test_forward_default_is_the_tensor_core_kernel_for_float32(d):
+    """Float32 with 8 < d <= 32 takes the tensor-core kernel by default, bit for bit, at any column count."""
+    for n, m in ((40, 700), (300, 2100)):
+        x1, x2, l, s = rand_inputs((2,), n, m, d, "cuda")
+        assert torch.equal(ops.rbf_covariance(x1, x2, l, s), forced_covariance(x1, x2, l, s, "tc"))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ("'tc', dtype=torch.float64", "take float32 points, got Double"),
+        ("'tc', d=8", "take 8 < d <= 32, got d=8"),
+        ("'tc_w4', d=33", "need d <= 32, got d=33"),
+        ("'tensor'", "kernel must be 'tile', 'diff', 'expand', 'tc'"),
+    ],
+)
+def test_covariance_kernel_op_checks_in_a_subprocess(args, message):
+    """The C++ op's own argument checks for the named forward kernels, each in a process of its own: a failing check
+    must raise, not end the interpreter."""
+    code = (
+        "import torch, gpfast.ops as ops\n"
+        "def call(kernel, dtype=torch.float32, d=12):\n"
+        "    x = torch.randn(1, 50, d, device='cuda', dtype=dtype)\n"
+        "    l, s = torch.ones(1, d, device='cuda', dtype=dtype), torch.ones(1, device='cuda', dtype=dtype)\n"
+        "    ops._ensure_loaded()\n"
+        "    torch.ops.gpfast._rbf_covariance_kernel(x, x, l, s, kernel)\n"
+        "try:\n"
+        f"    call({args})\n"
+        "except RuntimeError as err:\n"
+        "    print('raised:', err)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
 
 
 # ------------------------------------------------------------------------------------------------------------ K @ V

@@ -26,6 +26,22 @@ __device__ __forceinline__ double scale_point(double x, double mu, double w) {
   return __dmul_rn(__dsub_rn(x, mu), w);
 }
 
+// -|z_i - z_j|^2 from the raw float32 points (the tensor-core kernels' recomputation of near pairs): the same
+// scaling as everywhere, so equal points give exactly 0
+template <int D>
+__device__ __forceinline__ float tc_neg_sq_dist(const float* xi, const float* xj, const float* mu, const float* w,
+                                                int d) {
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < D; ++k) {
+    if (k < d) {
+      const float dk = scale_point(xi[k], mu[k], w[k]) - scale_point(xj[k], mu[k], w[k]);
+      s = fmaf(dk, dk, s);
+    }
+  }
+  return -s;
+}
+
 // 2^e for e <= 0 by the special-function unit (one MUFU.EX2; flushes results below 2^-126 to zero).
 __device__ __forceinline__ float exp2_fast(float e) {
   float r;

@@ -123,22 +123,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// -|z_i - z_j|^2 from the raw points (the near pairs' recomputation): the same scaling as everywhere, so equal
-// points give exactly 0
-template <int D>
-__device__ __forceinline__ float tc_neg_sq_dist(const float* xi, const float* xj, const float* mu, const float* w,
-                                                int d) {
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < D; ++k) {
-    if (k < d) {
-      const float dk = scale_point(xi[k], mu[k], w[k]) - scale_point(xj[k], mu[k], w[k]);
-      s = fmaf(dk, dk, s);
-    }
-  }
-  return -s;
-}
-
 // P = hi + lo for the P V product, three ways (kSplit): 0, both halves rounded to TF32 by cvt.rna (as every other
 // operand); 1, Veltkamp's split (hi = c - (c - p) with c = p (2^13 + 1): hi keeps 11 bits, rounded to nearest, on
 // the FMA units) and lo passed as it is, the tensor core dropping its bits below TF32 (at most 2^-23 p); 2, hi

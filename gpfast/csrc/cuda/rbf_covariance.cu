@@ -1,8 +1,12 @@
 // CUDA launchers for rbf_covariance (the forward), and the private _rbf_covariance_kernel that runs a named kernel.
-// Device code: covariance_forward.cuh (row streaming), covariance_tile.cuh (tiles).
+// Device code: covariance_forward.cuh (row streaming), covariance_tile.cuh (tiles), covariance_tensor.cuh (tensor
+// cores).
+#include <algorithm>
+#include <climits>
 #include <string>
 
 #include "covariance_forward.cuh"
+#include "covariance_tensor.cuh"
 #include "covariance_tile.cuh"
 #include "dispatch.h"
 
@@ -72,17 +76,62 @@ void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   });
 }
 
-// The forward's kernels: the tiled one, and the row-streaming one forming distances by differences or by the norm
-// expansion.
-enum class Forward { kTile, kDiff, kExpand };
+// The tensor-core kernel (float32, 8 < d <= 32): KD = d / 8 rounded up, MT row tiles a warp, W warps, kTile columns
+// a staged tile; column splits so that about 8 blocks an SM are in the grid.
+template <int KD, int MT, int W, int kTile>
+void launch_covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                          at::Tensor& out) {
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  constexpr int kRows = W * 16 * MT;
+  const int64_t rowblocks = ceil_div(n, int64_t(kRows));
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31), "rbf_covariance: n=", n, " rows is too many for one launch (at most ",
+              ((int64_t(1) << 31) - 1) * kRows, ")");
+  TORCH_CHECK(B <= 65535, "rbf_covariance: a batch of ", B, " is too large for one launch (at most 65535)");
+  int64_t splits = 1;
+  const int64_t cols = split_columns(rowblocks * B, m, kTile, 8, splits);
+  TORCH_CHECK(splits <= 65535, "rbf_covariance: m=", m, " columns gives ", splits, " column splits (at most 65535)");
+  const at::Tensor mu = x2.mean(1).contiguous();  // one centre for rows and columns: equal points, equal bits
+  const bool vec = m % 2 == 0 && aligned(out.data_ptr(), 8);
+  CovTcArgs a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
+              mu.data_ptr<float>(), out.data_ptr<float>(), n, m, cols, static_cast<int>(d), vec};
+  const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
+  cov_fwd_tc_kernel<KD, MT, W, kTile><<<grid, W * 32, 0, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
-// The kernel each shape gets: row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU
-// by strips of columns; the tiled kernel otherwise. Float32 with d > 8 forms distances by the norm expansion
-// (instruction-bound there); d <= 8 stays with differences, which cost no time while the kernel waits on its
-// stores, and float64 always does.
-Forward default_forward(int64_t m, int D) {
+// The tensor-core kernel's shapes: the default and the variants a sweep compares with it.
+enum class TcShape { kDefault, kRows2, kWarps4 };
+
+void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                   TcShape shape, at::Tensor& out) {
+  const int64_t d = x1.size(2);
+  TORCH_CHECK(x1.scalar_type() == at::kFloat, "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ",
+              x1.scalar_type());
+  TORCH_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
+              static_cast<int>(d));
+  with_bucket<2, 3, 4>(static_cast<int>(ceil_div(d, 8)), "tensor-core feature", [&](auto kc) {
+    constexpr int KD = decltype(kc)::value;
+    if (shape == TcShape::kRows2)
+      launch_covariance_tc<KD, 2, 8, 64>(x1, x2, ls, s, out);
+    else if (shape == TcShape::kWarps4)
+      launch_covariance_tc<KD, 2, 4, 32>(x1, x2, ls, s, out);
+    else
+      launch_covariance_tc<KD, 1, 8, 64>(x1, x2, ls, s, out);
+  });
+}
+
+// The forward's kernels: the tiled one, the row-streaming one forming distances by differences or by the norm
+// expansion, and the tensor-core one (with its sweep variants).
+enum class Forward { kTile, kDiff, kExpand, kTc, kTcRows2, kTcWarps4 };
+
+// The kernel each shape gets. Float32 with 8 < d <= 32: the tensor-core kernel, whatever m (it tiles the columns
+// itself). Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by strips
+// of columns, the tiled kernel below that; float32 with d <= 8 and float64 form distances by differences, which
+// cost no time while the kernel waits on its stores.
+Forward default_forward(int64_t m, int64_t d, int D, bool is_float) {
+  if (is_float && d > 8 && d <= 32) return Forward::kTc;
   if (D == 0 || m < 1024) return Forward::kTile;
-  return D >= 16 ? Forward::kExpand : Forward::kDiff;
+  return Forward::kDiff;
 }
 
 at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -95,13 +144,20 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous();
   const int D = feature_bucket(d);
-  const Forward kernel = forced ? *forced : default_forward(m, D);
+  const Forward kernel = forced ? *forced : default_forward(m, d, D, x1.scalar_type() == at::kFloat);
   TORCH_CHECK(kernel == Forward::kTile || D != 0,
-              "_rbf_covariance_kernel: the row-streaming kernels need d <= 32, got d=", d);
+              "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=",
+              static_cast<int>(std::min<int64_t>(d, int64_t(INT_MAX))));
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
-  else
+  else if (kernel == Forward::kDiff || kernel == Forward::kExpand)
     covariance_stream(p1, p2, ls, s, D, kernel == Forward::kExpand, out);
+  else
+    covariance_tc(p1, p2, ls, s,
+                  kernel == Forward::kTcRows2    ? TcShape::kRows2
+                  : kernel == Forward::kTcWarps4 ? TcShape::kWarps4
+                                                 : TcShape::kDefault,
+                  out);
   return out;
 }
 
@@ -112,7 +168,9 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   return run_forward(x1, x2, lengthscale, outputscale, nullptr);
 }
 
-// rbf_covariance with a named kernel, "tile", "diff" or "expand", whatever the shape: for tests and benchmarks.
+// rbf_covariance with a named kernel, "tile", "diff", "expand", "tc" or a tensor-core variant ("tc_mt2": two row
+// tiles a warp; "tc_w4": two row tiles a warp, 4 warps, 32-column tiles), whatever the shape: for tests and
+// benchmarks.
 at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                                   const at::Tensor& outputscale, c10::string_view kernel) {
   Forward forced = Forward::kTile;
@@ -122,9 +180,15 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
     forced = Forward::kDiff;
   else if (kernel == "expand")
     forced = Forward::kExpand;
+  else if (kernel == "tc")
+    forced = Forward::kTc;
+  else if (kernel == "tc_mt2")
+    forced = Forward::kTcRows2;
+  else if (kernel == "tc_w4")
+    forced = Forward::kTcWarps4;
   else
-    TORCH_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff' or 'expand', got '", std::string(kernel),
-                "'");
+    TORCH_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff', 'expand', 'tc', 'tc_mt2' or 'tc_w4', ",
+                "got '", std::string(kernel), "'");
   return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
 
