@@ -52,7 +52,8 @@
 #                 session9d (the float32 backward as it lands: tests, probe, sanitizers, bench_ops, every CUDA test;
 #                 S9D_BUDGET 540), session10 (the tensor-core forward and rebuilds that wait for their cost:
 #                 forward tests, bench_ops, row c at rebuild_cost_share 1 and 0, sanitizers, engine tests; S10_BUDGET
-#                 575)
+#                 575), session10b (the tensor-core forward, columns in registers: forward tests, bench_ops, row c,
+#                 sanitizers, every CUDA test; S10B_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -910,6 +911,27 @@ PYEOF
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s10_sanitize.log" | head -8
       cuda_tests "$OUT/s10_tests_engine.log" 60 tests/test_train.py tests/test_cuda_graphs.py
       stage_end s10 ;;
+    session10b)
+      # The tensor-core forward with columns in registers and rows streamed: build (ptxas report); the forward's CUDA
+      # tests; bench_ops at the target shapes and the engine sets' sizes (keggdirected's unpadded and with rows padded
+      # to 16 bytes, as the engine stores K); row c on the seven sets; memcheck and racecheck over the forward's
+      # kernels; every CUDA test; in one call of at most S10B_BUDGET seconds (default 560). Files: s10b_*.log,
+      # s10b_results.tar.gz.
+      stage_begin s10b ${S10B_BUDGET:-560} 240
+      grep -A2 "cov_fwd_tc_kernel" "$OUT/s10b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      cuda_tests "$OUT/s10b_tests_fwd.log" 60 tests/test_cuda_kernels.py -k "forward or diagonal or covariance_kernel"
+      brun 110 "$OUT/s10b_bench.log" python -m experiments.bench_ops --quick --reps 5 \
+        --shapes 4,8192,8192,32 1,16384,16384,16 1,13500,13500,26 1,43945,43945,20 1,43945,43948,20 1,57248,57248,27
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      row_c "$OUT/s10b_uci_c.log" 150
+      for tool in memcheck racecheck; do
+        brun 40 "$OUT/s10b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only forward; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s10b_sanitize.log" | head -8
+      cuda_tests "$OUT/s10b_tests.log" 150 tests
+      stage_end s10b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
