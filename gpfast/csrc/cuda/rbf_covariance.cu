@@ -76,25 +76,24 @@ void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   });
 }
 
-// The tensor-core kernel (float32, 8 < d <= 32): KD = d / 8 rounded up, MT row tiles a warp, W warps, kTile columns
-// a staged tile; column splits so that about 8 blocks an SM are in the grid.
+// The tensor-core kernel (float32, 8 < d <= 32): KD = d / 8 rounded up, MT column tiles a warp, W warps, kTile rows
+// a staged tile; row splits so that about 4 blocks an SM are in the grid (few: the splits' rows are written at once).
 template <int KD, int MT, int W, int kTile>
 void launch_covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                           at::Tensor& out) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
-  constexpr int kRows = W * 16 * MT;
-  const int64_t rowblocks = ceil_div(n, int64_t(kRows));
-  TORCH_CHECK(rowblocks < (int64_t(1) << 31), "rbf_covariance: n=", n, " rows is too many for one launch (at most ",
-              ((int64_t(1) << 31) - 1) * kRows, ")");
+  constexpr int kCols = W * 16 * MT;
+  const int64_t strips = ceil_div(m, int64_t(kCols));
+  TORCH_CHECK(strips < (int64_t(1) << 31), "rbf_covariance: m=", m, " columns is too many for one launch (at most ",
+              ((int64_t(1) << 31) - 1) * kCols, ")");
   TORCH_CHECK(B <= 65535, "rbf_covariance: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
-  const int64_t cols = split_columns(rowblocks * B, m, kTile, 8, splits);
-  TORCH_CHECK(splits <= 65535, "rbf_covariance: m=", m, " columns gives ", splits, " column splits (at most 65535)");
+  const int64_t rows = split_columns(strips * B, n, kTile, 4, splits);
+  TORCH_CHECK(splits <= 65535, "rbf_covariance: n=", n, " rows gives ", splits, " row splits (at most 65535)");
   const at::Tensor mu = x2.mean(1).contiguous();  // one centre for rows and columns: equal points, equal bits
-  const bool vec = m % 2 == 0 && aligned(out.data_ptr(), 8);
   CovTcArgs a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
-              mu.data_ptr<float>(), out.data_ptr<float>(), n, m, cols, static_cast<int>(d), vec};
-  const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
+              mu.data_ptr<float>(), out.data_ptr<float>(), n, m, rows, static_cast<int>(d)};
+  const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(splits), static_cast<unsigned>(B));
   cov_fwd_tc_kernel<KD, MT, W, kTile><<<grid, W * 32, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -168,8 +167,8 @@ at::Tensor covariance_cuda(const at::Tensor& x1, const at::Tensor& x2, const at:
   return run_forward(x1, x2, lengthscale, outputscale, nullptr);
 }
 
-// rbf_covariance with a named kernel, "tile", "diff", "expand", "tc" or a tensor-core variant ("tc_mt2": two row
-// tiles a warp; "tc_w4": two row tiles a warp, 4 warps, 32-column tiles), whatever the shape: for tests and
+// rbf_covariance with a named kernel, "tile", "diff", "expand", "tc" or a tensor-core variant ("tc_mt2": two column
+// tiles a warp; "tc_w4": two column tiles a warp, 4 warps, 32-row tiles), whatever the shape: for tests and
 // benchmarks.
 at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                                   const at::Tensor& outputscale, c10::string_view kernel) {
