@@ -191,30 +191,32 @@ def _outputs(rng, X, k):
 def test_fit_of_repeated_and_rescaled_columns_is_the_fit_of_one():
     """[y, y, 3 y + 1]: each output standardised on its own makes the three identical in standardised units, so the
     fit is that of y (same hyperparameters, same steps), the log likelihood three times y's, and each column's
-    predictions those of y in its units."""
+    predictions those of y in its units. Equal up to rounding: the summed objective rounds differently from y's,
+    and over some 40 L-BFGS-B steps that moved log(noise) by 4.7e-7 on one draw (seed 3683317603), where the
+    likelihood is flat in it; the bounds on the hyperparameters and on what they set allow 20 times that."""
     rng, seed = fresh_rng()
     X, y, Xt = _data(rng)
     msg = f"seed {seed}"
     a = _gp().fit(X, y)
     b = _gp().fit(X, np.stack([y, y, 3.0 * y + 1.0], 1))
     assert b.n_iter_ == a.n_iter_, msg
-    np.testing.assert_allclose(b.theta_, a.theta_, rtol=1e-9, atol=1e-9, err_msg=msg)
+    np.testing.assert_allclose(b.theta_, a.theta_, rtol=0, atol=1e-5, err_msg=msg)
     assert b.log_marginal_likelihood_ == pytest.approx(3 * a.log_marginal_likelihood_, rel=1e-9), msg
     np.testing.assert_allclose(b.y_std_, [a.y_std_, a.y_std_, 3 * a.y_std_], rtol=1e-12)
-    np.testing.assert_allclose(b.outputscale_, a.outputscale_ * np.array([1.0, 1.0, 9.0]), rtol=1e-8)
-    np.testing.assert_allclose(b.noise_, a.noise_ * np.array([1.0, 1.0, 9.0]), rtol=1e-8)
-    np.testing.assert_allclose(b.constant_mean_, np.array([1.0, 1.0, 3.0]) * a.constant_mean_ + [0, 0, 1], rtol=1e-8)
+    np.testing.assert_allclose(b.outputscale_, a.outputscale_ * np.array([1.0, 1.0, 9.0]), rtol=1e-5)
+    np.testing.assert_allclose(b.noise_, a.noise_ * np.array([1.0, 1.0, 9.0]), rtol=1e-5)
+    np.testing.assert_allclose(b.constant_mean_, np.array([1.0, 1.0, 3.0]) * a.constant_mean_ + [0, 0, 1], rtol=1e-5)
     ma, sa = a.predict(Xt, return_std=True)
     mb, sb = b.predict(Xt, return_std=True)
     assert mb.shape == sb.shape == (7, 3)
     scale, shift = np.array([1.0, 1.0, 3.0]), np.array([0.0, 0.0, 1.0])
-    np.testing.assert_allclose(mb, ma[:, None] * scale + shift, rtol=1e-8, atol=1e-8 * a.y_std_, err_msg=msg)
-    np.testing.assert_allclose(sb, sa[:, None] * scale, rtol=1e-8, err_msg=msg)
+    np.testing.assert_allclose(mb, ma[:, None] * scale + shift, rtol=1e-5, atol=1e-5 * a.y_std_, err_msg=msg)
+    np.testing.assert_allclose(sb, sa[:, None] * scale, rtol=1e-5, err_msg=msg)
     _, ca = a.predict(Xt, return_cov=True)
     mc, cb = b.predict(Xt, return_cov=True)
     assert cb.shape == (7, 7, 3)
     np.testing.assert_allclose(mc, mb, rtol=1e-12)
-    np.testing.assert_allclose(cb, ca[..., None] * scale**2, rtol=1e-8, atol=1e-10 * a.y_std_**2, err_msg=msg)
+    np.testing.assert_allclose(cb, ca[..., None] * scale**2, rtol=1e-5, atol=1e-7 * a.y_std_**2, err_msg=msg)
     assert b.score(Xt, mb) == 1.0
 
 
