@@ -5,10 +5,10 @@ duplicated points and extreme lengthscales.
 Error rules (``rel_err`` is the norm-wise relative error against float64):
 - differences (float64 everywhere, float32 forwards with d <= 8): at most 2x the plain float32 formula's error,
   as in test_ops;
-- the norm expansion (float32 forwards with d > 8, forced here through the private op _rbf_covariance_kernel, and
-  K @ V in float32): at most max(2x plain float32, 1e-6). Its rounding grows with |y|^2 rather than with the
-  squared distance; an emulation on the test distribution found 2-6e-7 against 1-3e-7 for plain float32
-  (csrc/cuda/covariance_forward.cuh);
+- the norm expansion (float32 forwards with d > 8: row streaming and the tensor-core kernel, forced here through
+  the private op _rbf_covariance_kernel, and K @ V in float32): at most max(2x plain float32, 1e-6). Its rounding
+  grows with |y|^2 rather than with the squared distance; an emulation on the test distribution found 2-6e-7
+  against 1-3e-7 for plain float32 (csrc/cuda/covariance_forward.cuh);
 - gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
   outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw; so must
   the tensor-core (lengthscale, outputscale) backward that float32 takes without point gradients (weights 3xTF32,
@@ -152,12 +152,14 @@ def test_forward_64bit_indexing_expansion(variant):
     del K
 
 
-@pytest.mark.parametrize("d", [9, 16, 20, 32])
-def test_forward_default_is_the_tensor_core_kernel_for_float32(d):
-    """Float32 with 8 < d <= 32 takes the tensor-core kernel by default, bit for bit, at any column count."""
+@pytest.mark.parametrize("d", [9, 16, 17, 20, 32])
+def test_forward_default_kernel_for_float32(d):
+    """Float32 with 16 < d <= 32 takes the tensor-core kernel by default, bit for bit, at any column count; with
+    8 < d <= 16 the norm expansion from 1024 columns on."""
     for n, m in ((40, 700), (300, 2100)):
         x1, x2, l, s = rand_inputs((2,), n, m, d, "cuda")
-        assert torch.equal(ops.rbf_covariance(x1, x2, l, s), forced_covariance(x1, x2, l, s, "tc"))
+        kernel = "tc" if d > 16 else "expand" if m >= 1024 else "tile"
+        assert torch.equal(ops.rbf_covariance(x1, x2, l, s), forced_covariance(x1, x2, l, s, kernel))
 
 
 @pytest.mark.parametrize(

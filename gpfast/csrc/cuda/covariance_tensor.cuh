@@ -10,10 +10,11 @@
 //
 // A block owns kCols = 16 MT kWarps columns of K (each warp MT tiles of 16) and walks down a range of rows in
 // tiles of kTile rows, so that the blocks in flight write the same few rows at any time, as the row-streaming kernel
-// does. (With rows in registers and columns streamed, every block in flight wrote rows of its own, all over K: at
-// 43,945 x 43,945 that took 16.9 ms against 7.3 for the row-streaming kernel on the H200, and 0.72 ms at
-// (4, 8192, 8192, 32), where K is a seventh of the size: by all appearances the spread of the writes, not the
-// arithmetic, set the time.) The columns' A operand (2 z_j split hi + lo), their -|z_j|^2 and their near thresholds stay in registers;
+// does. With rows in registers and columns streamed instead, every block in flight wrote rows of its own, all over
+// K: on the H200 that took 16.9 ms at 43,945 x 43,945 points (d = 20) against 6.5 ms in this layout, though it was
+// faster where K is small (0.72 against 0.93 ms at (4, 8192, 8192, 32), 0.65 against 0.78 at 13,500 points, d =
+// 26). Both layouts stay at 3-5x the time of writing K at the copy bandwidth; what holds them there is not measured
+// (experiments/results/h200_2026-12-03_session8). The columns' A operand (2 z_j split hi + lo), their -|z_j|^2 and their near thresholds stay in registers;
 // each row tile is staged in shared memory as the MMAs' B fragments (z_i split hi + lo, one 16-byte load a lane
 // and k-step) and -|z_i|^2, double-buffered: the next tile's raw points are loaded into registers before this
 // tile's products and written to the other buffer after them. The accumulator holds (column g or g + 8, row 2t or

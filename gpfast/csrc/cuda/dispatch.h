@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -49,6 +50,11 @@ template <typename Fn>
 void with_rhs_bucket(int TC, Fn&& fn) {
   with_bucket<1, 8, 12, 16, 32>(TC, "right-hand-side", std::forward<Fn>(fn));
 }
+
+// A number in an error message as text. On the H200 the CUDA launchers' checks that streamed an integer into
+// TORCH_CHECK ended the interpreter with a segmentation fault instead of raising, while those that streamed only
+// strings and dtypes raised; std::to_string formats without the stream's numeric facets.
+inline std::string as_text(int64_t v) { return std::to_string(static_cast<long long>(v)); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -1,8 +1,6 @@
 // CUDA launchers for rbf_covariance (the forward), and the private _rbf_covariance_kernel that runs a named kernel.
 // Device code: covariance_forward.cuh (row streaming), covariance_tile.cuh (tiles), covariance_tensor.cuh (tensor
 // cores).
-#include <algorithm>
-#include <climits>
 #include <string>
 
 #include "covariance_forward.cuh"
@@ -107,7 +105,7 @@ void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   TORCH_CHECK(x1.scalar_type() == at::kFloat, "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ",
               x1.scalar_type());
   TORCH_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
-              static_cast<int>(d));
+              as_text(d));
   with_bucket<2, 3, 4>(static_cast<int>(ceil_div(d, 8)), "tensor-core feature", [&](auto kc) {
     constexpr int KD = decltype(kc)::value;
     if (shape == TcShape::kRows2)
@@ -123,14 +121,18 @@ void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
 // expansion, and the tensor-core one (with its sweep variants).
 enum class Forward { kTile, kDiff, kExpand, kTc, kTcRows2, kTcWarps4 };
 
-// The kernel each shape gets. Float32 with 8 < d <= 32: the tensor-core kernel, whatever m (it tiles the columns
-// itself). Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by strips
-// of columns, the tiled kernel below that; float32 with d <= 8 and float64 form distances by differences, which
-// cost no time while the kernel waits on its stores.
+// The kernel each shape gets. Float32 with 16 < d <= 32: the tensor-core kernel, whatever m (it tiles the rows
+// itself); on the H200 (experiments/results/bench_ops.md, 2026-12-03) 0.93 against 1.20 ms for the norm expansion at
+// (4, 8192, 8192, 32), 0.78 against 0.85 at (1, 13500, 13500, 26), 6.5 against 7.3 at (1, 43945, 43945, 20), but
+// 0.66 against 0.48 at d = 16, where the expansion's d FMAs a pair cost less than the tensor-core kernel's stores.
+// Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by strips of
+// columns, the tiled kernel below that; float32 with 8 < d <= 16 forms distances by the norm expansion
+// (instruction-bound there), d <= 8 and float64 by differences, which cost no time while the kernel waits on its
+// stores.
 Forward default_forward(int64_t m, int64_t d, int D, bool is_float) {
-  if (is_float && d > 8 && d <= 32) return Forward::kTc;
+  if (is_float && d > 16 && d <= 32) return Forward::kTc;
   if (D == 0 || m < 1024) return Forward::kTile;
-  return Forward::kDiff;
+  return is_float && D >= 16 ? Forward::kExpand : Forward::kDiff;
 }
 
 at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -145,8 +147,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const int D = feature_bucket(d);
   const Forward kernel = forced ? *forced : default_forward(m, d, D, x1.scalar_type() == at::kFloat);
   TORCH_CHECK(kernel == Forward::kTile || D != 0,
-              "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=",
-              static_cast<int>(std::min<int64_t>(d, int64_t(INT_MAX))));
+              "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=", as_text(d));
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else if (kernel == Forward::kDiff || kernel == Forward::kExpand)

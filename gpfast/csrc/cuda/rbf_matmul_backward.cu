@@ -99,10 +99,10 @@ std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cuda(const at::Tensor&
               name, "'");
   const bool empty = check_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, kOp);
   const int64_t d = x1.size(2), t = v.size(2);
-  // on the H200 this check's failure ends the interpreter with a segmentation fault instead of raising, for d > 32
-  // and t > 32 alike and written inline or in a function of its own, while the checks before and after it raise
-  // (experiments/kernel_error_cases.py); the cause is not found, and the public op never gets here with d or t > 32
-  TORCH_CHECK(d <= 32 && t <= 32, kOp, ": the fused kernels take d <= 32 and t <= 32, got d=", d, " and t=", t);
+  // the numbers as text (as_text, dispatch.h): streamed as integers, this check's failure ended the interpreter on
+  // the H200 (experiments/kernel_error_cases.py)
+  TORCH_CHECK(d <= 32 && t <= 32, kOp, ": the fused kernels take d <= 32 and t <= 32, got d=", as_text(d), " and t=",
+              as_text(t));
   TORCH_CHECK(rows || x1.scalar_type() == at::kFloat, kOp, ": the tensor-core kernel takes float32, got ",
               x1.scalar_type());
   if (empty) return {at::zeros_like(lengthscale), at::zeros_like(outputscale)};
