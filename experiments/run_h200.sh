@@ -54,7 +54,7 @@
 #                 forward tests, bench_ops, row c at rebuild_cost_share 1 and 0, sanitizers, engine tests; S10_BUDGET
 #                 575), session10b (the tensor-core forward, columns in registers: forward tests, bench_ops, row c,
 #                 sanitizers, every CUDA test; S10B_BUDGET 560), session10c (what lands: every CUDA test,
-#                 bench_ops, row c, step_anatomy; S10C_BUDGET 540)
+#                 row c, step_anatomy on two sets; S10C_BUDGET 470)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -935,18 +935,13 @@ PYEOF
       stage_end s10b ;;
     session10c)
       # What lands (the tensor-core forward as float32's default for 16 < d <= 32; numbers in C++ error messages as
-      # text): build; every CUDA test (the C++ checks' subprocess tests among them); bench_ops at the target shapes;
-      # row c on the seven sets; step_anatomy on the seven sets; in one call of at most S10C_BUDGET seconds (default
-      # 540). Files: s10c_*.log, s10c_results.tar.gz.
-      stage_begin s10c ${S10C_BUDGET:-540} 240
-      cuda_tests "$OUT/s10c_tests.log" 150 tests
-      grep -E "XPASS|xpass" "$OUT/s10c_tests.log" | head -5
-      brun 60 "$OUT/s10c_bench.log" python -m experiments.bench_ops --quick --reps 5 \
-        --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8 1,16384,16384,16
-      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
-      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      # text): build; every CUDA test (the C++ checks' subprocess tests among them); row c on the seven sets;
+      # step_anatomy on keggundirected and pol (their steps were slower than at 81b240e in calls 1 and 2); in one
+      # call of at most S10C_BUDGET seconds (default 470). Files: s10c_*.log, s10c_results.tar.gz.
+      stage_begin s10c ${S10C_BUDGET:-470} 240
+      cuda_tests "$OUT/s10c_tests.log" 150 -rX tests
       row_c "$OUT/s10c_uci_c.log" 130
-      anatomy "$OUT/s10c_anatomy.log" 150
+      anatomy "$OUT/s10c_anatomy.log" 120 --datasets keggundirected pol
       stage_end s10c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
