@@ -351,20 +351,13 @@ def test_matmul_tensor_cores_long_sums():
     assert rel_err(out[rows], want) <= rel_err(plain, want)
 
 
-SHAPE_CHECK_CRASH = pytest.mark.xfail(
-    reason="a known defect, as for _rbf_matmul_backward_kernel: on the H200 the C++ check of d and t ends the process "
-    "with a segmentation fault instead of raising (seen 2026-12-02 for 'tc_vsplit' with d = 9; the checks of the "
-    "kernel's name and dtype raise); the Python wrapper checks first"
-)
-
-
 @pytest.mark.parametrize(
     "args, message",
     [
         ("'tensor'", "kernel must be 'cuda_cores', 'tc'"),
         ("'tc', dtype=torch.float64", "take float32 points, got x1 of dtype Double"),
-        pytest.param("'tc_vsplit', d=9", "takes d <= 8 and t <= 16, got d=9 and t=4", marks=SHAPE_CHECK_CRASH),
-        pytest.param("'tc', t=33", "takes d <= 32 and t <= 32, got d=8 and t=33", marks=SHAPE_CHECK_CRASH),
+        ("'tc_vsplit', d=9", "takes d <= 8 and t <= 16, got d=9 and t=4"),
+        ("'tc', t=33", "takes d <= 32 and t <= 32, got d=8 and t=33"),
     ],
 )
 def test_matmul_kernel_op_checks_in_a_subprocess(args, message):
@@ -768,9 +761,9 @@ def test_bilinear_backward_is_the_default_and_deterministic():
 
 @pytest.mark.xfail(
     run=False,
-    reason="a known defect: on the H200 the CUDA op's check of d <= 32 and t <= 32 ends the interpreter with a "
-    "segmentation fault instead of raising (experiments/kernel_error_cases.py); the Python wrapper checks first "
-    "(tests/test_ops.py)",
+    reason="not yet run since the fix: on the H200 this check ended the interpreter with a segmentation fault "
+    "instead of raising while it streamed d and t as integers (experiments/kernel_error_cases.py); it now gives them "
+    "as text, which made the K @ V op's checks raise there (2026-12-03); the Python wrapper checks first",
 )
 def test_bilinear_backward_kernel_limits():
     x1, x2, l, s = canonical((), 10, 12, 3, torch.float32)
