@@ -152,6 +152,17 @@ def test_forward_64bit_indexing_expansion(variant):
     del K
 
 
+def assert_raises_in_a_subprocess(call: str, args: str, message: str) -> None:
+    """Run ``call(args)`` (``call`` the source of a function of that name, with torch and gpfast.ops imported) in
+    a fresh interpreter: it must raise a RuntimeError whose message holds ``message``, not end the process."""
+    code = (
+        f"import torch, gpfast.ops as ops\n{call}"
+        f"try:\n    call({args})\nexcept RuntimeError as err:\n    print('raised:', err)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
+
+
 @pytest.mark.parametrize("d", [9, 16, 17, 20, 32])
 def test_forward_default_kernel_for_float32(d):
     """Float32 with 16 < d <= 32 takes the tensor-core kernel by default, bit for bit, at any column count; with
@@ -174,20 +185,14 @@ def test_forward_default_kernel_for_float32(d):
 def test_covariance_kernel_op_checks_in_a_subprocess(args, message):
     """The C++ op's own argument checks for the named forward kernels, each in a process of its own: a failing check
     must raise, not end the interpreter."""
-    code = (
-        "import torch, gpfast.ops as ops\n"
+    call = (
         "def call(kernel, dtype=torch.float32, d=12):\n"
         "    x = torch.randn(1, 50, d, device='cuda', dtype=dtype)\n"
         "    l, s = torch.ones(1, d, device='cuda', dtype=dtype), torch.ones(1, device='cuda', dtype=dtype)\n"
         "    ops._ensure_loaded()\n"
         "    torch.ops.gpfast._rbf_covariance_kernel(x, x, l, s, kernel)\n"
-        "try:\n"
-        f"    call({args})\n"
-        "except RuntimeError as err:\n"
-        "    print('raised:', err)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
+    assert_raises_in_a_subprocess(call, args, message)
 
 
 # ------------------------------------------------------------------------------------------------------------ K @ V
@@ -363,21 +368,15 @@ def test_matmul_tensor_cores_long_sums():
 def test_matmul_kernel_op_checks_in_a_subprocess(args, message):
     """The C++ op's own argument checks (the Python wrapper's are passed by calling the op directly), each in a
     process of its own: a failing check must raise, not end the interpreter."""
-    code = (
-        "import torch, gpfast.ops as ops\n"
+    call = (
         "def call(kernel, dtype=torch.float32, d=8, t=4):\n"
         "    x = torch.randn(1, 50, d, device='cuda', dtype=dtype)\n"
         "    l, s = torch.ones(1, d, device='cuda', dtype=dtype), torch.ones(1, device='cuda', dtype=dtype)\n"
         "    v = torch.randn(1, 50, t, device='cuda', dtype=dtype)\n"
         "    ops._ensure_loaded()\n"
         "    torch.ops.gpfast._rbf_matmul_kernel(x, x, l, s, v, kernel)\n"
-        "try:\n"
-        f"    call({args})\n"
-        "except RuntimeError as err:\n"
-        "    print('raised:', err)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
+    assert_raises_in_a_subprocess(call, args, message)
 
 
 def test_matmul_kernel_argument_errors():
