@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 
+from gpfast.kernels import distributed as _dist
 from gpfast.train.cg import CUDAGraphs
 from gpfast.train.checks import estimate_count, solve_rate
 from gpfast.train.costs import rebuild_iterations
@@ -78,7 +79,8 @@ class _State:
             return False
         if cfg.rebuild_cost_share == 0:
             return True
-        rows = product.rows.stop - product.rows.start
+        # the first rank's rows (the largest block), so that every rank of a split product takes the same decision
+        rows = -(-product.n // _dist.world_size()) if product.split is not None else product.n
         cost = rebuild_iterations(product.n, rows, self.pc.k, self.block, columns, product.x.shape[1],
                                   product.mode == "stored", product.x.device.type)  # fmt: skip
         return self.its_since_build >= cfg.rebuild_cost_share * cost
