@@ -8,18 +8,18 @@
 // mma.cuh: each product within a few times 2^-22 of its value), which leaves the CUDA cores the biases, the near
 // test, the exponential and the store, the same per pair at any d.
 //
-// A block owns kCols = 16 MT kWarps columns of K (each warp MT tiles of 16) and walks down a range of rows in
-// tiles of kTile rows, so that the blocks in flight write the same few rows at any time, as the row-streaming kernel
-// does. With rows in registers and columns streamed instead, every block in flight wrote rows of its own, all over
-// K: on the H200 that took 16.9 ms at 43,945 x 43,945 points (d = 20) against 6.5 ms in this layout, though it was
-// faster where K is small (0.72 against 0.93 ms at (4, 8192, 8192, 32), 0.65 against 0.78 at 13,500 points, d =
-// 26). Both layouts stay at 3-5x the time of writing K at the copy bandwidth; what holds them there is not measured
-// (experiments/results/h200_2026-12-03_session8). The columns' A operand (2 z_j split hi + lo), their -|z_j|^2 and their near thresholds stay in registers;
-// each row tile is staged in shared memory as the MMAs' B fragments (z_i split hi + lo, one 16-byte load a lane
-// and k-step) and -|z_i|^2, double-buffered: the next tile's raw points are loaded into registers before this
-// tile's products and written to the other buffer after them. The accumulator holds (column g or g + 8, row 2t or
-// 2t + 1) of each 16 x 8 tile, so each of a lane's four values is one 4-byte streaming store, and a warp's store
-// covers 4 rows x 8 consecutive columns: whole 32-byte sectors where rows start 32-byte aligned.
+// A block owns kCols = 16 MT kWarps columns of K (each warp MT tiles of 16) and walks down a range of rows in tiles of
+// kTile rows, so that the blocks in flight write the same few rows at any time, as the row-streaming kernel does. With
+// rows in registers and columns streamed instead, every block in flight wrote rows of its own, all over K: on the H200
+// that took 16.9 ms at 43,945 x 43,945 points (d = 20) against 6.5 ms in this layout, though it was faster where K is
+// small (0.72 against 0.93 ms at (4, 8192, 8192, 32), 0.65 against 0.78 at 13,500 points, d = 26). Both layouts stay at
+// 3-5x the time of writing K at the copy bandwidth; what holds them there is not measured
+// (experiments/results/h200_2026-12-03_session8). The columns' A operand (2 z_j split hi + lo), their -|z_j|^2 and
+// their near thresholds stay in registers; each row tile is staged in shared memory as the MMAs' B fragments (z_i split
+// hi + lo, one 16-byte load a lane and k-step) and -|z_i|^2, double-buffered: the next tile's raw points are loaded
+// into registers before this tile's products and written to the other buffer after them. The accumulator holds (column
+// g or g + 8, row 2t or 2t + 1) of each 16 x 8 tile, so each of a lane's four values is one 4-byte streaming store, and
+// a warp's store covers 4 rows x 8 consecutive columns: whole 32-byte sectors where rows start 32-byte aligned.
 //
 // Points and accuracy as in matmul_tensor.cuh: z = (x - mu) sqrt(log2(e) / 2) / l with mu the columns' mean (one
 // centre for rows and columns, so that equal points scale to equal bits); a pair whose expanded exponent is within

@@ -102,8 +102,8 @@ enum class TcShape { kDefault, kRows2, kWarps4 };
 void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                    TcShape shape, at::Tensor& out) {
   const int64_t d = x1.size(2);
-  TORCH_CHECK(x1.scalar_type() == at::kFloat, "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ",
-              x1.scalar_type());
+  TORCH_CHECK(x1.scalar_type() == at::kFloat,
+              "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ", x1.scalar_type());
   TORCH_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
               as_text(d));
   with_bucket<2, 3, 4>(static_cast<int>(ceil_div(d, 8)), "tensor-core feature", [&](auto kc) {
@@ -121,12 +121,12 @@ void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
 // expansion, and the tensor-core one (with its sweep variants).
 enum class Forward { kTile, kDiff, kExpand, kTc, kTcRows2, kTcWarps4 };
 
-// The kernel each shape gets. Float32 with 16 < d <= 32: the tensor-core kernel, whatever m (it tiles the rows
-// itself); on the H200 (experiments/results/bench_ops.md, 2026-12-03) 0.93 against 1.20 ms for the norm expansion at
-// (4, 8192, 8192, 32), 0.78 against 0.85 at (1, 13500, 13500, 26), 6.5 against 7.3 at (1, 43945, 43945, 20), but
-// 0.66 against 0.48 at d = 16, where the expansion's d FMAs a pair cost less than the tensor-core kernel's stores.
-// Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by strips of
-// columns, the tiled kernel below that; float32 with 8 < d <= 16 forms distances by the norm expansion
+// The kernel each shape gets. Float32 with 16 < d <= 32: the tensor-core kernel, whatever m (it tiles the rows itself);
+// on the H200 (2026-12-03, experiments/results/h200_2026-12-03_session8/call2_64ba7ab) 0.93 against 1.20 ms for the
+// norm expansion at (4, 8192, 8192, 32), 0.78 against 0.85 at (1, 13500, 13500, 26), 6.5 against 7.3 at (1, 43945,
+// 43945, 20), but 0.66 against 0.48 at d = 16, which stays with the expansion (why the tensor cores gain nothing
+// there is not measured). Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by
+// strips of columns, the tiled kernel below that; float32 with 8 < d <= 16 forms distances by the norm expansion
 // (instruction-bound there), d <= 8 and float64 by differences, which cost no time while the kernel waits on its
 // stores.
 Forward default_forward(int64_t m, int64_t d, int D, bool is_float) {

@@ -163,8 +163,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
                   "'tc_vsplit' or 'tc_isplit', got '", *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
-                  "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=", as_text(d),
-                  " and t=", as_text(t));
+                  "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=",
+                  as_text(d), " and t=", as_text(t));
       tensor = true;
     }
   }
