@@ -3,10 +3,13 @@
 The engine rebuilds its pivoted-Cholesky preconditioner when the lengthscales have moved (or it has aged), but a
 rebuild at a high rank can cost far more than the iterations it saves. On an H200, pol (13,500 points) at rank
 3200 spent about 80 ms on each replayed rebuild, one every three steps, beside 11-18 ms for a whole step without
-one, and the steps after a rebuild took as many CG iterations as those before it. So a rebuild that the
+one, and with rebuilds that frequent the iterations barely moved (4-8 a step). So a rebuild that the
 lengthscale or age rule asks for waits until the CG iterations since the last build have cost about as much as a
 build (:attr:`gpfast.CGSettings.rebuild_cost_share`): whatever the rebuilds buy, they then take at most about that
-share of the time the solves take. A rebuild that the accuracy rule asks for (a new rank) never waits.
+share of the time the solves take. The preconditioner goes stale for longer in between (on the same fit the
+iterations then grew from 6 to 35 a step before a rebuild), and the fit still trained in 2.15 s against 2.37
+(H200, 2026-12-03, experiments/results/h200_2026-12-03_session8). A rebuild that the accuracy rule asks for (a new
+rank) never waits.
 
 The model counts the bytes each part moves through memory, its floating-point operations and its kernel
 launches, at rates typical of the device kind. It only has to rank a rebuild against iterations to within a
