@@ -67,7 +67,7 @@ class CGSettings:
         Rebuilds for a new rank (the accuracy rule, ``max_preconditioner_rank``) never wait. Why: on an H200 at
         rank 3200 a rebuild cost pol (13,500 points) about 80 ms, one every three steps, beside 11-18 ms for a
         whole step without one, and its iterations barely moved (4-8 a step); with the rule its fit trained in
-        2.15 s against 2.37, elevators 1.72 against 1.86, bike 1.11 against 1.28, the larger UCI sets within 1%,
+        2.15 s against 2.37, elevators 1.72 against 1.86, bike 1.11 against 1.28, the larger UCI sets within 3%,
         with the same test RMSE and NLL (one H200 call, 2026-12-03). At rank 100 a rebuild costs about one
         iteration, so there the rule changes nothing.
     pivot_block : int, default=16
