@@ -45,8 +45,7 @@ def run_or_oom(fn):
 
 
 # the row-streaming kernel's two forms, the tiled kernel, the tensor-core kernel and its variants (8 < d <= 32)
-FWD_KERNELS = ("diff", "expand", "tile", "tc", "tc_mt2", "tc_w4")
-TC_KERNELS = ("tc", "tc_mt2", "tc_w4")
+FWD_KERNELS, TC_KERNELS = ops.COVARIANCE_KERNELS, ops.COVARIANCE_TC_KERNELS
 ERR_ROWS = 256  # rows of the forward compared with float64
 
 

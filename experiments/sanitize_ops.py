@@ -35,9 +35,10 @@ def run_covariance_forward(dev, dtype):
                        (2, 150, 333, 12), (1, 300, 130, 21)]:  # fmt: skip
         x1, x2, l, s = _inputs(B, n, m, d, dev, dtype)
         torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
-        kernels = ("diff", "expand", "tile") if d <= 32 else ("tile",)
-        if dtype == torch.float32 and 8 < d <= 32:
-            kernels += ("tc", "tc_mt2", "tc_w4")
+        tc = dtype == torch.float32 and 8 < d <= 32
+        kernels = (
+            ["tile"] if d > 32 else [k for k in ops.COVARIANCE_KERNELS if tc or k not in ops.COVARIANCE_TC_KERNELS]
+        )
         for kernel in kernels:
             torch.ops.gpfast._rbf_covariance_kernel(x1, x2, l, s, kernel)
     torch.cuda.synchronize()

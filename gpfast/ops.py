@@ -494,6 +494,11 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
 
 
+# The kernels of _rbf_covariance_kernel: row streaming by differences and by the norm expansion (d <= 32), the tiled
+# one (any d), and the tensor-core one with the variants a sweep compares (float32, 8 < d <= 32).
+COVARIANCE_TC_KERNELS = ("tc", "tc_mt2", "tc_w4")
+COVARIANCE_KERNELS = ("diff", "expand", "tile", *COVARIANCE_TC_KERNELS)
+
 # The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16).
 MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit")
 

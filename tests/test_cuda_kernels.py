@@ -60,8 +60,8 @@ def forward_bound(variant, dtype, d, plain_err):
 
 # ------------------------------------------------------------------------------------------------- covariance forward
 
-TC_KERNELS = ("tc", "tc_mt2", "tc_w4")  # the tensor-core forward and its sweep variants: float32, 8 < d <= 32
-FWD_KERNELS = ("diff", "expand", "tile", *TC_KERNELS)
+TC_KERNELS = ops.COVARIANCE_TC_KERNELS  # the tensor-core forward and its sweep variants: float32, 8 < d <= 32
+FWD_KERNELS = ops.COVARIANCE_KERNELS
 
 
 def skip_unless_applies(variant, dtype, d):
