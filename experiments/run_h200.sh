@@ -54,7 +54,9 @@
 #                 forward tests, bench_ops, row c at rebuild_cost_share 1 and 0, sanitizers, engine tests; S10_BUDGET
 #                 575), session10b (the tensor-core forward, columns in registers: forward tests, bench_ops, row c,
 #                 sanitizers, every CUDA test; S10B_BUDGET 560), session10c (what lands: every CUDA test,
-#                 row c, step_anatomy on two sets; S10C_BUDGET 470)
+#                 row c, step_anatomy on two sets; S10C_BUDGET 470), session11a (where the d > 16 sets' steps go:
+#                 step_anatomy with its kernel list at the default forward and with the expansion forced, bench_ops
+#                 on the preconditioner's thin row blocks, Nsight Compute of the tensor-core forward; S11A_BUDGET 460)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -70,6 +72,9 @@ elif [ ! -d .git ] && [ ! -s COMMIT ]; then
   echo "warning: no .git and no --commit; results will name no commit" >&2
 fi
 mkdir -p "$OUT"
+# A compiled library brought back by an earlier call (OUTDIR/gpb.tgz, carried as .gpb/gpb.tgz) is unpacked into the
+# build cache: used where its sources' key matches, ignored otherwise (gpfast/_build.py).
+[ -s .gpb/gpb.tgz ] && mkdir -p /tmp/gpb && tar xzf .gpb/gpb.tgz -C /tmp/gpb
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD GPFAST_BUILD_DIR=/tmp/gpb MAX_JOBS=16 NCCL_NVLS_ENABLE=0
 G=${GPU:-0}
 log() { echo "== $* ($(date +%T))"; }
@@ -111,12 +116,12 @@ cuda_tests() {
   brun "$cap" "$logf" python -m pytest -q -m cuda -p no:cacheprovider "$@"; echo "tests rc=$?"
   grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$logf" | head -20; tail -1 "$logf"
 }
-# anatomy LOG CAP [ARG...]: step_anatomy on the UCI sets (ARG... passed on, e.g. --datasets or --steps), then its
-# table and its launches by part.
+# anatomy LOG CAP [ARG...]: step_anatomy on the UCI sets (ARG... passed on, e.g. --datasets or --steps; results
+# stem $ANATOMY_STEM, default step_anatomy), then its table, its launches by part and its kernels.
 anatomy() {
-  local logf=$1 cap=$2; shift 2
-  brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" "$@"
-  echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/step_anatomy.md" | tail -16
+  local logf=$1 cap=$2 stem=${ANATOMY_STEM:-step_anatomy}; shift 2
+  brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" --stem "$stem" "$@"
+  echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/$stem.md" | tail -24
 }
 # exact_row LOG SET CAP: row exact (50 Adam steps with float64 Cholesky gradients) on one UCI set.
 exact_row() {
@@ -943,6 +948,34 @@ PYEOF
       row_c "$OUT/s10c_uci_c.log" 130
       anatomy "$OUT/s10c_anatomy.log" 120 --datasets keggundirected pol
       stage_end s10c ;;
+    session11a)
+      # Where the steps of the sets with d > 16 go (slower since the tensor-core forward became their default):
+      # build; step_anatomy on keggundirected, keggdirected, pol and elevators with the kernels that take the most
+      # device time a step, at the default forward and with the norm expansion forced; bench_ops on the pivoted
+      # Cholesky's row blocks (32 candidates against every point) and two square shapes; Nsight Compute of the
+      # tensor-core forward at (4, 8192, 8192, 32); the compiled library packed as OUTDIR/gpb.tgz; in one call of at
+      # most S11A_BUDGET seconds (default 460). Files: s11a_*.log, s11a_results.tar.gz, gpb.tgz.
+      stage_begin s11a ${S11A_BUDGET:-460} 240
+      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      for fwd in default expand; do
+        extra=(); [ "$fwd" = default ] || extra=(--forward "$fwd")
+        ANATOMY_STEM="step_anatomy_$fwd" anatomy "$OUT/s11a_anatomy.log" 80 \
+          --datasets keggundirected keggdirected pol elevators "${extra[@]}"
+      done
+      brun 90 "$OUT/s11a_bench.log" python -m experiments.bench_ops --quick --reps 10 \
+        --shapes 1,32,57248,27 1,32,43945,20 1,32,13500,26 1,32,14940,18 4,8192,8192,32 1,43945,43948,20
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops.md"
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for k in tc expand; do
+        echo "#### ncu $k" >> "$OUT/s11a_ncu.log"
+        brun 50 "$OUT/s11a_ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set detailed \
+          --section WarpStateStats --section Occupancy --section SchedulerStats --section MemoryWorkloadAnalysis_Tables \
+          python -m experiments.profile_ops --op cov_fwd --fwd-kernel $k; echo "ncu $k rc=$?"
+      done
+      grep -E "####|cov_|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|DRAM Thr|L2 Cache Thr|Stall|Executed Ipc A|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth" \
+        "$OUT/s11a_ncu.log" | head -70
+      stage_end s11a ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

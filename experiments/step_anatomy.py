@@ -24,7 +24,16 @@ cold first solve behind, then ``--steps`` profiled steps (the engine's objective
   ``float()``, ``bool()``, ``.cpu()``...), counted in separate unprofiled steps;
 - the split: device time (CPU time on the CPU) inside the engine's products (K rebuild and K̂ V), its fused
   backward, its preconditioner (builds, applies, rescaling) and the rest of the step, as shares of the step, from
-  further profiled steps run op by op (kernels replayed inside a CUDA graph cannot be told apart by range).
+  further profiled steps run op by op (kernels replayed inside a CUDA graph cannot be told apart by range). On a
+  GPU it is the sum of the kernels and copies that the profiler ties to the operators launching them, each under
+  the innermost part above its operator; the spans that profiler ranges also leave on the device's timeline are
+  not kernels and are left out. "device ms" is that sum per step, so that step ms minus device ms is time the GPU
+  waited on the host;
+- kernels (listed under the table): the kernels with the most device time per step in those steps, with their
+  part and calls per step.
+
+``--forward KERNEL`` runs the engine with its covariance forward forced to one kernel of the private op
+(``gpfast.ops.COVARIANCE_KERNELS``, whatever the shape), to compare a kernel's effect on whole steps.
 
 Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results).
 """
@@ -44,7 +53,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from experiments import RESULTS
-from gpfast import datasets
+from gpfast import datasets, ops
 from gpfast.bench.compare import default_init
 from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, today
@@ -67,6 +76,29 @@ LAUNCH = (
     "cudaLaunchCooperativeKernel",
 )
 SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+@contextlib.contextmanager
+def forward_kernel(kernel: str | None):
+    """Inside, :func:`gpfast.ops.rbf_covariance` forms K (not its diagonal) by the named kernel of the private op
+    whatever the shape; ``None`` changes nothing. No autograd: the engine forms K without it."""
+    if kernel is None:
+        yield
+        return
+    real = ops.rbf_covariance
+
+    def forced(x1, x2, lengthscale, outputscale=1.0, diag=False, *, check_values=True):
+        if diag:
+            return real(x1, x2, lengthscale, outputscale, diag, check_values=check_values)
+        x1c, x2c, lc, sc, batch = ops._canonicalize(x1, x2, lengthscale, outputscale, check_values)
+        K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
+        return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
+
+    ops.rbf_covariance = forced
+    try:
+        yield
+    finally:
+        ops.rbf_covariance = real
 
 
 def _labelled(fn, label):
@@ -192,10 +224,60 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
            "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
            "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap,
            "graphed": float(np.mean(rec.graphed[first:])), "op_by_op_profiled_ms": 1e3 * profiled}  # fmt: skip
-    row.update({k: v for k, v in counts.items() if not k.endswith("_share")})
-    row.update({k: v for k, v in shares.items() if k.endswith("_share")})
+    op_by_op = ("kernels", "device_ms")  # the split and the kernels from the steps run op by op
+    row.update({k: v for k, v in counts.items() if not (k.endswith("_share") or k.startswith(op_by_op))})
+    row.update({k: v for k, v in shares.items() if k.endswith("_share") or k.startswith(op_by_op)})
     engine.finish()
     return row
+
+
+def _part_and_operator(e):
+    """The innermost labelled part above event ``e`` (``None`` outside them) and the outermost operator (``aten::``,
+    ``gpfast::``, ...) above it, or ``e``'s own name where there is none."""
+    part, outer = None, e.name
+    p = getattr(e, "cpu_parent", None)
+    while p is not None:
+        if p.name.startswith("anatomy::"):
+            if part is None and p.name != "anatomy::step":
+                part = p.name.split("::", 1)[1]
+        elif "::" in p.name:
+            outer = p.name
+        p = getattr(p, "cpu_parent", None)
+    return part, outer
+
+
+def _kernel_name(name: str, width: int = 72) -> str:
+    """A kernel's name without its return type and arguments, cut to ``width`` characters."""
+    name = name.removeprefix("void ").split("(", 1)[0]
+    return name if len(name) <= width else name[: width - 3] + "..."
+
+
+def device_split(events, steps, top=12) -> dict:
+    """Device time per step (ms) from the kernels and copies that the profiler ties to the operators that launched
+    them (``FunctionEvent.kernels``): ``device_ms`` in all, ``device_ms_<part>`` under each part (the innermost
+    labelled range above the operator, "rest" outside them) and ``kernels``, the ``top`` kernels with the most
+    time (``[part, name, ms per step, calls per step]``). The spans of profiler ranges (record_function, the
+    optimiser's own) on the device's timeline come tied to their ranges like kernels; they are left out, being no
+    work of the device's."""
+    ranges = {e.name for e in events if getattr(e, "is_user_annotation", False) or e.name.startswith("anatomy::")}
+    by_part, time, calls = collections.Counter(), collections.Counter(), collections.Counter()
+    for e in events:
+        kernels = getattr(e, "kernels", None)
+        if not kernels or e.name in ranges:
+            continue
+        part = _part_and_operator(e)[0] or "rest"
+        for k in kernels:
+            if k.name in ranges:
+                continue
+            key = (part, _kernel_name(k.name))
+            by_part[part] += k.duration
+            time[key] += k.duration
+            calls[key] += 1
+    out = {"device_ms": sum(by_part.values()) / 1e3 / steps}
+    out.update({f"device_ms_{p}": by_part[p] / 1e3 / steps for p in (*PARTS, "rest")})
+    out["kernels"] = [[part, name, us / 1e3 / steps, calls[(part, name)] / steps]
+                      for (part, name), us in time.most_common(top)]  # fmt: skip
+    return out
 
 
 def launch_sources(events, names, steps, top=10) -> dict:
@@ -207,15 +289,7 @@ def launch_sources(events, names, steps, top=10) -> dict:
     for e in events:
         if e.name not in names:
             continue
-        part, outer = None, e.name
-        p = getattr(e, "cpu_parent", None)
-        while p is not None:
-            if p.name.startswith("anatomy::"):
-                if part is None and p.name != "anatomy::step":
-                    part = p.name.split("::", 1)[1]
-            elif "::" in p.name:  # an operator (aten::, gpfast::, ...): the outermost one names the launch
-                outer = p.name
-            p = getattr(p, "cpu_parent", None)
+        part, outer = _part_and_operator(e)
         parts[part or "rest"] += 1
         ops[outer] += 1
     out = {f"launches_{p}": parts[p] / steps for p in (*PARTS, "rest")}
@@ -250,11 +324,14 @@ def _profile_counts(prof, device, steps) -> dict:
             return float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
         return float(e.cpu_time_total)
 
-    total = time_us("anatomy::step") or sum(time_us(f"anatomy::{p}") for p in PARTS)
-    if device.type == "cuda":  # the step range covers the host side; the device total is the kernels' sum
-        total = sum(float(getattr(e, "self_device_time_total", 0.0)) for e in events) or total
-    out = {f"{p}_share": time_us(f"anatomy::{p}") / total if total else float("nan") for p in PARTS}
-    out["rest_share"] = max(0.0, 1.0 - sum(out[f"{p}_share"] for p in PARTS))
+    if device.type == "cuda":
+        out = device_split(prof.events(), steps)
+        total = out["device_ms"]
+        out.update({f"{p}_share": out[f"device_ms_{p}"] / total if total else float("nan") for p in (*PARTS, "rest")})
+    else:
+        total = time_us("anatomy::step") or sum(time_us(f"anatomy::{p}") for p in PARTS)
+        out = {f"{p}_share": time_us(f"anatomy::{p}") / total if total else float("nan") for p in PARTS}
+        out["rest_share"] = max(0.0, 1.0 - sum(out[f"{p}_share"] for p in PARTS))
     out["launches"] = count(LAUNCH)
     out["syncs"] = count(SYNC)
     out["memcpys"] = count(("cudaMemcpyAsync", "cudaMemcpy"))
@@ -272,6 +349,8 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the floor (default: 4.27e12 on CUDA)")
     ap.add_argument("--options", default="{}", help="json of CGSettings fields")
+    ap.add_argument("--forward", choices=ops.COVARIANCE_KERNELS, default=None,
+                    help="form K by this kernel of the private op whatever the shape (CUDA)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
     ap.add_argument("--rows-from", type=Path, default=None, help="run nothing: the table of the rows that an earlier "
@@ -282,6 +361,8 @@ def main(argv=None) -> None:
     ap.add_argument("--date", default=None, help="with --rows-from: the date they were measured on")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.forward is not None and device.type != "cuda":
+        ap.error(f"--forward names a CUDA kernel; the device is {device.type}")
     if args.rows_from is not None:
         if not (args.machine and args.commit and args.date):
             ap.error("--rows-from needs the measuring run's --machine, --commit and --date")
@@ -301,7 +382,8 @@ def main(argv=None) -> None:
             sets.append((name, ds.X_train[: args.max_n], ds.y_train[: args.max_n]))
     rows = []
     for name, X, y in sets:
-        rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options))
+        with forward_kernel(args.forward):
+            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options))
         print(json.dumps(rows[-1]), flush=True)
     write(args, rows, device)
 
@@ -315,6 +397,7 @@ def write(args, rows, device) -> None:
             "product",
             "rank / cap",
             "step ms",
+            "device ms",
             "floor ms",
             "step / floor",
             "CG it",
@@ -337,6 +420,7 @@ def write(args, rows, device) -> None:
                 r["product"],
                 f"{r['rank']} / {r['cap']}",
                 f"{r['step_ms']:.1f}",
+                f"{r['device_ms']:.1f}" if "device_ms" in r else "-",
                 f"{r['floor_ms']:.2f}",
                 f"{r['step_ms'] / r['floor_ms']:.1f}",
                 f"{r['cg_iterations']:.1f}",
@@ -358,21 +442,31 @@ def write(args, rows, device) -> None:
         + ", ".join(f"{name} {c:.0f}" for name, c in r["launch_ops"])
         for r in rows
     )
+    kernels = "\n".join(
+        f"- {r['set']}: "
+        + "; ".join(f"{name} ({part}) {ms:.2f} ms, {calls:.0f} calls" for part, name, ms, calls in r["kernels"])
+        for r in rows
+        if r.get("kernels")
+    )
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
-            "warmup": args.warmup}  # fmt: skip
+            "warmup": args.warmup, "forward": getattr(args, "forward", None)}  # fmt: skip
     if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.stem}.json").write_text(json.dumps({**info, "rows": rows}, indent=2))
     text = (
         f"# Anatomy of a training-engine step ({device.type})\n\n"
-        f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults, float32, "
+        f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults"
+        + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
+        + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
         f"(unprofiled: step ms), {args.steps} profiled steps with the same settings (launches, syncs and memcpys: "
         f"CUDA runtime calls per step, a graph replay one launch) and {args.steps} profiled steps op by op (the "
         "split: device time, CPU time on the CPU, as a share of the step); host reads are tensor values handed to "
-        "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays. "
+        "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays; "
+        "device ms: the time of the kernels and copies a step in the steps run op by op (on a GPU; step ms less "
+        "device ms is time the GPU waited on the host, less what the profiler adds). "
         "The floor is (products + 2) passes over a float32 K at the bandwidth "
         f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'})."
         + (
@@ -385,7 +479,14 @@ def write(args, rows, device) -> None:
         + "\n"
         "\nLaunches a step by part (the innermost part's profiler range around each launch, in the profiled steps "
         "with the settings' CUDA graphs) and the outermost operators that launch most (a launch outside any "
-        "operator, such as a graph replay, under its own name):\n\n" + sources + "\n"
+        "operator, such as a graph replay, under its own name):\n\n"
+        + sources
+        + "\n"
+        + (
+            "\nThe kernels with the most device time a step (their part; the steps run op by op):\n\n" + kernels + "\n"
+            if kernels
+            else ""
+        )
     )
     (args.out / f"{args.stem}.md").write_text(text)
     print(text)

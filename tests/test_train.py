@@ -891,6 +891,36 @@ def test_step_anatomy_attributes_launches_to_the_innermost_part():
     assert dict(out["launch_ops"]) == {"aten::mm": 3, "aten::matmul": 1}
 
 
+def test_step_anatomy_device_split_counts_kernels_not_range_spans():
+    """device_split on events shaped like a GPU profile's: each kernel's time goes to the innermost labelled part
+    above the operator that launched it ("rest" outside them), and the spans that profiler ranges leave on the
+    device's timeline (tied to the ranges as if kernels) count nowhere."""
+    from types import SimpleNamespace as NS
+
+    from experiments.step_anatomy import device_split
+
+    def event(name, parent=None, kernels=(), annotation=False):
+        return NS(name=name, cpu_parent=parent, is_user_annotation=annotation,
+                  kernels=[NS(name=k, duration=us) for k, us in kernels])  # fmt: skip
+
+    step = event("anatomy::step", kernels=[("anatomy::step", 9000.0)], annotation=True)
+    products = event("anatomy::products", step, kernels=[("anatomy::products", 5000.0)], annotation=True)
+    pc = event("anatomy::preconditioner", products, annotation=True)
+    adam = event("Optimizer.step#Adam.step", step, kernels=[("Optimizer.step#Adam.step", 700.0)], annotation=True)
+    events = [step, products, pc, adam,
+              event("gpfast::rbf_covariance", products, [("void cov_fwd_tc_kernel<2, 1, 8, 64>(CovTcArgs)", 300.0)]),
+              event("aten::mm", pc, [("gemm", 200.0), ("gemm", 100.0)]),
+              event("aten::add_", adam, [("add", 40.0)]),
+              event("aten::mul", None, [("mul", 20.0)])]  # fmt: skip
+    out = device_split(events, steps=2)
+    assert out["device_ms"] == pytest.approx(0.33)
+    assert out["device_ms_products"] == pytest.approx(0.15)
+    assert out["device_ms_preconditioner"] == pytest.approx(0.15)
+    assert out["device_ms_rest"] == pytest.approx(0.03) and out["device_ms_backward"] == 0
+    assert out["kernels"][0] == ["products", "cov_fwd_tc_kernel<2, 1, 8, 64>", pytest.approx(0.15), 0.5]
+    assert out["kernels"][1] == ["preconditioner", "gemm", pytest.approx(0.15), 1.0]
+
+
 def test_preconditioner_takes_new_scales_when_they_have_moved():
     """The rescaling rule: the step's (outputscale, noise) are recorded when the step updated the preconditioner,
     and the next step updates it once either has moved by more than rescale_change in log since."""
