@@ -56,7 +56,9 @@
 #                 sanitizers, every CUDA test; S10B_BUDGET 560), session10c (what lands: every CUDA test,
 #                 row c, step_anatomy on two sets; S10C_BUDGET 470), session11a (where the d > 16 sets' steps go:
 #                 step_anatomy with its kernel list at the default forward and with the expansion forced, bench_ops
-#                 on the preconditioner's thin row blocks, Nsight Compute of the tensor-core forward; S11A_BUDGET 460)
+#                 on the preconditioner's thin row blocks, Nsight Compute of the tensor-core forward; S11A_BUDGET 460),
+#                 session11b (the expansion the default forward again: every CUDA test, row c, bench_ops on clustered
+#                 points, step_anatomy; S11B_BUDGET 480)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -976,6 +978,21 @@ PYEOF
       grep -E "####|cov_|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|DRAM Thr|L2 Cache Thr|Stall|Executed Ipc A|Warp Cycles Per Issued|L1/TEX Hit|Mem Busy|Max Bandwidth" \
         "$OUT/s11a_ncu.log" | head -70
       stage_end s11a ;;
+    session11b)
+      # What lands (the norm expansion float32's default forward for 8 < d <= 32 again; the tensor-core kernel by
+      # name only): build; every CUDA test; row c on the seven sets; bench_ops with clustered points (duplicates,
+      # as in the kegg sets) at the engine sets' sizes and the d = 32 target shape, every forward kernel;
+      # step_anatomy on keggundirected and pol; in one call of at most S11B_BUDGET seconds (default 480). Files:
+      # s11b_*.log, s11b_results.tar.gz.
+      stage_begin s11b ${S11B_BUDGET:-480} 240
+      cuda_tests "$OUT/s11b_tests.log" 150 -rX tests
+      row_c "$OUT/s11b_uci_c.log" 130
+      brun 70 "$OUT/s11b_bench.log" python -m experiments.bench_ops --quick --reps 5 --points clustered \
+        --stem bench_ops_clustered --shapes 4,8192,8192,32 1,13500,13500,26 1,43945,43948,20 1,57248,57248,27
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops_clustered.* "$res/" 2>/dev/null
+      grep -E "^\| \(|^- " "$res/bench_ops_clustered.md"
+      anatomy "$OUT/s11b_anatomy.log" 60 --datasets keggundirected pol
+      stage_end s11b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

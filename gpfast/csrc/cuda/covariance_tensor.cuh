@@ -1,5 +1,7 @@
 // Covariance, forward, in float32 on tensor cores: K (B, n, m) = s * 2^e with the exponent's cross term on the
-// TF32 tensor cores (3xTF32), for 8 < d <= 32.
+// TF32 tensor cores (3xTF32), for 8 < d <= 32. Run by name only (the private op's "tc"): faster than the norm
+// expansion on Gaussian draws, but 3-7x slower on real data with duplicate points, where most tiles hold a near pair
+// and the warp waits on its recomputation from global memory (rbf_covariance.cu, default_forward).
 //
 // Why. With the norm expansion e = 2 z_i.z_j - |z_i|^2 - |z_j|^2 the work per pair is d FMAs for the cross term
 // and a handful of operations beside one exponential and one store. On CUDA cores that is the limit at d = 32:

@@ -121,16 +121,16 @@ void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
 // expansion, and the tensor-core one (with its sweep variants).
 enum class Forward { kTile, kDiff, kExpand, kTc, kTcRows2, kTcWarps4 };
 
-// The kernel each shape gets. Float32 with 16 < d <= 32: the tensor-core kernel, whatever m (it tiles the rows itself);
-// on the H200 (2026-12-03, experiments/results/h200_2026-12-03_session8/call2_64ba7ab) 0.93 against 1.20 ms for the
-// norm expansion at (4, 8192, 8192, 32), 0.78 against 0.85 at (1, 13500, 13500, 26), 6.5 against 7.3 at (1, 43945,
-// 43945, 20), but 0.66 against 0.48 at d = 16, which stays with the expansion (why the tensor cores gain nothing
-// there is not measured). Otherwise row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by
-// strips of columns, the tiled kernel below that; float32 with 8 < d <= 16 forms distances by the norm expansion
+// The kernel each shape gets: row streaming (d <= 32) for outputs of 1024 columns or more, where it fills the GPU by
+// strips of columns, the tiled kernel below that; float32 with 8 < d <= 32 forms distances by the norm expansion
 // (instruction-bound there), d <= 8 and float64 by differences, which cost no time while the kernel waits on its
-// stores.
-Forward default_forward(int64_t m, int64_t d, int D, bool is_float) {
-  if (is_float && d > 16 && d <= 32) return Forward::kTc;
+// stores. The tensor-core kernel is not a default: on Gaussian draws it was faster at 16 < d <= 32 (0.93 against
+// 1.20 ms at (4, 8192, 8192, 32), 6.5 against 7.3 at (1, 43945, 43945, 20)), but on the UCI sets the engine trains
+// on it took 27.4 ms against 8.1 for keggdirected's K and 100.7 against 14.3 for keggundirected's (H200, 2026-12-03,
+// experiments/results/h200_2026-12-03_session9): their duplicate points make near pairs in most warps' tiles, and
+// its recomputation of a near pair reads both raw points from global memory while the warp waits, where the
+// expansion recomputes from registers.
+Forward default_forward(int64_t m, int D, bool is_float) {
   if (D == 0 || m < 1024) return Forward::kTile;
   return is_float && D >= 16 ? Forward::kExpand : Forward::kDiff;
 }
@@ -145,7 +145,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous();
   const int D = feature_bucket(d);
-  const Forward kernel = forced ? *forced : default_forward(m, d, D, x1.scalar_type() == at::kFloat);
+  const Forward kernel = forced ? *forced : default_forward(m, D, x1.scalar_type() == at::kFloat);
   TORCH_CHECK(kernel == Forward::kTile || D != 0,
               "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=", as_text(d));
   if (kernel == Forward::kTile)
