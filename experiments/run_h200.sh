@@ -58,7 +58,8 @@
 #                 step_anatomy with its kernel list at the default forward and with the expansion forced, bench_ops
 #                 on the preconditioner's thin row blocks, Nsight Compute of the tensor-core forward; S11A_BUDGET 460),
 #                 session11b (the expansion the default forward again: every CUDA test, row c, bench_ops on clustered
-#                 points, step_anatomy; S11B_BUDGET 480)
+#                 points, step_anatomy; S11B_BUDGET 480), session11c (step_anatomy after 20 steps on the seven sets,
+#                 and on the kegg sets with the forward by differences; S11C_BUDGET 330)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -993,6 +994,16 @@ PYEOF
       grep -E "^\| \(|^- " "$res/bench_ops_clustered.md"
       anatomy "$OUT/s11b_anatomy.log" 60 --datasets keggundirected pol
       stage_end s11b ;;
+    session11c)
+      # The steps after the preconditioner rank has settled: build; step_anatomy (20 warm-up steps, its default) on
+      # the seven sets; then on keggdirected and keggundirected with K formed by differences instead of the norm
+      # expansion (on clustered points differences were the faster); in one call of at most S11C_BUDGET seconds
+      # (default 330). Files: s11c_*.log, s11c_results.tar.gz.
+      stage_begin s11c ${S11C_BUDGET:-330} 240
+      anatomy "$OUT/s11c_anatomy.log" 120
+      ANATOMY_STEM=step_anatomy_diff anatomy "$OUT/s11c_anatomy.log" 60 --datasets keggdirected keggundirected \
+        --forward diff
+      stage_end s11c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -5,12 +5,14 @@ and the split into products, backward, preconditioner and the rest, from torch.p
     python -m experiments.step_anatomy --device cpu --synthetic 600 4     # a small CPU run (the test does this)
 
 Per set: float32 training inputs on the device, gpfast's model at GPyTorch's initial hyperparameters, the engine
-with its defaults (K stored when it fits half the free memory), ``--warmup`` Adam steps (lr 0.1) to leave the
-cold first solve behind, then ``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
+with its defaults (K stored when it fits half the free memory), ``--warmup`` Adam steps (lr 0.1; default 20) to
+leave the cold first solve and the accuracy rule's growth of the preconditioner rank behind (with 3, the steps
+measured still built rank-3200 factors op by op and took 3x the median step of a 50-step fit on pol), then
+``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
 
 - rank / cap: the preconditioner rank and CG cap that the engine's accuracy rule had reached;
-- step ms: wall time per step, unprofiled (CG iterations and pivot blocks replayed as CUDA graphs on a GPU, as
-  the engine's defaults do; "graphed" the share of steps whose CG ran so);
+- step ms: wall time per step, the median of the timed steps, unprofiled (CG iterations and pivot blocks replayed
+  as CUDA graphs on a GPU, as the engine's defaults do; "graphed" the share of steps whose CG ran so);
 - floor ms: the passes over a stored float32 K that a step needs at the device's bandwidth (``--bandwidth``, default
   the H200's 4.27 TB/s; on the CPU the bandwidth of one measured ``K @ V``): the step's products, the K rebuild and
   one backward read;
@@ -198,13 +200,15 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
         opt.step()
         reads.append(len(seen))
     first = len(engine.record.cg_iterations)
-    _sync(device)
-    t0 = time.perf_counter()
+    walls = []
     for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
         closure()
         opt.step()
-    _sync(device)
-    wall = (time.perf_counter() - t0) / steps
+        _sync(device)
+        walls.append(time.perf_counter() - t0)
+    wall = float(np.median(walls))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with labels(engine), profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
         _steps(closure, opt, steps, device)
@@ -220,7 +224,8 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     if bw is None:
         bw = bandwidth(engine.product.K, device) if engine.product.K is not None else float("nan")
     floor = (products + 2) * n * n * 4 / bw
-    row = {"set": name, "n": n, "d": d, "product": rec.product, "step_ms": 1e3 * wall, "floor_ms": 1e3 * floor,
+    row = {"set": name, "n": n, "d": d, "product": rec.product, "step_ms": 1e3 * wall,
+           "step_ms_max": 1e3 * max(walls), "floor_ms": 1e3 * floor,
            "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
            "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap,
            "graphed": float(np.mean(rec.graphed[first:])), "op_by_op_profiled_ms": 1e3 * profiled}  # fmt: skip
@@ -346,7 +351,7 @@ def main(argv=None) -> None:
     ap.add_argument("--synthetic", type=int, nargs=2, metavar=("N", "D"), default=None, help="synthetic data instead")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--bandwidth", type=float, default=None, help="bytes/s for the floor (default: 4.27e12 on CUDA)")
     ap.add_argument("--options", default="{}", help="json of CGSettings fields")
     ap.add_argument("--forward", choices=ops.COVARIANCE_KERNELS, default=None,
@@ -461,12 +466,12 @@ def write(args, rows, device) -> None:
         + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
         + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
-        f"(unprofiled: step ms), {args.steps} profiled steps with the same settings (launches, syncs and memcpys: "
-        f"CUDA runtime calls per step, a graph replay one launch) and {args.steps} profiled steps op by op (the "
-        "split: device time, CPU time on the CPU, as a share of the step); host reads are tensor values handed to "
-        "Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph replays; "
-        "device ms: the time of the kernels and copies a step in the steps run op by op (on a GPU; step ms less "
-        "device ms is time the GPU waited on the host, less what the profiler adds). "
+        f"(unprofiled: step ms, their median), {args.steps} profiled steps with the same settings (launches, syncs "
+        f"and memcpys: CUDA runtime calls per step, a graph replay one launch) and {args.steps} profiled steps op by "
+        "op (the split: device time, CPU time on the CPU, as a share of the step); host reads are tensor values "
+        "handed to Python inside the engine step; graphed: the share of steps whose CG iterations were CUDA-graph "
+        "replays; device ms: the time of the kernels and copies a step in the steps run op by op (on a GPU; step "
+        "ms less device ms is time the GPU waited on the host, less what the profiler adds). "
         "The floor is (products + 2) passes over a float32 K at the bandwidth "
         f"({'4.27 TB/s' if device.type == 'cuda' and args.bandwidth is None else 'measured K @ V'})."
         + (
