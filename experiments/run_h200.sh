@@ -59,7 +59,9 @@
 #                 on the preconditioner's thin row blocks, Nsight Compute of the tensor-core forward; S11A_BUDGET 460),
 #                 session11b (the expansion the default forward again: every CUDA test, row c, bench_ops on clustered
 #                 points, step_anatomy; S11B_BUDGET 480), session11c (step_anatomy after 20 steps on the seven sets,
-#                 and on the kegg sets with the forward by differences; S11C_BUDGET 330)
+#                 and on the kegg sets with the forward by differences; S11C_BUDGET 330), session11d (float32's
+#                 24- and 28-feature forward: every CUDA test, bench_ops, row c, bench_ops on clustered points;
+#                 S11D_BUDGET 460)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1004,6 +1006,21 @@ PYEOF
       ANATOMY_STEM=step_anatomy_diff anatomy "$OUT/s11c_anatomy.log" 60 --datasets keggdirected keggundirected \
         --forward diff
       stage_end s11c ;;
+    session11d)
+      # Float32's forward with 24 and 28 features in registers (d = 17..28): build (ptxas report); every CUDA test;
+      # bench_ops at the engine sets' shapes on Gaussian draws; row c on the seven sets; bench_ops on clustered
+      # points; in one call of at most S11D_BUDGET seconds (default 460). Files: s11d_*.log, s11d_results.tar.gz.
+      stage_begin s11d ${S11D_BUDGET:-460} 240
+      grep -A2 "cov_fwd_stream_kernelIfLi2[48]" "$OUT/s11d_build.log" | grep -E "registers|spill" | head -8
+      cuda_tests "$OUT/s11d_tests.log" 130 -rX tests
+      for pts in gaussian clustered; do
+        [ "$pts" = clustered ] && row_c "$OUT/s11d_uci_c.log" 130
+        brun 50 "$OUT/s11d_bench.log" python -m experiments.bench_ops --quick --reps 5 --points $pts \
+          --stem "bench_ops_$pts" --shapes 1,14940,14940,18 1,13500,13500,26 1,43945,43948,20 1,57248,57248,27
+        echo "bench_ops $pts rc=$?"; cp experiments/results/bench_ops_$pts.* "$res/" 2>/dev/null
+        grep -E "^\| \(|^- " "$res/bench_ops_$pts.md"
+      done
+      stage_end s11d ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

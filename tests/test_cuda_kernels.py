@@ -76,6 +76,7 @@ FWD_SHAPES = [  # (batch, n, m, d): ragged rows and columns around the kernels' 
     ((), 100, 2049, 9),
     ((2,), 31, 1030, 16),
     ((), 129, 1027, 17),
+    ((), 90, 1100, 26),  # float32's 28-feature bucket (17..24 take 24, 25..28 take 28)
     ((), 40, 3001, 29),
     ((), 70, 2048, 32),
     ((), 5, 1026, 1),
@@ -100,7 +101,7 @@ def test_forward_variants_match_float64(variant, dtype, shape, shift):
 
 @pytest.mark.parametrize("variant", ["auto", *FWD_KERNELS])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [2, 8, 16, 29])
+@pytest.mark.parametrize("d", [2, 8, 16, 21, 27, 29])
 def test_diagonal_exact_duplicates_and_bound(variant, dtype, d):
     """K(x, x) = s bit for bit, also for rows of x2 that duplicate rows of x1, and K <= s: on data far from the
     origin, with near duplicates (the expansion's recomputed pairs)."""
@@ -163,7 +164,7 @@ def assert_raises_in_a_subprocess(call: str, args: str, message: str) -> None:
     assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
 
 
-@pytest.mark.parametrize("d", [9, 16, 17, 20, 32])
+@pytest.mark.parametrize("d", [9, 16, 17, 20, 27, 32])
 def test_forward_default_kernel_for_float32(d):
     """Float32 with 8 < d <= 32 takes the norm expansion by default from 1024 columns on, bit for bit, and the tiled
     kernel below that; the tensor-core kernel only by name."""
@@ -171,6 +172,12 @@ def test_forward_default_kernel_for_float32(d):
         x1, x2, l, s = rand_inputs((2,), n, m, d, "cuda")
         kernel = "expand" if m >= 1024 else "tile"
         assert torch.equal(ops.rbf_covariance(x1, x2, l, s), forced_covariance(x1, x2, l, s, kernel))
+    if 24 < d < 32:  # the 28-feature bucket adds exact zeros over blocks of the same columns: the 32 bucket's bits
+        x1, x2, l, s = rand_inputs((), 70, 1500, d, "cuda")
+        pad = torch.zeros(70, 32 - d, device="cuda"), torch.zeros(1500, 32 - d, device="cuda")
+        l32 = torch.cat([l, torch.ones(1, 32 - d, device="cuda")], -1)
+        K32 = ops.rbf_covariance(torch.cat([x1, pad[0]], 1), torch.cat([x2, pad[1]], 1), l32, s)
+        assert torch.equal(ops.rbf_covariance(x1, x2, l, s), K32)
 
 
 @pytest.mark.parametrize(

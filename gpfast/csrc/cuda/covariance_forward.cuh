@@ -22,8 +22,9 @@ namespace gpfast {
 namespace cuda {
 
 constexpr int kFwdRows = 32;
-// Threads per block: 256, or 128 at D = 32 (about 160 registers a thread: 128-thread blocks fit 3 to an SM, 256 one)
-__host__ __device__ constexpr int fwd_stream_threads(int D) { return D >= 32 ? 128 : 256; }
+// Threads per block: 256, or 128 from D = 28 on (float32's expansion takes 150 registers a thread at 28 and 164 at
+// 32 in 128-thread blocks, 3 to an SM; at 28 in 256-thread blocks 137, one to an SM)
+__host__ __device__ constexpr int fwd_stream_threads(int D) { return D >= 28 ? 128 : 256; }
 // The expansion's near-duplicate threshold (see above). Pairs under it are rare for n >> 1 (the diagonal of
 // K(x, x) and genuine near duplicates), so the branch is rarely taken.
 constexpr float kNearTau = 1.0f / 32.0f;

@@ -20,12 +20,23 @@ constexpr int stream_cols_per_lane() {
   return (sizeof(T) == 4 ? D <= 16 : D <= 8) ? 4 : 2;
 }
 
+// Features in registers for the row-streaming kernel: the common buckets, and for float32 also 24 and 28, so that
+// d = 17..28 (elevators, bike, keggdirected, pol, keggundirected) does not pay for 32 features' FMAs and registers
+// (zero features add exact zeros; at 28 the blocks' columns, and so their centres, are those of 32: the same bits).
+template <typename T, typename Fn>
+void with_stream_bucket(int64_t d, Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (d > 16 && d <= 28) return with_bucket<24, 28>(d <= 24 ? 24 : 28, "feature", std::forward<Fn>(fn));
+  }
+  with_feature_bucket(feature_bucket(d), std::forward<Fn>(fn));
+}
+
 void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
-                       int D, bool expand, at::Tensor& out) {
+                       bool expand, at::Tensor& out) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   const int64_t d = x1.size(2);
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_stream_cuda", [&] {
-    with_feature_bucket(D, [&](auto dc) {
+    with_stream_bucket<scalar_t>(d, [&](auto dc) {
       constexpr int kD = decltype(dc)::value;
       constexpr int kCpl = stream_cols_per_lane<scalar_t, kD>();
       constexpr int kThreads = fwd_stream_threads(kD);
@@ -151,7 +162,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else if (kernel == Forward::kDiff || kernel == Forward::kExpand)
-    covariance_stream(p1, p2, ls, s, D, kernel == Forward::kExpand, out);
+    covariance_stream(p1, p2, ls, s, kernel == Forward::kExpand, out);
   else
     covariance_tc(p1, p2, ls, s,
                   kernel == Forward::kTcRows2    ? TcShape::kRows2
