@@ -349,8 +349,10 @@ def test_matmul_default_kernel_by_size():
 
 def test_matmul_tensor_cores_long_sums():
     """10^6 columns in one row block's range (40,000 rows fill the GPU without column splits): the sums across
-    tiles are compensated, so the kernel's error on 256 rows stays below plain float32's (measured on the H200 at
-    10^6 points: 4.7e-7 against 1.5e-6; uncompensated, 3.1e-6)."""
+    tiles are compensated, so the kernel's error on 256 rows stays near float32's rounding. Measured on the H200 at
+    10^6 points: 4.7e-7 and 9.6e-7 on two draws (plain float32 1.5e-6 and 7.9e-7 on the same draws, so plain's is
+    no bound on every draw); uncompensated, 3.1e-6. The bound, 2e-6, is twice the worst compensated draw seen and
+    below the uncompensated sums' error."""
     m, n, d, t = 1_000_000, 40_000, 8, 16
     x = torch.randn(m, d, device="cuda")
     l = torch.rand(d, device="cuda") + 0.5
@@ -359,8 +361,7 @@ def test_matmul_tensor_cores_long_sums():
     out = ops._rbf_matmul_kernel(x[:n], x, l, s, v, "tc")
     rows = torch.randperm(n, device="cuda")[:256]
     want = torch.cat([reference64(x[r], x, l, s) @ v.double() for r in rows.split(32)])
-    plain = torch.cat([ref.rbf_covariance(x[r], x, l, s) @ v for r in rows.split(32)])
-    assert rel_err(out[rows], want) <= rel_err(plain, want)
+    assert rel_err(out[rows], want) <= 2e-6
 
 
 @pytest.mark.parametrize(
