@@ -92,9 +92,7 @@ def forward_kernel(kernel: str | None):
     def forced(x1, x2, lengthscale, outputscale=1.0, diag=False, *, check_values=True):
         if diag:
             return real(x1, x2, lengthscale, outputscale, diag, check_values=check_values)
-        x1c, x2c, lc, sc, batch = ops._canonicalize(x1, x2, lengthscale, outputscale, check_values)
-        K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
-        return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
+        return ops._rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel, check_values=check_values)
 
     ops.rbf_covariance = forced
     try:
@@ -212,13 +210,13 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with labels(engine), profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
         _steps(closure, opt, steps, device)
-    counts = _profile_counts(prof, device, steps)
+    counts = _runtime_counts(prof, steps)
     counts.update(launch_sources(prof.events(), LAUNCH, steps))
     graphs, engine._state.graphs = engine._state.graphs, None  # kernels replayed in a graph escape the labels
     with labels(engine), profile(activities=activities) as prof:
         profiled = _steps(closure, opt, steps, device)
     engine._state.graphs = graphs
-    shares = _profile_counts(prof, device, steps)
+    shares = _split(prof, device, steps)
     rec = engine.record
     products = float(np.mean(rec.products[first:]))
     if bw is None:
@@ -229,9 +227,8 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
            "cg_iterations": float(np.mean(rec.cg_iterations[first:])), "products": products,
            "host_reads": max(reads), "rank": engine._state.rank, "cap": engine._state.cap,
            "graphed": float(np.mean(rec.graphed[first:])), "op_by_op_profiled_ms": 1e3 * profiled}  # fmt: skip
-    op_by_op = ("kernels", "device_ms")  # the split and the kernels from the steps run op by op
-    row.update({k: v for k, v in counts.items() if not (k.endswith("_share") or k.startswith(op_by_op))})
-    row.update({k: v for k, v in shares.items() if k.endswith("_share") or k.startswith(op_by_op)})
+    row.update(counts)  # runtime calls from the steps with the settings' CUDA graphs
+    row.update(shares)  # the split, device times and kernels from the steps run op by op
     engine.finish()
     return row
 
@@ -314,32 +311,33 @@ def _steps(closure, opt, steps, device) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def _profile_counts(prof, device, steps) -> dict:
-    events = prof.key_averages()
-    by_name = {e.key: e for e in events}
+def _runtime_counts(prof, steps) -> dict:
+    """CUDA runtime calls per step: launches (a graph replay one), syncs and memcpys."""
+    by_name = {e.key: e for e in prof.key_averages()}
 
     def count(names):
         return sum(by_name[k].count for k in names if k in by_name) / steps
 
-    def time_us(key):
-        e = by_name.get(key)
-        if e is None:
-            return 0.0
-        if device.type == "cuda":
-            return float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
-        return float(e.cpu_time_total)
+    return {"launches": count(LAUNCH), "syncs": count(SYNC), "memcpys": count(("cudaMemcpyAsync", "cudaMemcpy"))}
 
+
+def _split(prof, device, steps) -> dict:
+    """The step's shares by part (``<part>_share``): of the kernels' device time on a GPU (with
+    :func:`device_split`'s totals and kernels), of the parts' CPU time on the CPU."""
     if device.type == "cuda":
         out = device_split(prof.events(), steps)
         total = out["device_ms"]
         out.update({f"{p}_share": out[f"device_ms_{p}"] / total if total else float("nan") for p in (*PARTS, "rest")})
-    else:
-        total = time_us("anatomy::step") or sum(time_us(f"anatomy::{p}") for p in PARTS)
-        out = {f"{p}_share": time_us(f"anatomy::{p}") / total if total else float("nan") for p in PARTS}
-        out["rest_share"] = max(0.0, 1.0 - sum(out[f"{p}_share"] for p in PARTS))
-    out["launches"] = count(LAUNCH)
-    out["syncs"] = count(SYNC)
-    out["memcpys"] = count(("cudaMemcpyAsync", "cudaMemcpy"))
+        return out
+    by_name = {e.key: e for e in prof.key_averages()}
+
+    def cpu_us(key):
+        e = by_name.get(key)
+        return 0.0 if e is None else float(e.cpu_time_total)
+
+    total = cpu_us("anatomy::step") or sum(cpu_us(f"anatomy::{p}") for p in PARTS)
+    out = {f"{p}_share": cpu_us(f"anatomy::{p}") / total if total else float("nan") for p in PARTS}
+    out["rest_share"] = max(0.0, 1.0 - sum(out[f"{p}_share"] for p in PARTS))
     return out
 
 
@@ -455,7 +453,7 @@ def write(args, rows, device) -> None:
     )
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
-            "warmup": args.warmup, "forward": getattr(args, "forward", None)}  # fmt: skip
+            "warmup": args.warmup, "forward": args.forward}  # fmt: skip
     if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)

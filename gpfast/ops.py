@@ -499,6 +499,20 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
 COVARIANCE_TC_KERNELS = ("tc", "tc_mt2", "tc_w4")
 COVARIANCE_KERNELS = ("diff", "expand", "tile", *COVARIANCE_TC_KERNELS)
 
+
+@torch.no_grad()
+def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, check_values: bool = True):
+    """:func:`rbf_covariance` by a named CUDA kernel (``COVARIANCE_KERNELS``) whatever the shape, for tests and
+    benchmarks. Arguments as in :func:`rbf_covariance` (the C++ op checks which kernels take which d and dtype);
+    no autograd."""
+    _ensure_loaded()
+    if kernel not in COVARIANCE_KERNELS:
+        raise ValueError(f"_rbf_covariance_kernel: kernel must be one of {COVARIANCE_KERNELS}, got {kernel!r}")
+    x1c, x2c, lc, sc, batch = _canonicalize(x1, x2, lengthscale, outputscale, check_values)
+    K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
+    return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
+
+
 # The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16).
 MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit")
 
