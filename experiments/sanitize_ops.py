@@ -10,10 +10,11 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-pivots (``_pivot_block``). Usage: ``python -m experiments.sanitize_ops [--only matmul|backward|forward]`` (or
+pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels. Usage: ``python -m experiments.sanitize_ops
+[--only matmul|backward|forward|stored]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
-covariance forward's.
+covariance forward's, ``--only stored`` stored_backward's.
 """
 
 import torch
@@ -88,6 +89,7 @@ def run_all():
                 torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, x_grads)
     run_covariance_backward(dev)
     run_bilinear_backward(dev)
+    run_stored_backward(dev)
     run_matmul_kernels(dev)
     # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
     for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
@@ -140,6 +142,24 @@ def run_bilinear_backward(dev):
             torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x1, l, s, v1, kernel)
 
 
+def run_stored_backward(dev):
+    """stored_backward's tensor-core kernels (4 and 8 warps; K(x, x) each pair once and every ordered pair, K(x1, x2)):
+    rows ragged against 64- and 128-row blocks, columns against the 32-column tiles and split over blocks, K with
+    padded rows (an odd pitch: one column a load) and without, every feature and weight bucket."""
+    for n, m, d, t, pad in [(1, 1, 1, 1, 0), (67, 131, 3, 9, 3), (130, 700, 9, 17, 0), (300, 37, 20, 20, 1),
+                            (129, 2000, 32, 40, 2)]:  # fmt: skip
+        x1, x2 = torch.randn(n, d, device=dev), torch.randn(m, d, device=dev)
+        l, s = torch.rand(d, device=dev) + 0.5, torch.tensor(1.2, device=dev)
+        g, v, v1 = torch.randn(n, t, device=dev), torch.randn(m, t, device=dev), torch.randn(n, t, device=dev)
+        K = ops.rbf_covariance(x1, torch.cat([x2, x2[-1:].expand(pad, -1)]), l, s)[:, :m]
+        Kx = ops.rbf_covariance(x1, torch.cat([x1, x1[-1:].expand(pad, -1)]), l, s)[:, :n]
+        for kernel in ("tc4", "tc8", "tc4_nosym", "tc8_nosym"):
+            torch.ops.gpfast.stored_backward(K, x1, x2, l, s, g, v, kernel)
+            if 2 * t <= 40 or "nosym" in kernel:
+                torch.ops.gpfast.stored_backward(Kx, x1, x1, l, s, g, v1, kernel)
+    torch.cuda.synchronize()
+
+
 def run_matmul_kernels(dev):
     """The K @ V kernels forced one by one: the tensor-core kernel in each feature and right-hand-side bucket
     (d/8 and t/8 rounded up, 1..4), rows ragged against its 128-row blocks and columns against its 64- and
@@ -169,6 +189,9 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
         run_covariance_backward("cuda")
         print("sanitize_ops: the covariance backward's kernels ran")
+    elif sys.argv[1:] == ["--only", "stored"]:  # stored_backward's kernels alone
+        run_stored_backward("cuda")
+        print("sanitize_ops: stored_backward's kernels ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

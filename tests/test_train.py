@@ -271,10 +271,11 @@ def test_product_choice_follows_the_memory_budget():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
+    # stored K with the gradient from the points and from K itself, and matrix-free
     runs = []
-    for product in ("stored", "matrix_free"):
+    for product, backward in (("stored", "points"), ("matrix_free", "auto"), ("stored", "stored")):
         model = _problem(n=300, d=3, dtype=dtype, seed=5, device=device)
-        engine = Engine(CGSettings(product=product, num_probes=10))
+        engine = Engine(CGSettings(product=product, num_probes=10, backward=backward))
         closure = engine.objective(model)
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
         with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
@@ -283,13 +284,15 @@ def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
             for _ in range(5):
                 losses.append(float(closure()))
                 opt.step()
+        assert engine.product.backward_from == ("stored" if backward == "stored" else "points")
         runs.append((losses, engine.finish().cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
     tol = 1e-9 if dtype == F64 else 1e-3
     # GEMM and fused-product rounding differ in float32: a solve on the edge of its tolerance may take one more step
     slack = 0 if dtype == F64 else 1
-    assert all(abs(a - b) <= slack for a, b in zip(runs[0][1], runs[1][1])), (runs[0][1], runs[1][1])
-    assert max(abs(a - b) for a, b in zip(runs[0][0], runs[1][0])) < tol
-    assert rel_err(runs[0][2], runs[1][2]) < tol
+    for other in runs[1:]:
+        assert all(abs(a - b) <= slack for a, b in zip(runs[0][1], other[1])), (runs[0][1], other[1])
+        assert max(abs(a - b) for a, b in zip(runs[0][0], other[0])) < tol
+        assert rel_err(runs[0][2], other[2]) < tol
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -358,6 +361,7 @@ def test_exact_gp_engine_is_reproducible_and_shows_its_terms(capsys):
         ({"num_probes": 0}, r"invalid num_probes=0; expected None or an int >= 1"),
         ({"cg_tolerance": -1.0}, r"invalid cg_tolerance=-1.0"),
         ({"product": "dense"}, r"invalid product='dense'"),
+        ({"backward": "exact"}, r"invalid backward='exact'; expected one of \('auto', 'stored', 'points'\)"),
         ({"resample_every": 0}, r"resample_every"),
         ({"cg_check_every": 0}, r"invalid cg_check_every=0; expected None or an int >= 1"),
         ({"max_preconditioner_rank": -1}, r"invalid max_preconditioner_rank=-1; expected an int >= 0"),

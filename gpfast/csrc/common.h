@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <tuple>
+
 namespace gpfast {
 
 inline void check_canonical(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
@@ -52,6 +54,41 @@ inline void check_dense_matmul(const at::Tensor& K, const at::Tensor& V, const c
               V.scalar_type());
   TORCH_CHECK(V.device() == K.device(), op, ": V must be on K's device ", K.device(), ", got ", V.device());
 }
+
+// stored_backward's arguments: K (n, m) with column stride 1 (any row stride), x1 (n, d), x2 (m, d), lengthscale
+// (d), outputscale 0-dim, G (n, t), V (m, t); one floating dtype and one device.
+inline void check_stored_backward(const at::Tensor& K, const at::Tensor& x1, const at::Tensor& x2,
+                                  const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& G,
+                                  const at::Tensor& V, const char* op) {
+  TORCH_CHECK(K.dim() == 2, op, ": K must be (n, m), got shape ", K.sizes());
+  const int64_t n = K.size(0), m = K.size(1);
+  TORCH_CHECK(x1.dim() == 2 && x1.size(0) == n, op, ": x1 must be (n, d) with n = ", n, " (K's rows), got ",
+              x1.sizes());
+  const int64_t d = x1.size(1);
+  TORCH_CHECK(x2.dim() == 2 && x2.size(0) == m && x2.size(1) == d, op, ": x2 must be (m, d) = (", m, ", ", d,
+              "), got ", x2.sizes());
+  TORCH_CHECK(lengthscale.dim() == 1 && lengthscale.size(0) == d, op, ": lengthscale must be (d,) = (", d,
+              ",), got ", lengthscale.sizes());
+  TORCH_CHECK(outputscale.dim() == 0, op, ": outputscale must be 0-dim, got ", outputscale.sizes());
+  TORCH_CHECK(G.dim() == 2 && G.size(0) == n, op, ": G must be (n, t) with n = ", n, ", got ", G.sizes());
+  TORCH_CHECK(V.dim() == 2 && V.size(0) == m && V.size(1) == G.size(1), op, ": V must be (m, t) = (", m, ", ",
+              G.size(1), "), got ", V.sizes());
+  TORCH_CHECK(K.scalar_type() == at::kFloat || K.scalar_type() == at::kDouble, op,
+              ": K must be float32 or float64, got ", K.scalar_type());
+  for (const at::Tensor* a : {&x1, &x2, &lengthscale, &outputscale, &G, &V}) {
+    TORCH_CHECK(a->scalar_type() == K.scalar_type(), op, ": all inputs must share K's dtype ", K.scalar_type(),
+                ", got ", a->scalar_type());
+    TORCH_CHECK(a->device() == K.device(), op, ": all inputs must be on K's device ", K.device(), ", got ",
+                a->device());
+  }
+}
+
+// stored_backward by ATen operations in float64 on any device: the CPU implementation, the CUDA fallback for the
+// shapes the kernel does not take, and the tests' reference (ops.cpp).
+std::tuple<at::Tensor, at::Tensor> stored_backward_reference(const at::Tensor& K, const at::Tensor& x1,
+                                                             const at::Tensor& x2, const at::Tensor& lengthscale,
+                                                             const at::Tensor& outputscale, const at::Tensor& G,
+                                                             const at::Tensor& V);
 
 // z = x / lengthscale, contiguous, zero-padded on the feature axis to `dpad` columns. Zero columns add
 // nothing to a squared distance and get zero gradient, so kernels may round d up freely.

@@ -1,5 +1,6 @@
 // The gpfast op schemas, in one place. CPU and CUDA implementations live in cpu/ and cuda/; the fake
 // (meta) implementations and autograd formulas are registered from Python (gpfast/ops.py).
+#include <algorithm>
 #include <string>
 #include <tuple>
 
@@ -22,6 +23,42 @@ at::Tensor rbf_covariance_diag(const at::Tensor& x1, const at::Tensor& x2, const
 at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
   check_dense_matmul(K, V, "dense_matmul");
   return at::mm(K, V);
+}
+
+// Chunks of rows so that M (rows, m) in float64 takes about 64 MB. The centre is x1's mean: (z_i - z_j)^2 is the
+// same for any centre, and in float64 the expanded form's cancellation costs 2^-53 relative to its terms.
+std::tuple<at::Tensor, at::Tensor> stored_backward_reference(const at::Tensor& K, const at::Tensor& x1,
+                                                             const at::Tensor& x2, const at::Tensor& lengthscale,
+                                                             const at::Tensor& outputscale, const at::Tensor& G,
+                                                             const at::Tensor& V) {
+  const auto f64 = at::kDouble;
+  const int64_t n = K.size(0), m = K.size(1), d = x1.size(1);
+  const at::Tensor l = lengthscale.to(f64);
+  const at::Tensor mu = n > 0 ? x1.to(f64).mean(0) : at::zeros({d}, l.options());
+  const at::Tensor z1 = (x1.to(f64) - mu) / l, z2 = (x2.to(f64) - mu) / l;
+  const at::Tensor Gd = G.to(f64), Vt = V.to(f64).t();
+  at::Tensor L = at::zeros({d}, l.options()), S = at::zeros({}, l.options()), c = at::zeros({m}, l.options());
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(8) << 20) / std::max<int64_t>(m, 1));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    const at::Tensor M = at::mm(Gd.narrow(0, r0, rows), Vt) * K.narrow(0, r0, rows).to(f64);
+    const at::Tensor r = M.sum(1), zc = z1.narrow(0, r0, rows);
+    c += M.sum(0);
+    S += r.sum();
+    L += (r.unsqueeze(1) * zc * zc).sum(0) - 2.0 * (zc * at::mm(M, z2)).sum(0);
+  }
+  L += at::mv((z2 * z2).t(), c);
+  return {(L / l).to(K.scalar_type()), (S / outputscale.to(f64)).to(K.scalar_type())};
+}
+
+std::tuple<at::Tensor, at::Tensor> stored_backward_cpu(const at::Tensor& K, const at::Tensor& x1,
+                                                       const at::Tensor& x2, const at::Tensor& lengthscale,
+                                                       const at::Tensor& outputscale, const at::Tensor& G,
+                                                       const at::Tensor& V, c10::string_view kernel) {
+  check_stored_backward(K, x1, x2, lengthscale, outputscale, G, V, "stored_backward");
+  TORCH_CHECK(kernel == "auto" || kernel == "reference", "stored_backward: on the CPU the kernel is 'auto' or ",
+              "'reference' (the tensor-core kernels run on CUDA tensors only), got '", std::string(kernel), "'");
+  return stored_backward_reference(K, x1, x2, lengthscale, outputscale, G, V);
 }
 
 // The CUDA kernels' variants have no CPU counterpart: the CPU backward has one design (cpu/rbf.cpp).
@@ -65,6 +102,13 @@ TORCH_LIBRARY(gpfast, m) {
   // K @ V for a stored K (rows, n), row-major, and V (n, t): the training engine's stored-K product. CUDA: a
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
+  // The lengthscale (d) and outputscale (0-dim) gradients of sum(G * (K V)) from a stored K = K(x1, x2) (n, m)
+  // at that lengthscale and outputscale: the training engine's backward, which recomputes no exponential. kernel:
+  // "auto", "reference" (float64 ATen operations, any device) or, on CUDA, "tc4" / "tc8" (tensor cores, 4 or 8
+  // warps a block, each pair of K(x, x) once) and "tc4_nosym" / "tc8_nosym" (every ordered pair).
+  m.def(
+      "stored_backward(Tensor K, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor G, Tensor V,"
+      " str kernel=\"auto\") -> (Tensor, Tensor)");
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");
@@ -97,6 +141,7 @@ TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
 
 TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
+  m.impl("stored_backward", &gpfast::stored_backward_cpu);
   m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
   m.impl("_rbf_matmul_kernel", &gpfast::matmul_kernel_cpu);
   m.impl("_rbf_covariance_backward_kernel", &gpfast::covariance_backward_kernel_cpu);

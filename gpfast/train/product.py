@@ -9,8 +9,9 @@ Two ways, one interface (:class:`CovarianceProduct`):
   (:func:`choose_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
-The gradient the engine needs (:meth:`CovarianceProduct.backward`) is the fused K @ V backward in both cases: it
-reads no stored K and recomputes no forward product.
+The gradient the engine needs (:meth:`CovarianceProduct.backward`) comes from the stored K
+(:func:`gpfast.ops.stored_backward`, no exponential recomputed) or from the points (the fused K @ V backward,
+:func:`gpfast.ops.rbf_matmul_backward`, which recomputes K): :attr:`CovarianceProduct.backward_from` says which.
 
 With ``distributed=True`` inside a process group of several ranks, each rank owns a block of rows
 (:func:`gpfast.kernels.distributed.row_range`): it stores or recomputes only those rows, products are gathered
@@ -26,6 +27,7 @@ from gpfast import ops
 from gpfast.kernels import distributed as _dist
 
 __all__ = [
+    "BACKWARDS",
     "KERNEL_MAX_RHS",
     "PRODUCTS",
     "STORED_LAYOUT",
@@ -37,6 +39,8 @@ __all__ = [
 ]
 
 PRODUCTS = ("auto", "stored", "matrix_free")
+#: Where the gradient reads K from: :class:`gpfast.train.CGSettings`' ``backward``.
+BACKWARDS = ("auto", "stored", "points")
 
 
 def _mm(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -122,6 +126,8 @@ class CovarianceProduct:
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
         self.products = 0
+        #: "stored" (the gradient from the stored K, in stored mode) or "points" (from the points)
+        self.backward_from = "points"
         self.x_cols = self._padded_columns()
 
     def _padded_columns(self) -> torch.Tensor:
@@ -165,11 +171,17 @@ class CovarianceProduct:
         return ops.rbf_covariance(self.x.index_select(0, index), self.x, ls, s, check_values=False)
 
     def backward(self, G: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), by one
-        fused backward with no point gradients (summed over the ranks when split)."""
-        _, _, gl, gs = ops.rbf_matmul_backward(
-            G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V, x_grads=False
-        )
+        """Gradients of ``sum(G * (K @ V))`` for the lengthscale (its shape) and the outputscale (0-dim), from the
+        stored K or from the points (:attr:`backward_from`; summed over the ranks when split)."""
+        if self.mode == "stored" and self.backward_from == "stored":
+            # x_local is a view of x when the rows are not split, so the op sees K(x, x) and takes each pair once
+            gl, gs = ops.stored_backward(
+                self.K, self.x_local, self.x, self.lengthscale, self.outputscale, G[self.rows], V, check_values=False
+            )
+        else:
+            _, _, gl, gs = ops.rbf_matmul_backward(
+                G[self.rows], self.x_local, self.x, self.lengthscale, self.outputscale, V, x_grads=False
+            )
         if self.split is not None:
             gl, gs = _dist.all_reduce_sum(gl), _dist.all_reduce_sum(gs)
         return gl, gs

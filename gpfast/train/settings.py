@@ -10,7 +10,7 @@ import math
 import numbers
 from dataclasses import dataclass, fields, replace
 
-from gpfast.train.product import PRODUCTS
+from gpfast.train.product import BACKWARDS, PRODUCTS
 
 __all__ = ["PROBE_BUDGET", "TRAINERS", "CGSettings"]
 
@@ -139,6 +139,13 @@ class CGSettings:
         (:class:`gpfast.train.cg.CUDAGraphs`): the same arithmetic with one launch instead of ~25 small ones, whose
         launch cost otherwise exceeds the products' time at n ~ 10^4. False runs them op by op (to profile single
         kernels). Not used on the CPU or when the rows are split over several GPUs.
+    backward : {"auto", "stored", "points"}, default "auto"
+        Where the lengthscale and outputscale gradient reads K from. ``"stored"``: the stored K, when the product
+        stores one (:func:`gpfast.ops.stored_backward`: no exponential recomputed, so about one read of K and the
+        products with the weights); ``"points"``: K recomputed from the points by the fused K @ V backward
+        (:func:`gpfast.ops.rbf_matmul_backward`), as with a matrix-free product. ``"auto"``: ``"stored"`` on a GPU,
+        ``"points"`` on the CPU, where both are float64 sums and the points' form needs no n x n temporary. The two
+        give the gradient of one objective up to the float32 rounding of the stored K.
     """
 
     num_probes: int | None = None
@@ -162,6 +169,7 @@ class CGSettings:
     max_preconditioner_rank: int = 3200
     cg_iteration_limit: int = 40
     cuda_graph: bool = True
+    backward: str = "auto"
 
     def __post_init__(self) -> None:
         self.check()
@@ -254,6 +262,8 @@ class CGSettings:
                 raise bad(name, "True or False")
         if self.product not in PRODUCTS:
             raise bad("product", f"one of {PRODUCTS}")
+        if self.backward not in BACKWARDS:
+            raise bad("backward", f"one of {BACKWARDS}")
         if not is_real(self.memory_fraction) or not 0 < self.memory_fraction <= 1:
             raise bad("memory_fraction", "a float in (0, 1]")
         if self.trainer not in TRAINERS:
