@@ -1,0 +1,135 @@
+"""The ops on a K already in memory: ``dense_matmul`` (K @ V) and ``stored_backward`` (the lengthscale and outputscale
+gradients of sum(G * (K @ V))), the training engine's work with a stored K. Part of :mod:`gpfast.ops`, which
+re-exports them; a module of their own only for size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpfast.ops import _CUDA_OPS, _FLOATS, _as_param, _check_lengthscale_positive, _ensure_loaded
+
+__all__ = ["dense_matmul", "stored_backward"]
+
+
+def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``K @ V`` for a stored matrix K (rows, n) and a few right-hand sides V (n, t) or (n,): the training engine's
+    stored-K product.
+
+    float32 or float64, one dtype and one device. On CUDA, for t <= 16 and K with column stride 1 (row-major, any
+    row stride), a bandwidth kernel of gpfast's own reads K once with 16-byte loads (aiming at 80% of the H200's
+    4.27 TB/s); otherwise cuBLAS. On the CPU, ``torch.mm``.
+    Results are bitwise repeatable. Differentiable in both inputs (dense gradients).
+    """
+    _ensure_loaded()
+    for name, a in (("K", K), ("V", V)):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if a.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float32 or float64, got dtype {a.dtype}")
+    if K.dim() != 2:
+        raise ValueError(f"K must have shape (rows, n), got shape {tuple(K.shape)}")
+    if V.dim() not in (1, 2):
+        raise ValueError(f"V must have shape (n, t) or (n,), got shape {tuple(V.shape)}")
+    if V.dtype != K.dtype:
+        raise TypeError(f"V has dtype {V.dtype} but K has {K.dtype}; pass them in one dtype")
+    if V.device != K.device:
+        raise ValueError(f"V is on {V.device} but K is on {K.device}; put them on one device")
+    if V.shape[0] != K.shape[1]:
+        raise ValueError(f"V must have n={K.shape[1]} rows (K's column count), got shape {tuple(V.shape)}")
+    if K.is_cuda and not _CUDA_OPS:
+        raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here; use K @ V")
+    if V.dim() == 1:
+        return torch.ops.gpfast.dense_matmul.default(K, V.unsqueeze(1)).squeeze(1)
+    return torch.ops.gpfast.dense_matmul.default(K, V)
+
+
+#: The kernels of :func:`_stored_backward_kernel`: the op's own choice, the float64 reference (any device), and on
+#: CUDA the tensor-core kernel with 4 or 8 warps a block, each pair of K(x, x) once or every ordered pair.
+STORED_BACKWARD_KERNELS = ("auto", "reference", "tc4", "tc8", "tc4_nosym", "tc8_nosym")
+
+
+def _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, kernel: str, check_values: bool):
+    _ensure_loaded()
+    if kernel not in STORED_BACKWARD_KERNELS:
+        raise ValueError(f"stored_backward: kernel must be one of {STORED_BACKWARD_KERNELS}, got {kernel!r}")
+    for name, a in (("K", K), ("x1", x1), ("x2", x2), ("G", G), ("V", V)):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if a.dtype != K.dtype or a.device != K.device:
+            raise TypeError(
+                f"{name} is {a.dtype} on {a.device} but K is {K.dtype} on {K.device}; pass one dtype, one device"
+            )
+    if K.dtype not in _FLOATS:
+        raise TypeError(f"K must be float32 or float64, got dtype {K.dtype}")
+    if K.dim() != 2:
+        raise ValueError(f"K must have shape (n, m), got shape {tuple(K.shape)}")
+    n, m = K.shape
+    if x1.dim() != 2 or x1.shape[0] != n:
+        raise ValueError(f"x1 must have shape (n, d) with n={n} (K's rows), got shape {tuple(x1.shape)}")
+    d = x1.shape[1]
+    if x2.shape != (m, d):
+        raise ValueError(f"x2 must have shape (m, d) = ({m}, {d}), got shape {tuple(x2.shape)}")
+    vector = G.dim() == 1
+    Gm, Vm = (G.unsqueeze(1), V.unsqueeze(1)) if vector else (G, V)
+    if Gm.dim() != 2 or Gm.shape[0] != n:
+        raise ValueError(f"G must have shape (n, t) or (n,) with n={n}, got shape {tuple(G.shape)}")
+    if Vm.shape != (m, Gm.shape[1]):
+        want = f"({m},)" if vector else f"({m}, {Gm.shape[1]})"
+        raise ValueError(f"V must have shape {want} (x2's rows, G's columns), got shape {tuple(V.shape)}")
+    ls = _as_param(lengthscale, "lengthscale", K)
+    s = _as_param(outputscale, "outputscale", K)
+    if ls.numel() not in (1, d):
+        raise ValueError(f"lengthscale must have 1 or d={d} elements, got shape {tuple(ls.shape)}")
+    if s.numel() != 1:
+        raise ValueError(f"outputscale must have one element, got shape {tuple(s.shape)}")
+    if check_values:
+        _check_lengthscale_positive(ls)
+    if kernel.startswith("tc"):
+        t = Gm.shape[1]
+        if not K.is_cuda or K.dtype != torch.float32 or not 1 <= d <= 32 or t > 40 or (K.stride(1) != 1 and m > 1):
+            raise ValueError(
+                f"stored_backward: the kernel {kernel!r} takes a float32 CUDA K with column stride 1, 1 <= d <= 32 "
+                f"and t <= 40, got {K.dtype} on {K.device}, strides {K.stride()}, d={d}, t={t}"
+            )
+    op = torch.ops.gpfast.stored_backward.default
+    gl, gs = op(K, x1, x2, ls.reshape(-1).expand(d), s.reshape(()), Gm, Vm, kernel)
+    return gl.sum().reshape(ls.shape) if ls.numel() == 1 else gl.reshape(ls.shape), gs.reshape(s.shape)
+
+
+@torch.no_grad()
+def stored_backward(K, x1, x2, lengthscale, outputscale, G, V, *, check_values: bool = True):
+    """Gradients of ``sum(G * (K @ V))`` for the lengthscale and the outputscale, where K (n, m) is the RBF
+    covariance ``rbf_covariance(x1, x2, lengthscale, outputscale)`` already in memory: the training engine's
+    backward with a stored K, which recomputes no exponential.
+
+    Parameters
+    ----------
+    K : torch.Tensor of shape (n, m)
+        The covariance at these hyperparameters (noise-free), float32 or float64, any row stride.
+    x1, x2 : torch.Tensor of shape (n, d) and (m, d)
+        The points of K's rows and columns.
+    lengthscale : float or torch.Tensor with 1 or d elements
+    outputscale : float or torch.Tensor with 1 element
+    G, V : torch.Tensor of shape (n, t) and (m, t), or (n,) and (m,)
+    check_values : bool, default=True
+        Check that the lengthscale is positive (a device read on CUDA).
+
+    Returns
+    -------
+    (glengthscale, goutputscale), each of its input's shape (0-dim for a float).
+
+    Notes
+    -----
+    With M = (G V^T) o K and z = x / l, ``d/dl_k = sum_ij M_ij (z_ik - z_jk)^2 / l_k`` and ``d/ds = sum(M) / s``.
+    On CUDA, float32 with d <= 32 and t <= 40 runs a tensor-core kernel (weights in 3xTF32, everything after
+    them in float64; for K(x, x), x1 and x2 one tensor, each pair once, t <= 20); other cases, and the CPU, take
+    float64 ATen operations. The result is the gradient for the K given, its rounding included.
+    """
+    return _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, "auto", check_values)
+
+
+@torch.no_grad()
+def _stored_backward_kernel(K, x1, x2, lengthscale, outputscale, G, V, kernel: str):
+    """:func:`stored_backward` by a named kernel (``STORED_BACKWARD_KERNELS``), for tests and benchmarks."""
+    return _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, kernel, True)
