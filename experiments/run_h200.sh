@@ -61,8 +61,9 @@
 #                 points, step_anatomy; S11B_BUDGET 480), session11c (step_anatomy after 20 steps on the seven sets,
 #                 and on the kegg sets with the forward by differences; S11C_BUDGET 330), session11d (float32's
 #                 24- and 28-feature forward: every CUDA test, bench_ops, row c, bench_ops on clustered points;
-#                 S11D_BUDGET 460), session12a (the engine's gradient from the stored K: its tests, bench_bilinear,
-#                 row c, step_anatomy, sanitizers over it; S12A_BUDGET 570)
+#                 S11D_BUDGET 460), session12a (the engine's gradient from the stored K and the symmetric forward:
+#                 their tests, bench_bilinear, row c, step_anatomy with and without the symmetric forward,
+#                 sanitizers over them; S12A_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1023,22 +1024,27 @@ PYEOF
       done
       stage_end s11d ;;
     session12a)
-      # The (lengthscale, outputscale) gradient from the stored K (stored_backward, the engine's default on a GPU):
-      # build (ptxas report of its kernel), the compiled library packed as OUTDIR/gpb.tgz; its CUDA tests and the
-      # engine's that compare the gradient's two sources; bench_bilinear at the seven sets' shapes (every backward
-      # kernel against one stored product); row c on the seven sets; step_anatomy; memcheck and racecheck over its
-      # kernels; in one call of at most S12A_BUDGET seconds (default 570). Files: s12a_*.log, s12a_results.tar.gz.
-      stage_begin s12a ${S12A_BUDGET:-570} 240
-      grep -A2 "bwd_stored_kernel" "$OUT/s12a_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      # The (lengthscale, outputscale) gradient from the stored K (stored_backward, the engine's default on a GPU)
+      # and the symmetric forward (each pair of K(x, x) once, not yet the engine's default): build (ptxas report of
+      # their kernels), the compiled library packed as OUTDIR/gpb.tgz; stored_backward's CUDA tests and the
+      # engine's that compare the gradient's two sources, then the symmetric forward's (a process of their own);
+      # bench_bilinear at the seven sets' shapes; row c on the seven sets; step_anatomy, and on three sets with the
+      # symmetric forward; memcheck and racecheck over both; in one call of at most S12A_BUDGET seconds (default
+      # 585). Files: s12a_*.log, s12a_results.tar.gz.
+      stage_begin s12a ${S12A_BUDGET:-585} 240
+      grep -A2 -E "bwd_stored_kernel|Li2ELb1ELb1" "$OUT/s12a_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
       tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
       cuda_tests "$OUT/s12a_tests.log" 60 tests/test_stored_backward.py tests/test_train.py -k \
-        "stored or same_steps or products_agree or three_times"
-      brun 80 "$OUT/s12a_bench.log" python -m experiments.bench_bilinear --reps 10 --stem bench_bilinear_stored \
+        "(stored or same_steps or products_agree or three_times) and not symmetric"
+      cuda_tests "$OUT/s12a_tests_sym.log" 40 tests/test_stored_backward.py -k symmetric
+      brun 60 "$OUT/s12a_bench.log" python -m experiments.bench_bilinear --reps 5 --stem bench_bilinear_stored \
         --out "$res"; echo "bench_bilinear rc=$?"; grep -E "^\| " "$res/bench_bilinear_stored.md" | cut -d'|' -f1-16
       row_c "$OUT/s12a_uci_c.log" 130
       anatomy "$OUT/s12a_anatomy.log" 110
+      ANATOMY_STEM=step_anatomy_symmetric anatomy "$OUT/s12a_anatomy.log" 50 --symmetric-forward \
+        --datasets keggundirected keggdirected pol
       for tool in memcheck racecheck; do
-        brun 30 "$OUT/s12a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+        brun 25 "$OUT/s12a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
           python -m experiments.sanitize_ops --only stored; echo "$tool rc=$?"
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s12a_sanitize.log" | head -8

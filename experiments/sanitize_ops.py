@@ -143,9 +143,10 @@ def run_bilinear_backward(dev):
 
 
 def run_stored_backward(dev):
-    """stored_backward's tensor-core kernels (4 and 8 warps; K(x, x) each pair once and every ordered pair, K(x1, x2)):
-    rows ragged against 64- and 128-row blocks, columns against the 32-column tiles and split over blocks, K with
-    padded rows (an odd pitch: one column a load) and without, every feature and weight bucket."""
+    """The engine's work on a stored K: stored_backward's tensor-core kernels (4 and 8 warps; K(x, x) each pair
+    once and every ordered pair, K(x1, x2)): rows ragged against 64- and 128-row blocks, columns against the
+    32-column tiles and split over blocks, K with padded rows (an odd pitch: one column a load) and without, every
+    feature and weight bucket; and the symmetric forward."""
     for n, m, d, t, pad in [(1, 1, 1, 1, 0), (67, 131, 3, 9, 3), (130, 700, 9, 17, 0), (300, 37, 20, 20, 1),
                             (129, 2000, 32, 40, 2)]:  # fmt: skip
         x1, x2 = torch.randn(n, d, device=dev), torch.randn(m, d, device=dev)
@@ -157,6 +158,11 @@ def run_stored_backward(dev):
             torch.ops.gpfast.stored_backward(K, x1, x2, l, s, g, v, kernel)
             if 2 * t <= 40 or "nosym" in kernel:
                 torch.ops.gpfast.stored_backward(Kx, x1, x1, l, s, g, v1, kernel)
+    # the engine's symmetric forward into padded rows: each pair once (17 <= d <= 32; the mirror's full and partial
+    # runs, an odd pitch), rows written directly (d <= 16), the tiled kernel's copy (n < 1024)
+    for n, d, pad in [(1100, 20, 0), (1061, 27, 3), (1030, 32, 1), (1100, 9, 4), (500, 20, 2)]:
+        x = torch.randn(n, d, device=dev)
+        ops._rbf_covariance_symmetric(x, torch.rand(d, device=dev) + 0.5, torch.tensor(1.1, device=dev), n + pad)
     torch.cuda.synchronize()
 
 

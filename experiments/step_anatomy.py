@@ -174,7 +174,7 @@ def bandwidth(K: torch.Tensor, device) -> float:
     return 3 * K.numel() * K.element_size() / (time.perf_counter() - t0)
 
 
-def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
+def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=False) -> dict:
     X = torch.as_tensor(X, dtype=torch.float32, device=device)
     y = torch.as_tensor(y, dtype=torch.float32, device=device)
     n, d = X.shape
@@ -185,6 +185,7 @@ def anatomy(name, X, y, device, steps, warmup, bw, options) -> dict:
         model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
     engine = Engine(CGSettings(**options), free_memory=free_memory_bytes(device))
     closure = engine.objective(model)
+    engine.product.symmetric_forward = symmetric_forward
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
     for _ in range(warmup):
@@ -354,6 +355,11 @@ def main(argv=None) -> None:
     ap.add_argument("--options", default="{}", help="json of CGSettings fields")
     ap.add_argument("--forward", choices=ops.COVARIANCE_KERNELS, default=None,
                     help="form K by this kernel of the private op whatever the shape (CUDA)")  # fmt: skip
+    ap.add_argument(
+        "--symmetric-forward",
+        action="store_true",
+        help="form the stored K by the symmetric forward (each pair once; float32, 17 <= d <= 32)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
     ap.add_argument("--rows-from", type=Path, default=None, help="run nothing: the table of the rows that an earlier "
@@ -386,7 +392,7 @@ def main(argv=None) -> None:
     rows = []
     for name, X, y in sets:
         with forward_kernel(args.forward):
-            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options))
+            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, args.symmetric_forward))
         print(json.dumps(rows[-1]), flush=True)
     write(args, rows, device)
 
@@ -453,7 +459,8 @@ def write(args, rows, device) -> None:
     )
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
-            "warmup": args.warmup, "forward": args.forward}  # fmt: skip
+            "warmup": args.warmup, "forward": args.forward,
+            "symmetric_forward": args.symmetric_forward}  # fmt: skip
     if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -462,6 +469,7 @@ def write(args, rows, device) -> None:
         f"# Anatomy of a training-engine step ({device.type})\n\n"
         f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults"
         + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
+        + (" with K(x, x) formed by the symmetric forward (each pair once)" if info.get("symmetric_forward") else "")
         + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
         f"(unprofiled: step ms, their median), {args.steps} profiled steps with the same settings (launches, syncs "

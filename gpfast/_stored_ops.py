@@ -133,3 +133,20 @@ def stored_backward(K, x1, x2, lengthscale, outputscale, G, V, *, check_values: 
 def _stored_backward_kernel(K, x1, x2, lengthscale, outputscale, G, V, kernel: str):
     """:func:`stored_backward` by a named kernel (``STORED_BACKWARD_KERNELS``), for tests and benchmarks."""
     return _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, kernel, True)
+
+
+@torch.no_grad()
+def _rbf_covariance_symmetric(x: torch.Tensor, lengthscale: torch.Tensor, outputscale: torch.Tensor, pitch: int):
+    """K(x, x) for x (n, d) on CUDA in the first n columns of an (n, pitch) buffer (the rest unwritten), for the
+    training engine's stored K with rows padded to 16 bytes: lengthscale (d,) or (1,), outputscale 0-dim, of x's
+    dtype and device. For float32 with 17 <= d <= 32 each pair is computed once and mirrored."""
+    _ensure_loaded()
+    if not (isinstance(x, torch.Tensor) and x.is_cuda and x.dim() == 2 and x.dtype in _FLOATS):
+        what = f"{x.dtype} of shape {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"_rbf_covariance_symmetric: x must be a float32 or float64 CUDA tensor (n, d), got {what}")
+    n, d = x.shape
+    if not isinstance(pitch, int) or pitch < n:
+        raise ValueError(f"_rbf_covariance_symmetric: pitch must be an int >= n = {n}, got {pitch!r}")
+    ls = lengthscale.reshape(-1).expand(d).to(x.dtype)
+    op = torch.ops.gpfast._rbf_covariance_symmetric.default
+    return op(x, ls, outputscale.reshape(()).to(x.dtype), pitch)

@@ -81,6 +81,10 @@ def _register_python_parts() -> None:
     def _stored_bwd_fake(K, x1, x2, lengthscale, outputscale, G, V, kernel="auto"):
         return torch.empty_like(lengthscale), torch.empty_like(outputscale)
 
+    @torch.library.register_fake("gpfast::_rbf_covariance_symmetric")
+    def _cov_sym_fake(x, lengthscale, outputscale, pitch):
+        return x.new_empty(x.shape[0], pitch)
+
     @torch.library.register_fake("gpfast::dense_matmul")
     def _dense_fake(K, V):
         return K.new_empty(K.shape[0], V.shape[1])
@@ -575,6 +579,7 @@ def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kern
 # the ops on a stored K live in their own module (the size of this one); they are part of this module's face
 from gpfast._stored_ops import (  # noqa: E402, F401
     STORED_BACKWARD_KERNELS,
+    _rbf_covariance_symmetric,
     _stored_backward_kernel,
     dense_matmul,
     stored_backward,

@@ -222,3 +222,48 @@ def test_stored_kernel_repeats_bit_for_bit_and_matches_the_points_backward():
     scale_l, scale_s = abs_scale(K, x, x, l, s, G, V)
     assert ((first[0] - points[0]).abs().cpu().double() <= 1e-5 * scale_l).all()
     assert abs(float(first[1] - points[1])) <= 1e-5 * float(scale_s)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("d", [3, 12, 17, 20, 26, 27, 32])
+@pytest.mark.parametrize("n, pad", [(1100, 0), (2100, 3), (3000, 4), (1000, 1)])
+def test_symmetric_forward_fills_the_padded_rows(d, n, pad):
+    # the engine's stored K(x, x) in an (n, n + pad) buffer: each pair once and mirrored for float32 at 17 <= d <= 32,
+    # rows written directly otherwise (d <= 16), the tiled kernel's K copied below 1024 points; every element of the
+    # first n columns written (poisoned memory), within the forward's rule against float64
+    from conftest import poison_allocator
+    from test_cuda_kernels import forward_bound, reference64
+
+    from gpfast import _reference as ref
+
+    x = torch.randn(n, d, device="cuda") * 0.8
+    x[n // 2 :: 7] = x[: len(range(n // 2, n, 7))]  # duplicates, as in the kegg sets
+    l = (torch.rand(d, device="cuda") + 0.5) * max(1.0, (d / 8) ** 0.5)
+    s = torch.tensor(1.3, device="cuda")
+    poison_allocator("cuda", 2 * 4 * n * (n + pad))
+    buf = ops._rbf_covariance_symmetric(x, l, s, n + pad)
+    assert buf.shape == (n, n + pad)
+    K = buf[:, :n]
+    assert torch.isfinite(K).all(), "an element of K was never written (poisoned memory showed through)"
+    want = reference64(x, x, l, s)
+    plain = rel_err(ref.rbf_covariance(x, x, l, s), want)
+    assert rel_err(K, want) <= forward_bound("expand", torch.float32, d, plain)
+    assert torch.equal(K.diagonal(), s.expand(n))  # K(x, x) = s exactly on the diagonal
+
+
+@pytest.mark.cuda
+@cuda
+def test_product_with_the_symmetric_forward_matches_the_default():
+    n, d = 2500, 20
+    X = torch.randn(n, d, device="cuda")
+    ls, s = torch.rand(d, device="cuda") + 1.0, torch.tensor(1.2, device="cuda")
+    noise = torch.tensor(0.1, device="cuda")
+    V = torch.randn(n, 9, device="cuda")
+    out = []
+    for symmetric in (False, True):
+        p = CovarianceProduct(X, "stored")
+        p.symmetric_forward = symmetric
+        p.update(ls, s, noise)
+        out.append((p.K.clone(), p.matmul(V)))
+    assert rel_err(out[1][0], out[0][0]) < 2e-6 and rel_err(out[1][1], out[0][1]) < 2e-6

@@ -109,6 +109,9 @@ TORCH_LIBRARY(gpfast, m) {
   m.def(
       "stored_backward(Tensor K, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor G, Tensor V,"
       " str kernel=\"auto\") -> (Tensor, Tensor)");
+  // Private, for the training engine: K(x, x) (x (n, d), lengthscale (d), outputscale 0-dim) in the first n columns
+  // of an (n, pitch) buffer, on CUDA; float32 with 17 <= d <= 32 computes each pair once and mirrors it.
+  m.def("_rbf_covariance_symmetric(Tensor x, Tensor lengthscale, Tensor outputscale, int pitch) -> Tensor");
   // Private, for tests and benchmarks: run one kernel variant explicitly instead of the one the shape gets.
   // rbf_covariance on CUDA with the named kernel: "tile", "diff" or "expand" (csrc/README.md).
   m.def("_rbf_covariance_kernel(Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, str kernel) -> Tensor");

@@ -128,6 +128,10 @@ class CovarianceProduct:
         self.products = 0
         #: "stored" (the gradient from the stored K, in stored mode) or "points" (from the points)
         self.backward_from = "points"
+        #: On one GPU, form the stored K(x, x) by the symmetric forward (each pair once, mirrored; float32 with
+        #: 17 <= d <= 32) into the padded rows directly (:func:`gpfast.ops._rbf_covariance_symmetric`), instead of
+        #: K(x, padded columns). Off by default until its CUDA tests have run on a GPU.
+        self.symmetric_forward = False
         self.x_cols = self._padded_columns()
 
     def _padded_columns(self) -> torch.Tensor:
@@ -146,7 +150,10 @@ class CovarianceProduct:
         self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
         if self.mode == "stored":
             self.K = None
-            K = ops.rbf_covariance(self.x_local, self.x_cols, lengthscale, outputscale, check_values=False)
+            if self.symmetric_forward and self.x.is_cuda and self.split is None:
+                K = ops._rbf_covariance_symmetric(self.x, lengthscale, outputscale, self.x_cols.shape[0])
+            else:
+                K = ops.rbf_covariance(self.x_local, self.x_cols, lengthscale, outputscale, check_values=False)
             self.K = K[:, : self.n] if K.shape[1] != self.n else K
 
     def release(self) -> None:

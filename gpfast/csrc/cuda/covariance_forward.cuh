@@ -35,11 +35,13 @@ struct CovStreamArgs {
   const T* x2;     // (B, m, d)
   const T* ls;     // (B, d)
   const T* scale;  // (B)
-  T* out;          // (B, n, m)
+  T* out;          // (B, n, m) with rows ldo apart
   int64_t n, m;
   int d;
   int64_t rows_per_block;
   bool vec_store;  // rows of K start 16-byte aligned (or 8 for CPL = 2): one vector store per lane and row
+  int64_t ldo;     // out's row pitch (>= m)
+  bool vec_mirror;  // kSym: rows ldo apart start 16-byte aligned (the mirror's 4-value runs)
 };
 
 // -|a * a_scale - b|^2 over D features, one FMA chain (callers have several columns or rows in flight).
@@ -57,21 +59,32 @@ __device__ __forceinline__ T neg_sq_dist(const T (&a)[D], const T (&b)[D], T a_s
 __device__ __forceinline__ float kernel_value(float e, float s) { return s * fminf(exp2_fast(e), 1.0f); }
 __device__ __forceinline__ double kernel_value(double e, double s) { return s * fmin(exp2(e), 1.0); }
 
-template <typename T, int D, int CPL, bool kExpand>
+// kSym: K(x, x) (x1 = x2, n = m) with each pair computed once. Block (strip X, row range) takes only the rows
+// before the strip's end: rows inside the strip directly (both triangles of its diagonal square), rows before the
+// strip directly and, mirrored, K[j][i] for its columns j. Each warp gathers its 32 CPL columns' values of 16 rows
+// in shared memory and writes them as 16-value runs of the rows j; a row range past the strip's end is written by
+// the mirrors of the later strips. float32 with CPL = 2 only (the expansion's 24, 28 and 32 buckets), where the
+// mirror tiles fit in 35 KB.
+template <typename T, int D, int CPL, bool kExpand, bool kSym = false>
 __global__ void __launch_bounds__(fwd_stream_threads(D)) cov_fwd_stream_kernel(const CovStreamArgs<T> a) {
   constexpr int kFwdThreads = fwd_stream_threads(D);
+  static_assert(!kSym || (sizeof(T) == 4 && CPL == 2), "the symmetric form takes float32 with 2 columns a lane");
   // a staged row: y (2y with kExpand) in [0, D), then -|y|^2 and the near-duplicate threshold
   constexpr int kPitch = D + 4;
+  constexpr int kWarps = kFwdThreads / 32, kMirRows = 16, kMirPitch = kMirRows + 1;
   __shared__ __align__(16) T s_row[kFwdRows][kPitch];
   __shared__ T s_mu[D], s_w[D];
   __shared__ T s_scratch[(kFwdThreads / 32) * D];
+  __shared__ T s_mir[kSym ? kWarps : 1][kSym ? 32 * CPL : 1][kSym ? kMirPitch : 1];
 
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t b = blockIdx.z;
   const int64_t strip0 = static_cast<int64_t>(blockIdx.x) * kFwdThreads * CPL;
   const int64_t j0 = strip0 + static_cast<int64_t>(tid) * CPL;
   const int64_t i_begin = static_cast<int64_t>(blockIdx.y) * a.rows_per_block;
-  const int64_t i_end = min(a.n, i_begin + a.rows_per_block);
+  const int64_t row_stop = kSym ? min(a.m, strip0 + static_cast<int64_t>(kFwdThreads) * CPL) : a.n;
+  const int64_t i_end = min(row_stop, i_begin + a.rows_per_block);
+  if (kSym && i_begin >= i_end) return;  // block-uniform, before any barrier: rows past the strip come by mirror
   const int d = a.d;
   const T* x1 = a.x1 + b * a.n * d;
   const T* x2 = a.x2 + b * a.m * d;
@@ -131,7 +144,34 @@ __global__ void __launch_bounds__(fwd_stream_threads(D)) cov_fwd_stream_kernel(c
   };
 
   const T s = a.scale[b];
-  T* out = a.out + b * a.n * a.m;
+  T* out = a.out + b * a.n * a.ldo;
+  // kSym: the warp's gathered values of rows i0 .. i0 + nr - 1 written as runs of the rows j of its columns; lane
+  // (q, p) of a pass writes values 4p .. 4p + 3 of column 8 pass + q (one 16-byte store for a full run)
+  auto flush_mirror = [&](int64_t i0, int nr) {
+    if constexpr (kSym) {
+      __syncwarp();
+      const int q = lane >> 2, p = lane & 3;
+#pragma unroll
+      for (int pass = 0; pass < 4 * CPL; ++pass) {
+        const int col = 8 * pass + q;
+        const int64_t j = strip0 + static_cast<int64_t>(warp) * 32 * CPL + col;
+        if (j < a.m) {
+          T* dst = out + j * a.ldo + i0 + 4 * p;
+          T w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w[e] = s_mir[warp][col][4 * p + e];
+          if (a.vec_mirror && nr == kMirRows) {
+            store_streaming<T, 4>(dst, w);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (4 * p + e < nr) __stcs(dst + e, w[e]);
+          }
+        }
+      }
+      __syncwarp();
+    }
+  };
   fetch(i_begin);
   for (int64_t ic = i_begin; ic < i_end; ic += kFwdRows) {
     __syncthreads();  // the previous chunk's reads of s_row are done
@@ -169,13 +209,22 @@ __global__ void __launch_bounds__(fwd_stream_threads(D)) cov_fwd_stream_kernel(c
       T v[CPL];
 #pragma unroll
       for (int c = 0; c < CPL; ++c) v[c] = kernel_value(e[c], s);
-      T* row = out + (ic + r) * a.m + j0;
+      T* row = out + (ic + r) * a.ldo + j0;
       if (a.vec_store && j0 + CPL <= a.m) {
         store_streaming<T, CPL>(row, v);
       } else {
 #pragma unroll
         for (int c = 0; c < CPL; ++c)
           if (j0 + c < a.m) __stcs(row + c, v[c]);
+      }
+      if constexpr (kSym) {
+        // rows before the strip (a whole chunk: chunks and strips start at multiples of 32) are mirrored
+        if (ic < strip0) {
+          const int rr = r & (kMirRows - 1);
+#pragma unroll
+          for (int c = 0; c < CPL; ++c) s_mir[warp][lane * CPL + c][rr] = v[c];
+          if (rr == kMirRows - 1 || r == rows - 1) flush_mirror(ic + (r - rr), rr + 1);
+        }
       }
     }
   }

@@ -31,8 +31,13 @@ void with_stream_bucket(int64_t d, Fn&& fn) {
   with_feature_bucket(feature_bucket(d), std::forward<Fn>(fn));
 }
 
+// Whether the row-streaming kernel's symmetric form takes K(x, x) for these features: float32's expansion with 2
+// columns a lane (17 <= d <= 32).
+bool stream_symmetric_applies(at::ScalarType dtype, int64_t d) { return dtype == at::kFloat && d > 16 && d <= 32; }
+
+// out: (B, n, m) with rows ldo apart. sym (K(x, x): x1 = x2, n = m, stream_symmetric_applies): each pair once.
 void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
-                       bool expand, at::Tensor& out) {
+                       bool expand, at::Tensor& out, int64_t ldo, bool sym = false) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
   const int64_t d = x1.size(2);
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_stream_cuda", [&] {
@@ -41,19 +46,26 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
       constexpr int kCpl = stream_cols_per_lane<scalar_t, kD>();
       constexpr int kThreads = fwd_stream_threads(kD);
       const int64_t strips = ceil_div(m, int64_t(kThreads) * kCpl);
-      int64_t rowblocks = std::clamp<int64_t>(ceil_div(4 * sm_count(), strips * B), 1, ceil_div(n, kFwdRows));
+      // the symmetric form's blocks past their strip's end return at once: twice the row blocks keep the GPU full
+      const int64_t want = (sym ? 8 : 4) * sm_count();
+      int64_t rowblocks = std::clamp<int64_t>(ceil_div(want, strips * B), 1, ceil_div(n, kFwdRows));
       const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kFwdRows) * kFwdRows;
       rowblocks = ceil_div(n, rows_per_block);
       TORCH_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535 && B <= 65535,
                   "rbf_covariance: output of shape ", out.sizes(), " is too large for one launch");
       const size_t vec_bytes = std::min<size_t>(16, kCpl * sizeof(scalar_t));
-      const bool vec = (m * sizeof(scalar_t)) % vec_bytes == 0 && aligned(out.data_ptr(), vec_bytes);
-      CovStreamArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
-                                s.data_ptr<scalar_t>(),  out.data_ptr<scalar_t>(), n,
-                                m,                       static_cast<int>(d),      rows_per_block,
-                                vec};
+      const bool vec = (ldo * sizeof(scalar_t)) % vec_bytes == 0 && aligned(out.data_ptr(), vec_bytes);
+      CovStreamArgs<scalar_t> a{};
+      a.x1 = x1.data_ptr<scalar_t>(), a.x2 = x2.data_ptr<scalar_t>(), a.ls = ls.data_ptr<scalar_t>();
+      a.scale = s.data_ptr<scalar_t>(), a.out = out.data_ptr<scalar_t>();
+      a.n = n, a.m = m, a.d = static_cast<int>(d), a.rows_per_block = rows_per_block, a.vec_store = vec;
+      a.ldo = ldo;
+      a.vec_mirror = (ldo * sizeof(scalar_t)) % 16 == 0 && aligned16(out.data_ptr());
       const dim3 grid(static_cast<unsigned>(strips), static_cast<unsigned>(rowblocks), static_cast<unsigned>(B));
-      if (expand && sizeof(scalar_t) == 4)
+      constexpr bool kSymOk = sizeof(scalar_t) == 4 && kCpl == 2;
+      if (sym && kSymOk)
+        cov_fwd_stream_kernel<scalar_t, kD, kCpl, kSymOk, kSymOk><<<grid, kThreads, 0, current_stream()>>>(a);
+      else if (expand && sizeof(scalar_t) == 4)
         cov_fwd_stream_kernel<scalar_t, kD, kCpl, sizeof(scalar_t) == 4><<<grid, kThreads, 0, current_stream()>>>(a);
       else
         cov_fwd_stream_kernel<scalar_t, kD, kCpl, false><<<grid, kThreads, 0, current_stream()>>>(a);
@@ -162,7 +174,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else if (kernel == Forward::kDiff || kernel == Forward::kExpand)
-    covariance_stream(p1, p2, ls, s, kernel == Forward::kExpand, out);
+    covariance_stream(p1, p2, ls, s, kernel == Forward::kExpand, out, m);
   else
     covariance_tc(p1, p2, ls, s,
                   kernel == Forward::kTcRows2    ? TcShape::kRows2
@@ -203,10 +215,42 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
   return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
 
+// K(x, x) into an (n, pitch) buffer, K in its first n columns (the training engine's stored K, whose rows it pads
+// to 16 bytes for the product kernel); the padding columns are not written. Float32's expansion (17 <= d <= 32)
+// computes each pair once (the symmetric row-streaming form); other row-streaming cases write the buffer's rows
+// directly, and n < 1024 or d > 32 copies the tiled kernel's K into it.
+at::Tensor covariance_symmetric_cuda(const at::Tensor& x, const at::Tensor& lengthscale, const at::Tensor& outputscale,
+                                     int64_t pitch) {
+  TORCH_CHECK(x.dim() == 2, "_rbf_covariance_symmetric: x must be (n, d), got shape ", x.sizes());
+  const int64_t n = x.size(0), d = x.size(1);
+  TORCH_CHECK(lengthscale.dim() == 1 && lengthscale.size(0) == d && outputscale.dim() == 0,
+              "_rbf_covariance_symmetric: lengthscale must be (d,) = (", as_text(d), ",) and outputscale 0-dim, got ",
+              lengthscale.sizes(), " and ", outputscale.sizes());
+  TORCH_CHECK(pitch >= n, "_rbf_covariance_symmetric: pitch must be at least n = ", as_text(n), ", got ",
+              as_text(pitch));
+  const at::Tensor p = x.contiguous().unsqueeze(0), ls = lengthscale.contiguous().unsqueeze(0);
+  const at::Tensor s = outputscale.reshape({1}).contiguous();
+  check_canonical(p, p, ls, s, "_rbf_covariance_symmetric");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor buf = at::empty({n, pitch}, x.options());
+  if (n == 0) return buf;
+  const bool is_float = x.scalar_type() == at::kFloat;
+  const Forward kernel = default_forward(n, feature_bucket(d), is_float);
+  if (kernel == Forward::kDiff || kernel == Forward::kExpand) {
+    at::Tensor out = buf.unsqueeze(0);
+    const bool expand = kernel == Forward::kExpand;
+    covariance_stream(p, p, ls, s, expand, out, pitch, expand && stream_symmetric_applies(x.scalar_type(), d));
+  } else {
+    buf.narrow(1, 0, n).copy_(run_forward(p, p, ls, s, nullptr)[0]);
+  }
+  return buf;
+}
+
 }  // namespace cuda
 }  // namespace gpfast
 
 TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("_rbf_covariance_symmetric", &gpfast::cuda::covariance_symmetric_cuda);
   m.impl("rbf_covariance", &gpfast::cuda::covariance_cuda);
   m.impl("_rbf_covariance_kernel", &gpfast::cuda::covariance_kernel_cuda);
 }
