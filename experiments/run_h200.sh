@@ -63,7 +63,8 @@
 #                 24- and 28-feature forward: every CUDA test, bench_ops, row c, bench_ops on clustered points;
 #                 S11D_BUDGET 460), session12a (the engine's gradient from the stored K and the symmetric forward:
 #                 their tests, bench_bilinear, row c, step_anatomy with and without the symmetric forward,
-#                 sanitizers over them; S12A_BUDGET 585)
+#                 sanitizers over them; S12A_BUDGET 585), session12b (the symmetric forward the engine's default: the
+#                 engine's and stored_backward's CUDA tests, row c, step_anatomy; S12B_BUDGET 420)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1040,8 +1041,8 @@ PYEOF
       brun 60 "$OUT/s12a_bench.log" python -m experiments.bench_bilinear --reps 5 --stem bench_bilinear_stored \
         --out "$res"; echo "bench_bilinear rc=$?"; grep -E "^\| " "$res/bench_bilinear_stored.md" | cut -d'|' -f1-16
       row_c "$OUT/s12a_uci_c.log" 130
-      anatomy "$OUT/s12a_anatomy.log" 110
-      ANATOMY_STEM=step_anatomy_symmetric anatomy "$OUT/s12a_anatomy.log" 50 --symmetric-forward \
+      anatomy "$OUT/s12a_anatomy.log" 110 --forward-layout padded
+      ANATOMY_STEM=step_anatomy_symmetric anatomy "$OUT/s12a_anatomy.log" 50 --forward-layout symmetric \
         --datasets keggundirected keggdirected pol
       for tool in memcheck racecheck; do
         brun 25 "$OUT/s12a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
@@ -1049,6 +1050,16 @@ PYEOF
       done
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s12a_sanitize.log" | head -8
       stage_end s12a ;;
+    session12b)
+      # The symmetric forward as the engine's default (and its gradient from the stored K only in stored mode): build
+      # (from OUTDIR's gpb.tgz of session12a when the sources match); the CUDA tests of the engine and of
+      # stored_backward; row c on the seven sets; step_anatomy on the seven sets; in one call of at most
+      # S12B_BUDGET seconds (default 420). Files: s12b_*.log, s12b_results.tar.gz.
+      stage_begin s12b ${S12B_BUDGET:-420} 240
+      cuda_tests "$OUT/s12b_tests.log" 90 tests/test_stored_backward.py tests/test_train.py
+      row_c "$OUT/s12b_uci_c.log" 130
+      anatomy "$OUT/s12b_anatomy.log" 110
+      stage_end s12b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

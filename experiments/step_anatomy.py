@@ -174,7 +174,7 @@ def bandwidth(K: torch.Tensor, device) -> float:
     return 3 * K.numel() * K.element_size() / (time.perf_counter() - t0)
 
 
-def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=False) -> dict:
+def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=True) -> dict:
     X = torch.as_tensor(X, dtype=torch.float32, device=device)
     y = torch.as_tensor(y, dtype=torch.float32, device=device)
     n, d = X.shape
@@ -356,9 +356,11 @@ def main(argv=None) -> None:
     ap.add_argument("--forward", choices=ops.COVARIANCE_KERNELS, default=None,
                     help="form K by this kernel of the private op whatever the shape (CUDA)")  # fmt: skip
     ap.add_argument(
-        "--symmetric-forward",
-        action="store_true",
-        help="form the stored K by the symmetric forward (each pair once; float32, 17 <= d <= 32)",
+        "--forward-layout",
+        choices=("symmetric", "padded"),
+        default="symmetric",
+        help="the stored K(x, x) by the symmetric forward (the engine's default: each pair once for float32 at "
+        "17 <= d <= 32) or as K(x, padded columns)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
@@ -392,7 +394,8 @@ def main(argv=None) -> None:
     rows = []
     for name, X, y in sets:
         with forward_kernel(args.forward):
-            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, args.symmetric_forward))
+            symmetric = args.forward_layout == "symmetric"
+            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, symmetric))
         print(json.dumps(rows[-1]), flush=True)
     write(args, rows, device)
 
@@ -460,7 +463,7 @@ def write(args, rows, device) -> None:
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
             "warmup": args.warmup, "forward": args.forward,
-            "symmetric_forward": args.symmetric_forward}  # fmt: skip
+            "forward_layout": args.forward_layout}  # fmt: skip
     if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -469,7 +472,7 @@ def write(args, rows, device) -> None:
         f"# Anatomy of a training-engine step ({device.type})\n\n"
         f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults"
         + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
-        + (" with K(x, x) formed by the symmetric forward (each pair once)" if info.get("symmetric_forward") else "")
+        + (" with K(x, x) formed as K(x, padded columns)" if info.get("forward_layout") == "padded" else "")
         + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
         f"(unprofiled: step ms, their median), {args.steps} profiled steps with the same settings (launches, syncs "

@@ -124,7 +124,9 @@ def stored_backward(K, x1, x2, lengthscale, outputscale, G, V, *, check_values: 
     With M = (G V^T) o K and z = x / l, ``d/dl_k = sum_ij M_ij (z_ik - z_jk)^2 / l_k`` and ``d/ds = sum(M) / s``.
     On CUDA, float32 with d <= 32 and t <= 40 runs a tensor-core kernel (weights in 3xTF32, everything after
     them in float64; for K(x, x), x1 and x2 one tensor, each pair once, t <= 20); other cases, and the CPU, take
-    float64 ATen operations. The result is the gradient for the K given, its rounding included.
+    float64 ATen operations. The result is the gradient for the K given, its rounding included; for K(x, x) the
+    kernel reads each pair once, from the block upper triangle, so K is taken as symmetric (a forward's K_ij and
+    K_ji can differ in their last bits).
     """
     return _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, "auto", check_values)
 

@@ -175,7 +175,7 @@ class Engine:
             raise ValueError("Engine(free_memory=...) is needed to choose the product (or set product explicitly)")
         mode, reason = choose_product(rows, n, X.dtype, self.free_memory or 0, cfg.product, cfg.memory_fraction)
         product.mode = mode
-        from_k = cfg.backward == "stored" or (cfg.backward == "auto" and X.is_cuda)
+        from_k = mode == "stored" and (cfg.backward == "stored" or (cfg.backward == "auto" and X.is_cuda))
         product.backward_from = "stored" if from_k else "points"
         self.product = product
         # CUDA graphs on one GPU only: a split product gathers its rows over NCCL inside every product

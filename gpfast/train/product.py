@@ -128,10 +128,11 @@ class CovarianceProduct:
         self.products = 0
         #: "stored" (the gradient from the stored K, in stored mode) or "points" (from the points)
         self.backward_from = "points"
-        #: On one GPU, form the stored K(x, x) by the symmetric forward (each pair once, mirrored; float32 with
-        #: 17 <= d <= 32) into the padded rows directly (:func:`gpfast.ops._rbf_covariance_symmetric`), instead of
-        #: K(x, padded columns). Off by default until its CUDA tests have run on a GPU.
-        self.symmetric_forward = False
+        #: On one GPU, form the stored K(x, x) into its padded rows directly
+        #: (:func:`gpfast.ops._rbf_covariance_symmetric`: for float32 with 17 <= d <= 32 each pair once, mirrored)
+        #: instead of K(x, padded columns). H200, in the engine: keggundirected's K in 10.4 against 12.9 ms,
+        #: keggdirected's 5.8 against 6.2 (2026-12-03).
+        self.symmetric_forward = True
         self.x_cols = self._padded_columns()
 
     def _padded_columns(self) -> torch.Tensor:
