@@ -20,7 +20,8 @@
 //
 // K(x, x) (StoredArgs::symmetric) takes each pair once as backward_bilinear.cuh does: row weights [G | V] against
 // column weights [V | G], so W'_ij = W_ij + W_ji; block I sums over the columns from its own first row on (its
-// diagonal tile at weight 1/2), reading K_ij for j >= i only.
+// diagonal tile at weight 1/2), reading K_ij for j >= i only: K is taken as symmetric (a forward's K_ij and K_ji
+// may differ in their last bits).
 #pragma once
 
 #include "backward_bilinear.cuh"
