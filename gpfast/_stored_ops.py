@@ -85,6 +85,8 @@ def _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, kernel: str, che
         raise ValueError(f"outputscale must have one element, got shape {tuple(s.shape)}")
     if check_values:
         _check_lengthscale_positive(ls)
+    if K.is_cuda and not _CUDA_OPS:
+        raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here")
     if kernel.startswith("tc"):
         t = Gm.shape[1]
         if not K.is_cuda or K.dtype != torch.float32 or not 1 <= d <= 32 or t > 40 or (K.stride(1) != 1 and m > 1):
