@@ -226,29 +226,30 @@ def test_stored_kernel_repeats_bit_for_bit_and_matches_the_points_backward():
 
 @pytest.mark.cuda
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("d", [3, 12, 17, 20, 26, 27, 32])
 @pytest.mark.parametrize("n, pad", [(1100, 0), (2100, 3), (3000, 4), (1000, 1)])
-def test_symmetric_forward_fills_the_padded_rows(d, n, pad):
+def test_symmetric_forward_fills_the_padded_rows(d, n, pad, dtype):
     # the engine's stored K(x, x) in an (n, n + pad) buffer: each pair once and mirrored for float32 at 17 <= d <= 32,
-    # rows written directly otherwise (d <= 16), the tiled kernel's K copied below 1024 points; every element of the
-    # first n columns written (poisoned memory), within the forward's rule against float64
+    # rows written directly otherwise (d <= 16, float64), the tiled kernel's K copied below 1024 points; every element
+    # of the first n columns written (poisoned memory), within the forward's rule against float64
     from conftest import poison_allocator
     from test_cuda_kernels import forward_bound, reference64
 
     from gpfast import _reference as ref
 
-    x = torch.randn(n, d, device="cuda") * 0.8
+    x = torch.randn(n, d, device="cuda", dtype=dtype) * 0.8
     x[n // 2 :: 7] = x[: len(range(n // 2, n, 7))]  # duplicates, as in the kegg sets
-    l = (torch.rand(d, device="cuda") + 0.5) * max(1.0, (d / 8) ** 0.5)
-    s = torch.tensor(1.3, device="cuda")
-    poison_allocator("cuda", 2 * 4 * n * (n + pad))
+    l = (torch.rand(d, device="cuda", dtype=dtype) + 0.5) * max(1.0, (d / 8) ** 0.5)
+    s = torch.tensor(1.3, device="cuda", dtype=dtype)
+    poison_allocator("cuda", 2 * x.element_size() * n * (n + pad))
     buf = ops._rbf_covariance_symmetric(x, l, s, n + pad)
     assert buf.shape == (n, n + pad)
     K = buf[:, :n]
     assert torch.isfinite(K).all(), "an element of K was never written (poisoned memory showed through)"
     want = reference64(x, x, l, s)
     plain = rel_err(ref.rbf_covariance(x, x, l, s), want)
-    assert rel_err(K, want) <= forward_bound("expand", torch.float32, d, plain)
+    assert rel_err(K, want) <= forward_bound("expand", dtype, d, plain)
     assert torch.equal(K.diagonal(), s.expand(n))  # K(x, x) = s exactly on the diagonal
 
 
