@@ -10,11 +10,11 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels. Usage: ``python -m experiments.sanitize_ops
-[--only matmul|backward|forward|stored]`` (or
+pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels and the engine's symmetric forward. Usage:
+``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
-covariance forward's, ``--only stored`` stored_backward's.
+covariance forward's, ``--only stored`` stored_backward's and the symmetric forward.
 """
 
 import torch
@@ -195,9 +195,9 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
         run_covariance_backward("cuda")
         print("sanitize_ops: the covariance backward's kernels ran")
-    elif sys.argv[1:] == ["--only", "stored"]:  # stored_backward's kernels alone
+    elif sys.argv[1:] == ["--only", "stored"]:  # the engine's kernels on a stored K alone
         run_stored_backward("cuda")
-        print("sanitize_ops: stored_backward's kernels ran")
+        print("sanitize_ops: stored_backward's kernels and the symmetric forward ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

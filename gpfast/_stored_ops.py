@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from gpfast.ops import _CUDA_OPS, _FLOATS, _as_param, _check_lengthscale_positive, _ensure_loaded
+from gpfast.ops import _CUDA_OPS, _FLOATS, _LOAD_ERROR, _as_param, _check_lengthscale_positive, _ensure_loaded
 
 __all__ = ["dense_matmul", "stored_backward"]
+
+if _LOAD_ERROR is None:  # the overloads themselves, as in gpfast.ops: dense_matmul runs in every CG product
+    _dense_op = torch.ops.gpfast.dense_matmul.default
+    _stored_bwd_op = torch.ops.gpfast.stored_backward.default
+    _cov_sym_op = torch.ops.gpfast._rbf_covariance_symmetric.default
 
 
 def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -40,8 +45,8 @@ def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     if K.is_cuda and not _CUDA_OPS:
         raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here; use K @ V")
     if V.dim() == 1:
-        return torch.ops.gpfast.dense_matmul.default(K, V.unsqueeze(1)).squeeze(1)
-    return torch.ops.gpfast.dense_matmul.default(K, V)
+        return _dense_op(K, V.unsqueeze(1)).squeeze(1)
+    return _dense_op(K, V)
 
 
 #: The kernels of :func:`_stored_backward_kernel`: the op's own choice, the float64 reference (any device), and on
@@ -94,8 +99,7 @@ def _stored_backward(K, x1, x2, lengthscale, outputscale, G, V, kernel: str, che
                 f"stored_backward: the kernel {kernel!r} takes a float32 CUDA K with column stride 1, 1 <= d <= 32 "
                 f"and t <= 40, got {K.dtype} on {K.device}, strides {K.stride()}, d={d}, t={t}"
             )
-    op = torch.ops.gpfast.stored_backward.default
-    gl, gs = op(K, x1, x2, ls.reshape(-1).expand(d), s.reshape(()), Gm, Vm, kernel)
+    gl, gs = _stored_bwd_op(K, x1, x2, ls.reshape(-1).expand(d), s.reshape(()), Gm, Vm, kernel)
     return gl.sum().reshape(ls.shape) if ls.numel() == 1 else gl.reshape(ls.shape), gs.reshape(s.shape)
 
 
@@ -152,5 +156,4 @@ def _rbf_covariance_symmetric(x: torch.Tensor, lengthscale: torch.Tensor, output
     if not isinstance(pitch, int) or pitch < n:
         raise ValueError(f"_rbf_covariance_symmetric: pitch must be an int >= n = {n}, got {pitch!r}")
     ls = lengthscale.reshape(-1).expand(d).to(x.dtype)
-    op = torch.ops.gpfast._rbf_covariance_symmetric.default
-    return op(x, ls, outputscale.reshape(()).to(x.dtype), pitch)
+    return _cov_sym_op(x, ls, outputscale.reshape(()).to(x.dtype), pitch)

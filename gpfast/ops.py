@@ -129,7 +129,6 @@ if _LOAD_ERROR is None:  # the overloads themselves: calling them skips the pack
     _cov_bwd_op = torch.ops.gpfast.rbf_covariance_backward.default
     _mm_op = torch.ops.gpfast.rbf_matmul.default
     _mm_bwd_op = torch.ops.gpfast.rbf_matmul_backward.default
-    _dense_op = torch.ops.gpfast.dense_matmul.default
 
 
 def _ensure_loaded() -> None:
