@@ -64,7 +64,9 @@
 #                 S11D_BUDGET 460), session12a (the engine's gradient from the stored K and the symmetric forward:
 #                 their tests, bench_bilinear, row c, step_anatomy with and without the symmetric forward,
 #                 sanitizers over them; S12A_BUDGET 585), session12b (the symmetric forward the engine's default: the
-#                 engine's and stored_backward's CUDA tests, row c, step_anatomy; S12B_BUDGET 420)
+#                 engine's and stored_backward's CUDA tests, row c, step_anatomy; S12B_BUDGET 420), session13a
+#                 (the product reading half of K(x, x): build, its tests, bench_symmetric_product, step_anatomy with
+#                 and without it, row c, sanitizers; S13A_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1060,6 +1062,31 @@ PYEOF
       row_c "$OUT/s12b_uci_c.log" 130
       anatomy "$OUT/s12b_anatomy.log" 110
       stage_end s12b ;;
+    session13a)
+      # The stored product reading half of K(x, x) (symmetric_matmul, the engine's default on one GPU): build
+      # (ptxas report of its kernel), the compiled library packed as OUTDIR/gpb.tgz; its CUDA tests and the dense
+      # product's; bench_symmetric_product at the seven sets' sizes (every super-tile against dense_matmul);
+      # step_anatomy on the seven sets, and on three with the full-read product; row c on the seven sets; memcheck
+      # and racecheck over the stored-K kernels; in one call of at most S13A_BUDGET seconds (default 585). Files:
+      # s13a_*.log, s13a_results.tar.gz.
+      stage_begin s13a ${S13A_BUDGET:-585} 240
+      grep -A2 -E "sym_matmul_kernel" "$OUT/s13a_build.log" | grep -E "registers|spill" | sort | uniq -c | head -6
+      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      cuda_tests "$OUT/s13a_tests.log" 60 tests/test_symmetric_matmul.py tests/test_dense_matmul.py
+      brun 70 "$OUT/s13a_bench.log" python -m experiments.bench_symmetric_product --reps 10 --out "$res"
+      echo "bench_symmetric_product rc=$?"; grep -E "^\| " "$res/bench_symmetric_product.md"
+      anatomy "$OUT/s13a_anatomy.log" 110
+      ANATOMY_STEM=step_anatomy_full anatomy "$OUT/s13a_anatomy.log" 50 --product-layout full \
+        --datasets keggundirected protein pol
+      row_c "$OUT/s13a_uci_c.log" 130
+      cuda_tests "$OUT/s13a_tests_engine.log" 50 tests/test_train.py tests/test_stored_backward.py -k \
+        "same_steps or products_agree or symmetric"
+      for tool in memcheck racecheck; do
+        brun 30 "$OUT/s13a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only stored; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s13a_sanitize.log" | head -8
+      stage_end s13a ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

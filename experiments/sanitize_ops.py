@@ -10,11 +10,12 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels and the engine's symmetric forward. Usage:
+pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric forward and its
+product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
 ``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
-covariance forward's, ``--only stored`` stored_backward's and the symmetric forward.
+covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product.
 """
 
 import torch
@@ -163,7 +164,19 @@ def run_stored_backward(dev):
     for n, d, pad in [(1100, 20, 0), (1061, 27, 3), (1030, 32, 1), (1100, 9, 4), (500, 20, 2)]:
         x = torch.randn(n, d, device=dev)
         ops._rbf_covariance_symmetric(x, torch.rand(d, device=dev) + 0.5, torch.tensor(1.1, device=dev), n + pad)
+    run_symmetric_product(dev)
     torch.cuda.synchronize()
+
+
+def run_symmetric_product(dev):
+    """The product reading half of a symmetric K at each super-tile: n ragged against the super-tiles and the
+    16-byte chunks (the copies' zero fill), one super-tile only, t = 1, 11 and 16, padded rows."""
+    for n, t, pad in [(1000, 11, 0), (1301, 1, 3), (2053, 16, 3), (600, 5, 0)]:
+        x = torch.randn(n, 4, device=dev)
+        K = ops.rbf_covariance(x, torch.cat([x, x[-1:].expand(pad, -1)]), torch.full((4,), 0.8, device=dev), 1.0)
+        V = torch.randn(n, t, device=dev)
+        for block in (256, 512, 1024):
+            ops._symmetric_matmul_block(K[:, :n], V, block)
 
 
 def run_matmul_kernels(dev):
@@ -197,7 +210,7 @@ if __name__ == "__main__":
         print("sanitize_ops: the covariance backward's kernels ran")
     elif sys.argv[1:] == ["--only", "stored"]:  # the engine's kernels on a stored K alone
         run_stored_backward("cuda")
-        print("sanitize_ops: stored_backward's kernels and the symmetric forward ran")
+        print("sanitize_ops: stored_backward's kernels, the symmetric forward and the symmetric product ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

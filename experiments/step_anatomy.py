@@ -174,7 +174,7 @@ def bandwidth(K: torch.Tensor, device) -> float:
     return 3 * K.numel() * K.element_size() / (time.perf_counter() - t0)
 
 
-def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=True) -> dict:
+def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=True, symmetric_product=True) -> dict:
     X = torch.as_tensor(X, dtype=torch.float32, device=device)
     y = torch.as_tensor(y, dtype=torch.float32, device=device)
     n, d = X.shape
@@ -186,6 +186,7 @@ def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=Tr
     engine = Engine(CGSettings(**options), free_memory=free_memory_bytes(device))
     closure = engine.objective(model)
     engine.product.symmetric_forward = symmetric_forward
+    engine.product.symmetric_product = symmetric_product
     opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
     for _ in range(warmup):
@@ -362,6 +363,13 @@ def main(argv=None) -> None:
         help="the stored K(x, x) by the symmetric forward (the engine's default: each pair once for float32 at "
         "17 <= d <= 32) or as K(x, padded columns)",
     )
+    ap.add_argument(
+        "--product-layout",
+        choices=("symmetric", "full"),
+        default="symmetric",
+        help="the stored products by ops.symmetric_matmul (the engine's default on one GPU: half of K read) or by "
+        "ops.dense_matmul (all of K read)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
     ap.add_argument("--rows-from", type=Path, default=None, help="run nothing: the table of the rows that an earlier "
@@ -394,8 +402,8 @@ def main(argv=None) -> None:
     rows = []
     for name, X, y in sets:
         with forward_kernel(args.forward):
-            symmetric = args.forward_layout == "symmetric"
-            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, symmetric))
+            sym_fwd, sym_prod = args.forward_layout == "symmetric", args.product_layout == "symmetric"
+            rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, sym_fwd, sym_prod))
         print(json.dumps(rows[-1]), flush=True)
     write(args, rows, device)
 
@@ -463,7 +471,7 @@ def write(args, rows, device) -> None:
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
             "warmup": args.warmup, "forward": args.forward,
-            "forward_layout": args.forward_layout}  # fmt: skip
+            "forward_layout": args.forward_layout, "product_layout": args.product_layout}  # fmt: skip
     if args.rows_from is not None:
         info["rows_from"] = str(args.rows_from)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -473,6 +481,7 @@ def write(args, rows, device) -> None:
         f"Machine: {info['machine']}. Date: {info['date']}. Commit: {info['commit']}. Engine defaults"
         + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
         + (" with K(x, x) formed as K(x, padded columns)" if info.get("forward_layout") == "padded" else "")
+        + (" with products reading all of K (dense_matmul)" if info.get("product_layout") == "full" else "")
         + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
         f"(unprofiled: step ms, their median), {args.steps} profiled steps with the same settings (launches, syncs "

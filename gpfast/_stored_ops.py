@@ -1,6 +1,6 @@
-"""The ops on a K already in memory: ``dense_matmul`` (K @ V) and ``stored_backward`` (the lengthscale and outputscale
-gradients of sum(G * (K @ V))), the training engine's work with a stored K. Part of :mod:`gpfast.ops`, which
-re-exports them; a module of their own only for size.
+"""The ops on a K already in memory: ``dense_matmul`` (K @ V), ``symmetric_matmul`` (K @ V reading half of a symmetric
+K) and ``stored_backward`` (the lengthscale and outputscale gradients of sum(G * (K @ V))), the training engine's work
+with a stored K. Part of :mod:`gpfast.ops`, which re-exports them; a module of their own only for size.
 """
 
 from __future__ import annotations
@@ -9,12 +9,36 @@ import torch
 
 from gpfast.ops import _CUDA_OPS, _FLOATS, _LOAD_ERROR, _as_param, _check_lengthscale_positive, _ensure_loaded
 
-__all__ = ["dense_matmul", "stored_backward"]
+__all__ = ["dense_matmul", "stored_backward", "symmetric_matmul"]
 
 if _LOAD_ERROR is None:  # the overloads themselves, as in gpfast.ops: dense_matmul runs in every CG product
     _dense_op = torch.ops.gpfast.dense_matmul.default
     _stored_bwd_op = torch.ops.gpfast.stored_backward.default
+    _sym_op = torch.ops.gpfast.symmetric_matmul.default
     _cov_sym_op = torch.ops.gpfast._rbf_covariance_symmetric.default
+
+
+def _check_product(K, V, square: bool) -> None:
+    """The argument checks of dense_matmul and symmetric_matmul, naming the argument, what it is and what it must be."""
+    _ensure_loaded()
+    for name, a in (("K", K), ("V", V)):
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if a.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float32 or float64, got dtype {a.dtype}")
+    if K.dim() != 2 or (square and K.shape[0] != K.shape[1]):
+        want = "(n, n), square" if square else "(rows, n)"
+        raise ValueError(f"K must have shape {want}, got shape {tuple(K.shape)}")
+    if V.dim() not in (1, 2):
+        raise ValueError(f"V must have shape (n, t) or (n,), got shape {tuple(V.shape)}")
+    if V.dtype != K.dtype:
+        raise TypeError(f"V has dtype {V.dtype} but K has {K.dtype}; pass them in one dtype")
+    if V.device != K.device:
+        raise ValueError(f"V is on {V.device} but K is on {K.device}; put them on one device")
+    if V.shape[0] != K.shape[1]:
+        raise ValueError(f"V must have n={K.shape[1]} rows (K's column count), got shape {tuple(V.shape)}")
+    if K.is_cuda and not _CUDA_OPS:
+        raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here; use K @ V")
 
 
 def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -26,27 +50,46 @@ def dense_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     4.27 TB/s); otherwise cuBLAS. On the CPU, ``torch.mm``.
     Results are bitwise repeatable. Differentiable in both inputs (dense gradients).
     """
-    _ensure_loaded()
-    for name, a in (("K", K), ("V", V)):
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
-        if a.dtype not in _FLOATS:
-            raise TypeError(f"{name} must be float32 or float64, got dtype {a.dtype}")
-    if K.dim() != 2:
-        raise ValueError(f"K must have shape (rows, n), got shape {tuple(K.shape)}")
-    if V.dim() not in (1, 2):
-        raise ValueError(f"V must have shape (n, t) or (n,), got shape {tuple(V.shape)}")
-    if V.dtype != K.dtype:
-        raise TypeError(f"V has dtype {V.dtype} but K has {K.dtype}; pass them in one dtype")
-    if V.device != K.device:
-        raise ValueError(f"V is on {V.device} but K is on {K.device}; put them on one device")
-    if V.shape[0] != K.shape[1]:
-        raise ValueError(f"V must have n={K.shape[1]} rows (K's column count), got shape {tuple(V.shape)}")
-    if K.is_cuda and not _CUDA_OPS:
-        raise RuntimeError("K is a CUDA tensor but gpfast's CUDA ops cannot be built here; use K @ V")
+    _check_product(K, V, square=False)
     if V.dim() == 1:
         return _dense_op(K, V.unsqueeze(1)).squeeze(1)
     return _dense_op(K, V)
+
+
+#: The super-tiles of :func:`_symmetric_matmul_block`: 0 the op's choice, -1 dense_matmul's full-matrix kernel.
+SYMMETRIC_BLOCKS = (0, -1, 256, 512, 1024)
+
+
+@torch.no_grad()
+def symmetric_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``K @ V`` for a symmetric stored K (n, n), such as K(x, x), and a few right-hand sides V (n, t) or (n,): on
+    CUDA it reads only half of K.
+
+    On CUDA, for float32, t <= 16 and K's rows 16-byte aligned (column stride 1, a row stride that is a multiple of
+    4, as the training engine's padded rows are) and n >= 4096, a tensor-core kernel reads only K's blocks on and
+    above the diagonal (super-tiles of 256 or 512 rows) and uses each block for both its row and its column
+    products, in 3xTF32 (about float32's accuracy; sums past a super-tile in double). K is therefore *taken* as
+    symmetric: an asymmetric K gives the product of a matrix made of its upper blocks. Other inputs go to
+    :func:`dense_matmul`; on the CPU, ``torch.mm``. Results are bitwise repeatable. Not differentiable (it runs
+    without autograd).
+    """
+    return _symmetric_matmul(K, V, 0)
+
+
+@torch.no_grad()
+def _symmetric_matmul_block(K: torch.Tensor, V: torch.Tensor, block: int) -> torch.Tensor:
+    """:func:`symmetric_matmul` with a given super-tile (:data:`SYMMETRIC_BLOCKS`), for tests and benchmarks; a
+    positive block refuses inputs its kernel does not take instead of handing them on."""
+    if block not in SYMMETRIC_BLOCKS:
+        raise ValueError(f"block must be one of {SYMMETRIC_BLOCKS}, got {block!r}")
+    return _symmetric_matmul(K, V, block)
+
+
+def _symmetric_matmul(K, V, block: int) -> torch.Tensor:
+    _check_product(K, V, square=True)
+    if V.dim() == 1:
+        return _sym_op(K, V.unsqueeze(1), block).squeeze(1)
+    return _sym_op(K, V, block)
 
 
 #: The kernels of :func:`_stored_backward_kernel`: the op's own choice, the float64 reference (any device), and on

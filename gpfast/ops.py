@@ -24,6 +24,7 @@ __all__ = [
     "rbf_matmul",
     "rbf_matmul_backward",
     "stored_backward",
+    "symmetric_matmul",
 ]
 
 
@@ -87,6 +88,10 @@ def _register_python_parts() -> None:
 
     @torch.library.register_fake("gpfast::dense_matmul")
     def _dense_fake(K, V):
+        return K.new_empty(K.shape[0], V.shape[1])
+
+    @torch.library.register_fake("gpfast::symmetric_matmul")
+    def _sym_fake(K, V, block=0):
         return K.new_empty(K.shape[0], V.shape[1])
 
     def _dense_setup(ctx, inputs, output):
@@ -578,8 +583,11 @@ def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kern
 # the ops on a stored K live in their own module (the size of this one); they are part of this module's face
 from gpfast._stored_ops import (  # noqa: E402, F401
     STORED_BACKWARD_KERNELS,
+    SYMMETRIC_BLOCKS,
     _rbf_covariance_symmetric,
     _stored_backward_kernel,
+    _symmetric_matmul_block,
     dense_matmul,
     stored_backward,
+    symmetric_matmul,
 )

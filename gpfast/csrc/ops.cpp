@@ -25,6 +25,16 @@ at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
   return at::mm(K, V);
 }
 
+// K @ V for a symmetric K, on the CPU: at::mm of the whole K (the CUDA kernel, cuda/symmetric_matmul.cu, reads its
+// block upper triangle). block is checked as on CUDA, so that a bad value fails the same way everywhere.
+at::Tensor symmetric_matmul_cpu(const at::Tensor& K, const at::Tensor& V, int64_t block) {
+  check_dense_matmul(K, V, "symmetric_matmul");
+  TORCH_CHECK(K.size(0) == K.size(1), "symmetric_matmul: K must be square, got shape ", K.sizes());
+  TORCH_CHECK(block == 0 || block == -1 || block == 256 || block == 512 || block == 1024,
+              "symmetric_matmul: block must be 0 (auto), -1 (the full-matrix kernel), 256, 512 or 1024, got ", block);
+  return at::mm(K, V);
+}
+
 // Chunks of rows so that M (rows, m) in float64 takes about 64 MB. The centre is x1's mean: (z_i - z_j)^2 is the
 // same for any centre, and in float64 the expanded form's cancellation costs 2^-53 relative to its terms.
 std::tuple<at::Tensor, at::Tensor> stored_backward_reference(const at::Tensor& K, const at::Tensor& x1,
@@ -102,6 +112,10 @@ TORCH_LIBRARY(gpfast, m) {
   // K @ V for a stored K (rows, n), row-major, and V (n, t): the training engine's stored-K product. CUDA: a
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
+  // K @ V for a symmetric stored K (n, n) and V (n, t): on CUDA, float32 and t <= 16, a tensor-core kernel reads
+  // only K's blocks on and above the diagonal (K is taken as symmetric). block: the super-tile (256, 512, 1024),
+  // 0 for the op's choice, -1 for dense_matmul's full-matrix kernel.
+  m.def("symmetric_matmul(Tensor K, Tensor V, int block=0) -> Tensor");
   // The lengthscale (d) and outputscale (0-dim) gradients of sum(G * (K V)) from a stored K = K(x1, x2) (n, m)
   // at that lengthscale and outputscale: the training engine's backward, which recomputes no exponential. kernel:
   // "auto", "reference" (float64 ATen operations, any device) or, on CUDA, "tc4" / "tc8" (tensor cores, 4 or 8
@@ -144,6 +158,7 @@ TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
 
 TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
+  m.impl("symmetric_matmul", &gpfast::symmetric_matmul_cpu);
   m.impl("stored_backward", &gpfast::stored_backward_cpu);
   m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
   m.impl("_rbf_matmul_kernel", &gpfast::matmul_kernel_cpu);

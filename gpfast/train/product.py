@@ -6,7 +6,8 @@ Two ways, one interface (:class:`CovarianceProduct`):
   (:func:`gpfast.ops.rbf_covariance`) and every CG product streams it (on CUDA with at most 16 columns by gpfast's
   own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`).
   K is n x n in the training dtype (float32 by default), so this is chosen only when it fits the memory budget
-  (:func:`choose_product`).
+  (:func:`choose_product`). On one GPU the product reads only half of K (:func:`gpfast.ops.symmetric_matmul`,
+  :attr:`CovarianceProduct.symmetric_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
 The gradient the engine needs (:meth:`CovarianceProduct.backward`) comes from the stored K
@@ -133,6 +134,9 @@ class CovarianceProduct:
         #: instead of K(x, padded columns). H200, in the engine: keggundirected's K in 10.4 against 12.9 ms,
         #: keggdirected's 5.8 against 6.2 (2026-12-03).
         self.symmetric_forward = True
+        #: On one GPU, the products read half of K (:func:`gpfast.ops.symmetric_matmul`: its blocks on and above the
+        #: diagonal, each used for its rows and its columns) instead of all of it (:func:`gpfast.ops.dense_matmul`).
+        self.symmetric_product = True
         self.x_cols = self._padded_columns()
 
     def _padded_columns(self) -> torch.Tensor:
@@ -165,7 +169,8 @@ class CovarianceProduct:
         """``(K + noise I) @ V`` for V (n, t); the whole (n, t) result on every rank."""
         self.products += 1
         if self.mode == "stored":
-            local = stored_matmul(self.K, V)
+            whole = self.split is None and self.K.is_cuda and self.symmetric_product
+            local = ops.symmetric_matmul(self.K, V) if whole else stored_matmul(self.K, V)
         else:
             local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
         local = local.add_(V[self.rows] * self.noise)
