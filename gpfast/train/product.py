@@ -173,7 +173,7 @@ class CovarianceProduct:
             local = ops.symmetric_matmul(self.K, V) if whole else stored_matmul(self.K, V)
         else:
             local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
-        local = local.add_(V[self.rows] * self.noise)
+        local = local.addcmul_(V[self.rows], self.noise)  # one kernel, no (n, t) temporary
         return local if self.split is None else _dist.all_gather_rows(local, self.n)
 
     def kernel_rows(self, index: torch.Tensor, lengthscale=None, outputscale=None) -> torch.Tensor:
