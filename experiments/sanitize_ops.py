@@ -12,10 +12,11 @@ weight bucket); the covariance backward's kernels forced through ``_rbf_covarian
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
 pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric forward and its
 product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
-``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored]`` (or
+``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
-covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product.
+covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product,
+``--only symmetric`` the symmetric product alone.
 """
 
 import torch
@@ -211,6 +212,10 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["--only", "stored"]:  # the engine's kernels on a stored K alone
         run_stored_backward("cuda")
         print("sanitize_ops: stored_backward's kernels, the symmetric forward and the symmetric product ran")
+    elif sys.argv[1:] == ["--only", "symmetric"]:  # the half-read product alone (racecheck is slow on its smem)
+        run_symmetric_product("cuda")
+        torch.cuda.synchronize()
+        print("sanitize_ops: the symmetric product ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

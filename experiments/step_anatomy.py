@@ -174,7 +174,7 @@ def bandwidth(K: torch.Tensor, device) -> float:
     return 3 * K.numel() * K.element_size() / (time.perf_counter() - t0)
 
 
-def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=True, symmetric_product=True) -> dict:
+def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=True, symmetric_product=None) -> dict:
     X = torch.as_tensor(X, dtype=torch.float32, device=device)
     y = torch.as_tensor(y, dtype=torch.float32, device=device)
     n, d = X.shape
@@ -365,10 +365,10 @@ def main(argv=None) -> None:
     )
     ap.add_argument(
         "--product-layout",
-        choices=("symmetric", "full"),
-        default="symmetric",
-        help="the stored products by ops.symmetric_matmul (the engine's default on one GPU: half of K read) or by "
-        "ops.dense_matmul (all of K read)",
+        choices=("auto", "symmetric", "full"),
+        default="auto",
+        help="the stored products as the engine chooses (half of K read for more than 12 columns), always by "
+        "ops.symmetric_matmul (half of K read) or always by ops.dense_matmul (all of K read)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", default="step_anatomy")
@@ -402,7 +402,8 @@ def main(argv=None) -> None:
     rows = []
     for name, X, y in sets:
         with forward_kernel(args.forward):
-            sym_fwd, sym_prod = args.forward_layout == "symmetric", args.product_layout == "symmetric"
+            sym_fwd = args.forward_layout == "symmetric"
+            sym_prod = {"auto": None, "symmetric": True, "full": False}[args.product_layout]
             rows.append(anatomy(name, X, y, device, args.steps, args.warmup, bw, options, sym_fwd, sym_prod))
         print(json.dumps(rows[-1]), flush=True)
     write(args, rows, device)
@@ -482,6 +483,7 @@ def write(args, rows, device) -> None:
         + (f" with K formed by the forward kernel {info['forward']!r}" if info.get("forward") else "")
         + (" with K(x, x) formed as K(x, padded columns)" if info.get("forward_layout") == "padded" else "")
         + (" with products reading all of K (dense_matmul)" if info.get("product_layout") == "full" else "")
+        + (" with products reading half of K (symmetric_matmul)" if info.get("product_layout") == "symmetric" else "")
         + ", float32, "
         f"{args.warmup} Adam steps (lr 0.1) from GPyTorch's initial hyperparameters, then {args.steps} timed steps "
         f"(unprofiled: step ms, their median), {args.steps} profiled steps with the same settings (launches, syncs "

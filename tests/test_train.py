@@ -836,16 +836,16 @@ def test_a_missed_last_solve_warns_only_when_solving_it_changes_the_gradient(opt
 
 
 def test_rank_limit_follows_free_memory():
-    """The accuracy rule's rank limit is max_preconditioner_rank where n / 4 and a tenth of the free memory (24 bytes
+    """The accuracy rule's rank limit is max_preconditioner_rank where n / 4 and a tenth of the free memory (28 bytes
     per point and unit of rank) allow it, lower where they do not, and never below the starting rank."""
     from gpfast.train.engine import _rank_top
 
     cfg = CGSettings(preconditioner_rank=100, max_preconditioner_rank=3200)
     n = 40_000
     assert _rank_top(cfg, n, None) == 3200
-    assert _rank_top(cfg, n, 10 * 24 * n * 5000) == 3200
-    assert _rank_top(cfg, n, 10 * 24 * n * 1000) == 1000
-    assert _rank_top(cfg, n, 10 * 24 * n * 10) == 100
+    assert _rank_top(cfg, n, 10 * 28 * n * 5000) == 3200
+    assert _rank_top(cfg, n, 10 * 28 * n * 1000) == 1000
+    assert _rank_top(cfg, n, 10 * 28 * n * 10) == 100
     assert _rank_top(cfg, 3000, None) == 750
     assert _rank_top(cfg, 300, None) == 100
     assert _rank_top(cfg, 50, 1) == 50

@@ -400,8 +400,8 @@ _RESOLVE_MIN_ITERATIONS = 400
 
 
 #: Bytes per point and unit of preconditioner rank at a rebuild: the float64 factor being built, the float64 factor
-#: it replaces and the working-dtype copy the products read.
-_RANK_BYTES_PER_POINT = 24
+#: it replaces and the working-dtype copy the products read, with its transpose (on CUDA).
+_RANK_BYTES_PER_POINT = 28
 
 
 def _rank_top(cfg: CGSettings, n: int, free_memory: int | None) -> int:

@@ -6,8 +6,8 @@ Two ways, one interface (:class:`CovarianceProduct`):
   (:func:`gpfast.ops.rbf_covariance`) and every CG product streams it (on CUDA with at most 16 columns by gpfast's
   own bandwidth kernel, :func:`gpfast.ops.dense_matmul`; otherwise a cuBLAS GEMM, see :func:`default_layout`).
   K is n x n in the training dtype (float32 by default), so this is chosen only when it fits the memory budget
-  (:func:`choose_product`). On one GPU the product reads only half of K (:func:`gpfast.ops.symmetric_matmul`,
-  :attr:`CovarianceProduct.symmetric_product`).
+  (:func:`choose_product`). On one GPU with more than 12 columns the product reads only half of K
+  (:func:`gpfast.ops.symmetric_matmul`, :attr:`CovarianceProduct.symmetric_product`).
 * ``"matrix_free"``: every product is :func:`gpfast.ops.rbf_matmul` (O(n) memory, K recomputed in each product).
 
 The gradient the engine needs (:meth:`CovarianceProduct.backward`) comes from the stored K
@@ -134,9 +134,14 @@ class CovarianceProduct:
         #: instead of K(x, padded columns). H200, in the engine: keggundirected's K in 10.4 against 12.9 ms,
         #: keggdirected's 5.8 against 6.2 (2026-12-03).
         self.symmetric_forward = True
-        #: On one GPU, the products read half of K (:func:`gpfast.ops.symmetric_matmul`: its blocks on and above the
-        #: diagonal, each used for its rows and its columns) instead of all of it (:func:`gpfast.ops.dense_matmul`).
-        self.symmetric_product = True
+        #: On one GPU, whether the products read half of K (:func:`gpfast.ops.symmetric_matmul`: its blocks on and
+        #: above the diagonal, each used for its rows and its columns) instead of all of it
+        #: (:func:`gpfast.ops.dense_matmul`). None: for more than 12 columns only. Why: on the H200 (2026-12-03,
+        #: experiments/results/h200_2026-12-03_session13) the half read is bound by its tensor-core arithmetic,
+        #: not by the bandwidth, and takes the same time for 11 columns as the full read (keggundirected 3.39
+        #: against 3.43 ms, protein 1.84 against 1.82), but 1.2x less for 16 (3.43 against 4.22 ms; the full
+        #: read's FMA units are then the limit).
+        self.symmetric_product: bool | None = None
         self.x_cols = self._padded_columns()
 
     def _padded_columns(self) -> torch.Tensor:
@@ -169,7 +174,9 @@ class CovarianceProduct:
         """``(K + noise I) @ V`` for V (n, t); the whole (n, t) result on every rank."""
         self.products += 1
         if self.mode == "stored":
-            whole = self.split is None and self.K.is_cuda and self.symmetric_product
+            half = self.symmetric_product
+            half = V.shape[1] > 12 if half is None else half
+            whole = self.split is None and self.K.is_cuda and half
             local = ops.symmetric_matmul(self.K, V) if whole else stored_matmul(self.K, V)
         else:
             local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
