@@ -40,6 +40,7 @@ def floor_bytes(n: int, t: int, block: int) -> int:
 
 
 def bench(n: int, t: int, blocks, reps: int) -> list[dict]:
+    """Rows for each kernel in ``blocks``: (block, stages) pairs, block -1 for dense_matmul, stages 0 the default."""
     x = torch.randn(n, 8, device="cuda")
     ls, s = torch.full((8,), 1.5, device="cuda"), torch.tensor(1.0, device="cuda")
     pitch = n + (-n) % 4
@@ -50,19 +51,20 @@ def bench(n: int, t: int, blocks, reps: int) -> list[dict]:
     want = Kr @ V.double()
     scale = Kr.abs() @ V.double().abs()
     rows, dense_ms = [], None
-    for block in blocks:
+    for block, stages in blocks:
         label = "dense_matmul (all of K)" if block == -1 else f"symmetric_matmul, super-tile {block}"
+        label += f", {stages} stages" if stages else ""
         if block == -1:
             run = lambda: ops.dense_matmul(K, V)  # noqa: E731
         else:
-            run = lambda b=block: ops._symmetric_matmul_block(K, V, b)  # noqa: E731
+            run = lambda b=block, st=stages: ops._symmetric_matmul_block(K, V, b, st)  # noqa: E731
         out = run()
         err = (out[idx].double() - want).abs()
         ms = time_ms(run, "cuda", reps, warmup=3)
         dense_ms = ms if block == -1 else dense_ms
         fb = floor_bytes(n, t, block)
         floor_ms = 1e3 * fb / COPY_BW
-        rows.append({"kernel": label, "block": block, "n": n, "t": t, "ms": ms, "floor_ms": floor_ms,
+        rows.append({"kernel": label, "block": block, "stages": stages, "n": n, "t": t, "ms": ms, "floor_ms": floor_ms,
                      "over_floor": ms / floor_ms, "full_read_TB_per_s": 4 * n * n / (ms / 1e3) / 1e12,
                      "speedup_vs_dense": (dense_ms / ms) if dense_ms else float("nan"),
                      "rel_err": float(err.norm() / want.norm()), "max_err_over_abs": float((err / scale).max()),
@@ -75,14 +77,16 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(UCI_SIZES))
     ap.add_argument("--t", type=int, nargs="+", default=[11, 16])
-    ap.add_argument("--blocks", type=int, nargs="+", default=[-1, 256, 512, 1024], help="-1: dense_matmul")
+    ap.add_argument("--blocks", nargs="+", default=["-1", "256", "256:5", "512", "1024"],
+                    help="super-tiles, each BLOCK or BLOCK:STAGES (copies in flight); -1: dense_matmul")  # fmt: skip
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--stem", default="bench_symmetric_product")
     ap.add_argument("--out", default=str(RESULTS), help="output folder (default experiments/results)")
     args = ap.parse_args(argv)
-    if -1 in args.blocks:  # the speed-ups are over dense_matmul: time it first
-        args.blocks = [-1] + [b for b in args.blocks if b != -1]
-    rows = [r for n in args.sizes for t in args.t for r in bench(n, t, args.blocks, args.reps)]
+    blocks = [tuple(int(v) for v in (b.split(":") + ["0"])[:2]) for b in args.blocks]
+    if (-1, 0) in blocks:  # the speed-ups are over dense_matmul: time it first
+        blocks = [(-1, 0)] + [b for b in blocks if b != (-1, 0)]
+    rows = [r for n in args.sizes for t in args.t for r in bench(n, t, blocks, args.reps)]
     table = md_table(
         ["kernel", "n", "t", "ms", "floor ms (its bytes at 4.27 TB/s)", "x floor", "all-of-K TB/s equivalent",
          "speed-up vs dense", "rel. err vs fp64 (256 rows)", "max |err| / (|K| |V|)", "repeatable"],

@@ -68,7 +68,8 @@
 #                 (the product reading half of K(x, x): build, its tests, bench_symmetric_product, step_anatomy with
 #                 and without it, row c, sanitizers; S13A_BUDGET 585), session13b (the preconditioner's products
 #                 by the bandwidth kernel and the half-read product for more than 12 columns only: Nsight Compute
-#                 on the half-read kernel, the engine's CUDA tests, step_anatomy, row c, racecheck over the half-read kernel; S13B_BUDGET 540)
+#                 on the half-read kernel, the engine's CUDA tests, bench_symmetric_product, step_anatomy, row c, racecheck over the half-read kernel;
+#                 S13B_BUDGET 585)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1091,24 +1092,29 @@ PYEOF
       stage_end s13a ;;
     session13b)
       # The preconditioner's two products an iteration by gpfast's bandwidth kernel (its factor and a transposed
-      # copy), and the engine's product reading half of K only for more than 12 columns: build (from OUTDIR's
-      # gpb.tgz of session13a when the sources match); Nsight Compute's limiters of the half-read kernel at
-      # n = 36,000 (pipes, warp stalls); the engine's, the preconditioner's and the half-read product's CUDA tests;
-      # step_anatomy and row c on the seven sets; racecheck over the half-read kernel (alone: its shared memory
-      # made the stored kernels' racecheck pass exceed 30 s); in one call of at most S13B_BUDGET seconds (default 540).
-      # Files: s13b_*.log, s13b_results.tar.gz.
-      stage_begin s13b ${S13B_BUDGET:-540} 240
-      brun 90 "$OUT/s13b_ncu.log" ncu --kernel-name regex:sym_matmul_kernel --launch-skip 1 --launch-count 1 \
+      # copy), the engine's product reading half of K only for more than 12 columns, the half-read kernel's
+      # argument errors without integers streamed into TORCH_CHECK and its 5-stage variant at 256: build (the
+      # library packed as OUTDIR/gpb.tgz); the engine's, the preconditioner's and the half-read product's CUDA tests;
+      # bench_symmetric_product at three sizes with the 5-stage variant; Nsight Compute's limiters of the half-read
+      # kernel at n = 36,000 (pipes, warp stalls); step_anatomy and row c on the seven sets; racecheck over the
+      # half-read kernel alone (with the other stored kernels it passed 30 s); in one call of at most S13B_BUDGET
+      # seconds (default 585). Files: s13b_*.log, s13b_results.tar.gz.
+      stage_begin s13b ${S13B_BUDGET:-585} 240
+      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      cuda_tests "$OUT/s13b_tests.log" 80 tests/test_symmetric_matmul.py tests/test_train.py \
+        tests/test_stored_backward.py tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py
+      brun 40 "$OUT/s13b_bench.log" python -m experiments.bench_symmetric_product --reps 10 --out "$res" \
+        --sizes 13500 36000 57248; echo "bench_symmetric_product rc=$?"
+      grep -E "^\| " "$res/bench_symmetric_product.md" | cut -d'|' -f2-8
+      brun 60 "$OUT/s13b_ncu.log" ncu --kernel-name regex:sym_matmul_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
         --section MemoryWorkloadAnalysis --section Occupancy python -m experiments.bench_symmetric_product \
         --sizes 36000 --t 11 --blocks 512 --reps 1 --out /tmp/s13b_ncu; echo "ncu rc=$?"
-      grep -E "Throughput|Pipe|Stall|Issue|Warp Cycles|Executed Ipc|Eligible|Active Warps|Registers|Busy" \
-        "$OUT/s13b_ncu.log" | head -60
-      cuda_tests "$OUT/s13b_tests.log" 100 tests/test_train.py tests/test_stored_backward.py \
-        tests/test_symmetric_matmul.py tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py
+      grep -E "Throughput|Pipe|Stall|Issue|Warp Cycles|Executed Ipc|Eligible|Active Warps|Busy" \
+        "$OUT/s13b_ncu.log" | head -40
       anatomy "$OUT/s13b_anatomy.log" 110
       row_c "$OUT/s13b_uci_c.log" 130
-      brun 100 "$OUT/s13b_sanitize.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
+      brun 60 "$OUT/s13b_sanitize.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
         python -m experiments.sanitize_ops --only symmetric; echo "racecheck rc=$?"
       grep -E "RACECHECK SUMMARY|ran|Error" "$OUT/s13b_sanitize.log" | head -4
       stage_end s13b ;;

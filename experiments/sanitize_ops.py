@@ -176,8 +176,8 @@ def run_symmetric_product(dev):
         x = torch.randn(n, 4, device=dev)
         K = ops.rbf_covariance(x, torch.cat([x, x[-1:].expand(pad, -1)]), torch.full((4,), 0.8, device=dev), 1.0)
         V = torch.randn(n, t, device=dev)
-        for block in (256, 512, 1024):
-            ops._symmetric_matmul_block(K[:, :n], V, block)
+        for block, stages in ((256, 0), (256, 5), (512, 0), (1024, 0)):
+            ops._symmetric_matmul_block(K[:, :n], V, block, stages)
 
 
 def run_matmul_kernels(dev):

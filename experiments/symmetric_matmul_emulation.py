@@ -84,15 +84,16 @@ class Cursor:
             self.B = self.A
 
 
-def emulate(K: np.ndarray, V: np.ndarray, S: int, grid: int, tf32: bool = False) -> np.ndarray:
-    """K @ V as the kernel computes it, K (n, n) symmetric (only its block upper triangle is read), V (n, t)."""
+def emulate(K: np.ndarray, V: np.ndarray, S: int, grid: int, tf32: bool = False, stages: int = 0) -> np.ndarray:
+    """K @ V as the kernel computes it, K (n, n) symmetric (only its block upper triangle is read), V (n, t);
+    ``stages`` copies in flight (0: the super-tile's default)."""
     n, t = V.shape
     ns = -(-n // S)
     tiles = ns * (ns + 1) // 2
     grid = min(grid, tiles)
     part = np.full((ns, ns, S, t), np.nan)  # poisoned: a slot never written shows in the sum
     ar = Arith(tf32)
-    nst, NB, NCS = stages_for(S), S // ROWS, S // COLS
+    nst, NB, NCS = stages or stages_for(S), S // ROWS, S // COLS
     SPT = NB * NCS
     Kp = np.zeros((n + S, n + S))  # K's zero fill past n (cp.async's), and an out-of-bounds read shows as a NaN
     Kp[:, :] = np.nan

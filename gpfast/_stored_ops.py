@@ -67,7 +67,7 @@ def symmetric_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
     On CUDA, for float32, t <= 16 and K's rows 16-byte aligned (column stride 1, a row stride that is a multiple of
     4, as the training engine's padded rows are) and n >= 4096, a tensor-core kernel reads only K's blocks on and
-    above the diagonal (super-tiles of 256 or 512 rows) and uses each block for both its row and its column
+    above the diagonal (super-tiles of 512 rows) and uses each block for both its row and its column
     products, in 3xTF32 (about float32's accuracy; sums past a super-tile in double). K is therefore *taken* as
     symmetric: an asymmetric K gives the product of a matrix made of its upper blocks. Other inputs go to
     :func:`dense_matmul`; on the CPU, ``torch.mm``. Results are bitwise repeatable. Not differentiable (it runs
@@ -77,19 +77,20 @@ def symmetric_matmul(K: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _symmetric_matmul_block(K: torch.Tensor, V: torch.Tensor, block: int) -> torch.Tensor:
-    """:func:`symmetric_matmul` with a given super-tile (:data:`SYMMETRIC_BLOCKS`), for tests and benchmarks; a
-    positive block refuses inputs its kernel does not take instead of handing them on."""
+def _symmetric_matmul_block(K: torch.Tensor, V: torch.Tensor, block: int, stages: int = 0) -> torch.Tensor:
+    """:func:`symmetric_matmul` with a given super-tile (:data:`SYMMETRIC_BLOCKS`) and copies in flight (0: the
+    super-tile's default; 5 also at 256), for tests and benchmarks; a positive block refuses inputs its kernel does not
+    take instead of handing them on."""
     if block not in SYMMETRIC_BLOCKS:
         raise ValueError(f"block must be one of {SYMMETRIC_BLOCKS}, got {block!r}")
-    return _symmetric_matmul(K, V, block)
+    return _symmetric_matmul(K, V, block, stages)
 
 
-def _symmetric_matmul(K, V, block: int) -> torch.Tensor:
+def _symmetric_matmul(K, V, block: int, stages: int = 0) -> torch.Tensor:
     _check_product(K, V, square=True)
     if V.dim() == 1:
-        return _sym_op(K, V.unsqueeze(1), block).squeeze(1)
-    return _sym_op(K, V, block)
+        return _sym_op(K, V.unsqueeze(1), block, stages).squeeze(1)
+    return _sym_op(K, V, block, stages)
 
 
 #: The kernels of :func:`_stored_backward_kernel`: the op's own choice, the float64 reference (any device), and on

@@ -91,7 +91,7 @@ def _register_python_parts() -> None:
         return K.new_empty(K.shape[0], V.shape[1])
 
     @torch.library.register_fake("gpfast::symmetric_matmul")
-    def _sym_fake(K, V, block=0):
+    def _sym_fake(K, V, block=0, stages=0):
         return K.new_empty(K.shape[0], V.shape[1])
 
     def _dense_setup(ctx, inputs, output):

@@ -35,16 +35,17 @@ def rbf(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "n, t, S, grid",
-    [(700, 11, 256, 4), (201, 5, 256, 1), (1301, 1, 512, 7), (1030, 16, 1024, 2), (513, 3, 512, 3)],
-)
-def test_emulated_kernel_is_the_product(n, t, S, grid):
+    "n, t, S, grid, stages",
+    [(700, 11, 256, 4, 0), (700, 7, 256, 3, 5), (201, 5, 256, 1, 0), (1301, 1, 512, 7, 0), (1030, 16, 1024, 2, 0),
+     (513, 3, 512, 3, 0)],
+)  # fmt: skip
+def test_emulated_kernel_is_the_product(n, t, S, grid, stages):
     # exact arithmetic: a difference from K @ V beyond rounding is an index in the copies, the swizzle, the
     # fragments, the partial sums' slots or the order of the super-tiles; the emulation reads only the upper blocks
     rng = np.random.default_rng()
     K = rbf(rng.standard_normal((n, 3)))
     V = rng.standard_normal((n, t))
-    got = emulate(K, V, S, grid)
+    got = emulate(K, V, S, grid, stages=stages)
     want = K @ V
     assert np.isfinite(got).all(), "a slot of the partial sums was never written"
     assert np.max(np.abs(got - want) / (np.abs(K) @ np.abs(V))) < 1e-13
@@ -100,8 +101,10 @@ def test_errors_name_the_argument():
         ops.symmetric_matmul(K, V.double())
     with pytest.raises(ValueError, match=r"block must be one of \(0, -1, 256, 512, 1024\), got 128"):
         ops._symmetric_matmul_block(K, V, 128)
-    with pytest.raises(RuntimeError, match="block must be 0"):  # the op's own check
+    with pytest.raises(RuntimeError, match="block must be 0"):  # the op's own checks
         torch.ops.gpfast.symmetric_matmul(K, V, 7)
+    with pytest.raises(RuntimeError, match="stages must be 0 .. 5, got 9"):
+        torch.ops.gpfast.symmetric_matmul(K, V, 0, 9)
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA kernel
@@ -126,15 +129,15 @@ def check(out, K, V, S):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("S", [256, 512, 1024])
+@pytest.mark.parametrize("S, stages", [(256, 0), (256, 5), (512, 0), (1024, 0)])
 @pytest.mark.parametrize("n, pad", [(1000, 0), (2053, 3), (4100, 4), (5121, 7)])
 @pytest.mark.parametrize("t", [1, 5, 11, 16])
-def test_cuda_kernel_matches_float64(S, n, pad, t):
+def test_cuda_kernel_matches_float64(S, stages, n, pad, t):
     K = _padded_k(n, 6, pad + (-(n + pad)) % 4)
     V = torch.randn(n, t, device="cuda")
     ns = -(-n // S)
     poison_allocator("cuda", 4 * (ns * ns * S * t + n * t))
-    check(ops._symmetric_matmul_block(K, V, S), K, V, S)
+    check(ops._symmetric_matmul_block(K, V, S, stages), K, V, S)
 
 
 @pytest.mark.cuda
@@ -162,8 +165,10 @@ def test_cuda_auto_and_fallbacks():
     Ku = torch.empty(n, n + 1, device="cuda")[:, :n]
     Ku.copy_(K)
     assert rel_err(ops.symmetric_matmul(Ku, V), K.double() @ V.double()) < 1e-5
-    with pytest.raises(RuntimeError, match="block 512 takes a float32 K"):
+    with pytest.raises(RuntimeError, match=r"block 512 takes a float32 K.*strides \(5001, 1\)"):
         ops._symmetric_matmul_block(Ku, V, 512)
+    with pytest.raises(RuntimeError, match="stages must be"):
+        ops._symmetric_matmul_block(K, V, 512, 5)
     K64, V64 = K.double(), V.double()
     assert rel_err(ops.symmetric_matmul(K64, V64), K64 @ V64) < 1e-12
     W = torch.randn(n, 20, device="cuda")

@@ -27,11 +27,12 @@ at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
 
 // K @ V for a symmetric K, on the CPU: at::mm of the whole K (the CUDA kernel, cuda/symmetric_matmul.cu, reads its
 // block upper triangle). block is checked as on CUDA, so that a bad value fails the same way everywhere.
-at::Tensor symmetric_matmul_cpu(const at::Tensor& K, const at::Tensor& V, int64_t block) {
+at::Tensor symmetric_matmul_cpu(const at::Tensor& K, const at::Tensor& V, int64_t block, int64_t stages) {
   check_dense_matmul(K, V, "symmetric_matmul");
   TORCH_CHECK(K.size(0) == K.size(1), "symmetric_matmul: K must be square, got shape ", K.sizes());
   TORCH_CHECK(block == 0 || block == -1 || block == 256 || block == 512 || block == 1024,
               "symmetric_matmul: block must be 0 (auto), -1 (the full-matrix kernel), 256, 512 or 1024, got ", block);
+  TORCH_CHECK(stages >= 0 && stages <= 5, "symmetric_matmul: stages must be 0 .. 5, got ", stages);
   return at::mm(K, V);
 }
 
@@ -114,8 +115,9 @@ TORCH_LIBRARY(gpfast, m) {
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
   // K @ V for a symmetric stored K (n, n) and V (n, t): on CUDA, float32 and t <= 16, a tensor-core kernel reads
   // only K's blocks on and above the diagonal (K is taken as symmetric). block: the super-tile (256, 512, 1024),
-  // 0 for the op's choice, -1 for dense_matmul's full-matrix kernel.
-  m.def("symmetric_matmul(Tensor K, Tensor V, int block=0) -> Tensor");
+  // 0 for the op's choice, -1 for dense_matmul's full-matrix kernel; stages: the copies in flight (0: the
+  // super-tile's default), for the benchmarks.
+  m.def("symmetric_matmul(Tensor K, Tensor V, int block=0, int stages=0) -> Tensor");
   // The lengthscale (d) and outputscale (0-dim) gradients of sum(G * (K V)) from a stored K = K(x1, x2) (n, m)
   // at that lengthscale and outputscale: the training engine's backward, which recomputes no exponential. kernel:
   // "auto", "reference" (float64 ATen operations, any device) or, on CUDA, "tc4" / "tc8" (tensor cores, 4 or 8

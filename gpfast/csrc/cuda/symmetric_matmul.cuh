@@ -47,6 +47,7 @@ constexpr int kSymCols = 64;   // a stage's columns
 constexpr int kSymStageFloats = kSymRows * kSymCols;
 constexpr int kSymScratch = kSymWarps * 512;  // one stage's column partials: 8 warps x 16 values x 32 lanes
 
+// Stages in flight by default: as many 32 KiB stages as shared memory holds beside V's rows (3 at S = 1024)
 template <int S>
 __host__ __device__ constexpr int sym_stages() {
   return S >= 1024 ? 3 : 4;
@@ -57,9 +58,9 @@ template <int S>
 __host__ __device__ constexpr int sym_vpitch() {
   return S + 16;
 }
-template <int S>
+template <int S, int kStages>
 __host__ __device__ constexpr int sym_smem_bytes() {
-  return (sym_stages<S>() * kSymStageFloats + 16 * sym_vpitch<S>() + 2 * kSymScratch + 4 * 512) * 4;
+  return (kStages * kSymStageFloats + 16 * sym_vpitch<S>() + 2 * kSymScratch + 4 * 512) * 4;
 }
 
 struct SymArgs {
@@ -114,9 +115,9 @@ struct SymCursor {
   }
 };
 
-template <int S>
+template <int S, int kStages>
 __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArgs a) {
-  constexpr int kStages = sym_stages<S>(), VP = sym_vpitch<S>();
+  constexpr int VP = sym_vpitch<S>();
   constexpr int NB = S / kSymRows, NCS = S / kSymCols, SPT = NB * NCS;  // bands, stages a band, stages a tile
   extern __shared__ __align__(16) float sym_smem[];
   float* sK = sym_smem;                             // [kStages][128][64], swizzled chunks
