@@ -137,9 +137,9 @@ class CovarianceProduct:
         #: On one GPU, whether the products read half of K (:func:`gpfast.ops.symmetric_matmul`: its blocks on and
         #: above the diagonal, each used for its rows and its columns) instead of all of it
         #: (:func:`gpfast.ops.dense_matmul`). None: for more than 12 columns only. Why: on the H200 (2026-12-03,
-        #: experiments/results/h200_2026-12-03_session13) the half read is bound by its tensor-core arithmetic,
-        #: not by the bandwidth, and takes the same time for 11 columns as the full read (keggundirected 3.39
-        #: against 3.43 ms, protein 1.84 against 1.82), but 1.2x less for 16 (3.43 against 4.22 ms; the full
+        #: experiments/results/h200_2026-12-03_session13) the half read is bound by latency, not by the
+        #: bandwidth (8 warps an SM, 46% of the issue slots used), and takes the same time for 11 columns as the
+        #: full read (keggundirected 3.37 against 3.34 ms), but 1.2x less for 16 (3.44 against 4.18 ms; the full
         #: read's FMA units are then the limit).
         self.symmetric_product: bool | None = None
         self.x_cols = self._padded_columns()

@@ -26,6 +26,11 @@
 // 4 g + e). The stage's rows are 64 floats (256 bytes) with each 16-byte chunk c stored at c ^ swz(r), so that both
 // patterns and the copies hit 8 distinct 16-byte bank groups per quarter-warp.
 //
+// Measured (H200): correct to 1.5e-7 of sum |K| |V|, but no faster than the full read at 11 columns (57,248
+// points: 3.37 against 3.34 ms) and 1.2x faster at 16. Nsight Compute: 46% of the issue slots, 33% of DRAM
+// bandwidth, an instruction every 4.07 cycles a warp with 2 warps a scheduler: latency, from the occupancy that the
+// 201 registers and 201 KiB of shared memory leave; the split's integer work makes ALU the busiest pipe (37%).
+//
 // Output. Super-tile (A, B) writes its rows' sums to part[A][B] and, off the diagonal, its columns' sums to
 // part[B][A] (each S x t, float32); every slot of part (ns x ns) is written exactly once, and sym_sum_kernel adds
 // a row block's ns slots in order, in double. Results are bitwise repeatable. Rows and columns past n are read
