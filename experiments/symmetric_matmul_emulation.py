@@ -95,8 +95,7 @@ def emulate(K: np.ndarray, V: np.ndarray, S: int, grid: int, tf32: bool = False,
     ar = Arith(tf32)
     nst, NB, NCS = stages or stages_for(S), S // ROWS, S // COLS
     SPT = NB * NCS
-    Kp = np.zeros((n + S, n + S))  # K's zero fill past n (cp.async's), and an out-of-bounds read shows as a NaN
-    Kp[:, :] = np.nan
+    Kp = np.full((n + S, n + S), np.nan)  # the copies read only inside K: a read past n would show as a NaN
     Kp[:n, :n] = K
     for blk in range(grid):
         u_begin, u_end = blk * tiles // grid, (blk + 1) * tiles // grid

@@ -116,37 +116,6 @@ __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
   }
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
-// P = hi + lo for the P V product, three ways (kSplit): 0, both halves rounded to TF32 by cvt.rna (as every other
-// operand); 1, Veltkamp's split (hi = c - (c - p) with c = p (2^13 + 1): hi keeps 11 bits, rounded to nearest, on
-// the FMA units) and lo passed as it is, the tensor core dropping its bits below TF32 (at most 2^-23 p); 2, hi
-// rounded half up by an integer add and mask, lo as in 1. Why: Nsight Compute put the integer/logic pipe first in
-// this kernel with the cvt.rna split (47.6% of its cycles at n = 200,000, H200, measured with 32-column tiles). On
-// the H200 at 10^6 points
-// (d = 8, t = 16) the three took 1.28, 1.09 and 1.07 s with the same error (4.7e-7 against float64; plain float32
-// 1.5e-6), experiments/results/bench_matmul_kernels.md.
-template <int kSplit>
-__device__ __forceinline__ void split_p(float p, uint32_t& hi, uint32_t& lo) {
-  if constexpr (kSplit == 0) {
-    split_tf32(p, hi, lo);
-  } else if constexpr (kSplit == 1) {
-    const float c = __fmul_rn(p, 8193.0f);  // explicit roundings: a contraction into an FMA would break the split
-    const float h = __fsub_rn(c, __fsub_rn(c, p));
-    hi = __float_as_uint(h);
-    lo = __float_as_uint(__fsub_rn(p, h));
-  } else {
-    const float h = __uint_as_float((__float_as_uint(p) + 0x1000u) & 0xffffe000u);
-    hi = __float_as_uint(h);
-    lo = __float_as_uint(__fsub_rn(p, h));
-  }
-}
-
 // KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: t <= 32); kMinBlocks blocks
 // per multiprocessor bound the registers (the sweep's occupancy against registers); kSplit as in split_p.
 template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit>

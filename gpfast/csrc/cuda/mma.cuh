@@ -1,5 +1,5 @@
-// Warp-level tensor-core products (mma.sync) and the 3xTF32 split that keeps them about as accurate as float32,
-// shared by the tensor-core kernels. Free of torch headers (compiles with plain nvcc).
+// Warp-level tensor-core products (mma.sync), the 3xTF32 splits that keep them about as accurate as float32, and the
+// cp.async copies that stage their tiles, shared by the tensor-core kernels. Free of torch headers (compiles with plain nvcc).
 //
 // Fragment layouts of m16n8k8 TF32 (row.col), lane = 4 g + t:
 //   A (16 x 8): a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4]
@@ -42,6 +42,49 @@ __device__ __forceinline__ void mma_3xtf32_split(float (&big)[4], float (&small)
   mma_tf32(small, al, bh0, bh1);
   mma_tf32(small, ah, bl0, bl1);
   mma_tf32(big, ah, bh0, bh1);
+}
+
+// cp.async copies into shared memory (16 bytes a thread), as the tensor-core kernels stage their tiles
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// 16 bytes from global to shared memory, those past the first `bytes` (0 .. 16) zero-filled
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
+}
+// until at most N of this thread's committed groups are in flight
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// x = hi + lo for an MMA operand, three ways (kSplit): 0, both halves rounded to TF32 by cvt.rna (as every other
+// operand); 1, Veltkamp's split (hi = c - (c - p) with c = p (2^13 + 1): hi keeps 11 bits, rounded to nearest, on
+// the FMA units) and lo passed as it is, the tensor core dropping its bits below TF32 (at most 2^-23 p); 2, hi
+// rounded half up by an integer add and mask, lo as in 1. Why: Nsight Compute put the integer/logic pipe first in
+// K @ V's tensor-core kernel (matmul_tensor.cuh, its operand P) with the cvt.rna split (47.6% of its cycles at
+// n = 200,000, H200, measured with 32-column tiles). On the H200 at 10^6 points (d = 8, t = 16) the three took
+// 1.28, 1.09 and 1.07 s with the same error (4.7e-7 against float64; plain float32 1.5e-6),
+// experiments/results/bench_matmul_kernels.md. symmetric_matmul.cuh takes 2 for every operand: it splits each
+// element of K twice (its two roles) and is short of issue slots, not of accuracy.
+template <int kSplit>
+__device__ __forceinline__ void split_p(float p, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kSplit == 0) {
+    split_tf32(p, hi, lo);
+  } else if constexpr (kSplit == 1) {
+    const float c = __fmul_rn(p, 8193.0f);  // explicit roundings: a contraction into an FMA would break the split
+    const float h = __fsub_rn(c, __fsub_rn(c, p));
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(__fsub_rn(p, h));
+  } else {
+    const float h = __uint_as_float((__float_as_uint(p) + 0x1000u) & 0xffffe000u);
+    hi = __float_as_uint(h);
+    lo = __float_as_uint(__fsub_rn(p, h));
+  }
 }
 
 // c += a b for an 8x4 A and a 4x8 B in double (m8n8k4, the FP64 tensor cores): a = A[g][t], b = B[t][g],

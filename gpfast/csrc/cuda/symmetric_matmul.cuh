@@ -79,26 +79,6 @@ struct SymArgs {
 
 __device__ __forceinline__ int sym_swz(int r) { return ((r & 1) << 2) | (r & 2); }
 
-// 16 bytes from global to shared memory, those past the first `bytes` (0 .. 16) zero-filled
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void sym_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void sym_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// x = hi + lo, hi rounded half up to TF32 by an integer add and mask, lo passed whole (the tensor core drops its
-// bits below TF32: at most 2^-22 |x|). Three integer/float operations instead of two cvt.rna and a subtraction:
-// this kernel splits every element of K twice (its two roles) and is short of issue slots, not of accuracy.
-__device__ __forceinline__ void split_fast(float x, uint32_t& hi, uint32_t& lo) {
-  const float h = __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xffffe000u);
-  hi = __float_as_uint(h);
-  lo = __float_as_uint(__fsub_rn(x, h));
-}
-
 // c += (ah + al)(bh + bl) less al bl
 __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
                                      uint32_t bh1, uint32_t bl0, uint32_t bl1) {
@@ -164,7 +144,7 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
       if (++lst == SPT) lst = 0, lc.next(ns);
     }
     ++ls;
-    sym_commit();  // an empty group past the end keeps the wait counts uniform
+    cp_async_commit();  // an empty group past the end keeps the wait counts uniform
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue();
@@ -211,7 +191,7 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
             const int64_t row = band0 + 32 * wr + 8 * s + t4 + 4 * (k >> 1);
             const int rhs = g + 8 * (k & 1);
             const float v = row < n && rhs < t ? a.V[row * t + rhs] : 0.0f;
-            split_fast(v, vih[s][k], vil[s][k]);
+            split_p<2>(v, vih[s][k], vil[s][k]);
           }
       }
       float yi[2][2][4];  // rows' sums: [m-tile][n-tile (right-hand sides 8 nt ..)][fragment]
@@ -224,7 +204,7 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
 
 #pragma unroll
       for (int cs = 0; cs < NCS; ++cs) {
-        sym_wait<kStages - 2>();
+        cp_async_wait<kStages - 2>();
         __syncthreads();  // stage gs is in for every thread; every warp is done with stage gs - 1's buffer
         issue();
         if (!diag && (cs > 0 || b > 0)) reduce(acc[cs > 0 ? cs - 1 : NCS - 1], gs - 1);  // the previous stage's
@@ -241,7 +221,7 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-            for (int k = 0; k < 4; ++k) split_fast(vv[nt][k], bh[nt][k], bl[nt][k]);
+            for (int k = 0; k < 4; ++k) split_p<2>(vv[nt][k], bh[nt][k], bl[nt][k]);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
             const int r = 32 * wr + 16 * mt + g;  // and r + 8 (same swizzle)
@@ -252,10 +232,10 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
 #pragma unroll
             for (int p = 0; p < 2; ++p) {
               uint32_t ah[4], al[4];
-              split_fast(kk[0][2 * p], ah[0], al[0]);
-              split_fast(kk[1][2 * p], ah[1], al[1]);
-              split_fast(kk[0][2 * p + 1], ah[2], al[2]);
-              split_fast(kk[1][2 * p + 1], ah[3], al[3]);
+              split_p<2>(kk[0][2 * p], ah[0], al[0]);
+              split_p<2>(kk[1][2 * p], ah[1], al[1]);
+              split_p<2>(kk[0][2 * p + 1], ah[2], al[2]);
+              split_p<2>(kk[1][2 * p + 1], ah[3], al[3]);
 #pragma unroll
               for (int nt = 0; nt < 2; ++nt)
                 mma3(yi[mt][nt], ah, al, bh[nt][2 * p], bh[nt][2 * p + 1], bl[nt][2 * p], bl[nt][2 * p + 1]);
@@ -279,8 +259,8 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               uint32_t h0, l0, h1, l1;
-              split_fast(b0[e], h0, l0);
-              split_fast(b1[e], h1, l1);
+              split_p<2>(b0[e], h0, l0);
+              split_p<2>(b1[e], h1, l1);
               mma3(yj[e], vih[s], vil[s], h0, h1, l0, l1);
             }
           }
@@ -334,7 +314,7 @@ __global__ void __launch_bounds__(kSymThreads, 1) sym_matmul_kernel(const SymArg
         }
     }
   }
-  sym_wait<0>();  // no copy outlives the block
+  cp_async_wait<0>();  // no copy outlives the block
 }
 
 // out[i, c] = sum over j of part[A][j][i - A S][c], A = i / S, in double, in order of j
