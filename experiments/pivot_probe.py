@@ -26,23 +26,23 @@ import time
 
 import torch
 
-from gpfast import ops  # noqa: F401  (registers torch.ops.gpfast._pivot_block)
+from gpfast import ops  # noqa: F401  (registers torch.ops.gpfast._pivot_block and _pivot_select)
 from gpfast.bench.timing import sync
 from gpfast.train.preconditioner import Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
 
 # what each operation reads, made (and printed) before it is timed
 INPUTS = {
-    "topk": ["diag"],
+    "select": ["diag", "Lb", "cand", "block"],
     "rows": ["prod", "cand"],
     "gemm": ["rows", "L"],
-    "pivot": ["rows"],
+    "pivot": ["rows", "cand", "diag"],
     "trsm": ["G_rhs"],
     "trsm_inverse": ["G_rhs"],
     "assign": ["L", "Lb"],
     "fold": ["L"],
 }
-OPS = ("topk", "rows", "gemm", "pivot", "trsm", "trsm_inverse", "assign", "chol16", "chol128", "chol1024", "fold")
+OPS = ("select", "rows", "gemm", "pivot", "trsm", "trsm_inverse", "assign", "chol16", "chol128", "chol1024", "fold")
 
 
 def _timed(dev: torch.device, fn):
@@ -59,6 +59,7 @@ def probe(n: int, d: int, rank: int, op: str, device: str) -> list[tuple[str, fl
     torch.manual_seed(0)
     b, c, m = 16, 32, max(rank - 16, 0)
     as64 = dict(dtype=torch.float64, device=dev)
+    none = (torch.empty(0, dtype=torch.long, device=dev),) * 2
     memo: dict = {}
 
     def need(key):  # each input made on first use, so that an operation's run makes only what it reads
@@ -72,21 +73,19 @@ def probe(n: int, d: int, rank: int, op: str, device: str) -> list[tuple[str, fl
         return prod
 
     def block():
-        rows, cand, diag = need("rows"), need("cand"), need("diag")
-        return torch.ops.gpfast._pivot_block(
-            rows.index_select(1, cand), diag.index_select(0, cand), 1e-8 * diag.max(), b
-        )
+        return torch.ops.gpfast._pivot_block(need("rows"), need("cand"), need("diag"), 1e-8 * need("diag").max(), b)
 
     def g_rhs():
-        piv, C, ok = need("block")
-        G = C.index_select(0, piv) * ok.unsqueeze(1)
-        G.diagonal().add_(1.0 - ok)
-        return G, need("rows").index_select(0, piv) * ok.unsqueeze(1)
+        piv, G, _ = need("block")
+        return G, need("rows").index_select(0, piv)
+
+    def select():  # the diagonal's update by a block's columns and the next candidates, on a copy
+        return torch.ops.gpfast._pivot_select(need("diag").clone(), need("Lb"), need("cand"), need("block")[0], c)
 
     make = {
         "prod": product,
         "diag": lambda: torch.rand(n, **as64),
-        "cand": lambda: torch.topk(need("diag"), c).indices,
+        "cand": lambda: torch.ops.gpfast._pivot_select(need("diag").clone(), torch.empty(0, n, **as64), *none, c),
         "rows": lambda: need("prod").kernel_rows(need("cand")),
         "L": lambda: torch.randn(n, rank, **as64) * 1e-3,
         "block": block,
@@ -96,7 +95,7 @@ def probe(n: int, d: int, rank: int, op: str, device: str) -> list[tuple[str, fl
     eye = torch.eye(b, **as64)
     chol = lambda k: pivoted_cholesky(need("prod").kernel_rows, torch.ones(n, **as64), k)  # noqa: E731
     work = {
-        "topk": lambda: torch.topk(need("diag"), c).indices,
+        "select": select,
         "rows": lambda: need("prod").kernel_rows(need("cand")),
         "gemm": lambda: need("rows") - need("L").index_select(0, need("cand"))[:, :m] @ need("L")[:, :m].t(),
         "pivot": block,

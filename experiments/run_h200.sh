@@ -68,8 +68,12 @@
 #                 (the product reading half of K(x, x): build, its tests, bench_symmetric_product, step_anatomy with
 #                 and without it, row c, sanitizers; S13A_BUDGET 585), session13b (the preconditioner's products
 #                 by the bandwidth kernel and the half-read product for more than 12 columns only: Nsight Compute
-#                 on the half-read kernel, the engine's CUDA tests, bench_symmetric_product, step_anatomy, row c, racecheck over the half-read kernel;
-#                 S13B_BUDGET 585)
+#                 on the half-read kernel, the engine's CUDA tests, bench_symmetric_product, step_anatomy, row c,
+#                 racecheck over the half-read kernel; S13B_BUDGET 585), session14a (the pivoted Cholesky's
+#                 selection and pivots in two kernels a block: build, their tests and the engine's, memcheck and
+#                 racecheck over them, bench_preconditioner on keggdirected and pol, step_anatomy, row c;
+#                 S14A_BUDGET 585), session14b (step_anatomy and row c again, after a change to the rebuild model;
+#                 S14B_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1118,6 +1122,40 @@ PYEOF
         python -m experiments.sanitize_ops --only symmetric; echo "racecheck rc=$?"
       grep -E "RACECHECK SUMMARY|ran|Error" "$OUT/s13b_sanitize.log" | head -4
       stage_end s13b ;;
+    session14a)
+      # The pivoted Cholesky's block as about a dozen launches: the diagonal's update and the next candidates in one
+      # kernel (_pivot_select, instead of torch.topk and five elementwise ops), the pivots with their factor G and
+      # its inverse in another (_pivot_block): build (the library packed as OUTDIR/gpb.tgz); the tests of both ops,
+      # the preconditioner's, the graphs' and the engine's (with the half-read product's, unrun since its helpers
+      # moved); memcheck and racecheck over both kernels; bench_preconditioner on keggdirected (ranks 100, 400 and
+      # 3200, 16 and 32 pivots a block, the kernels of one build) and pol at rank 3200; step_anatomy and row c on
+      # the seven sets; in one call of at most S14A_BUDGET seconds (default 585). Files: s14a_*.log,
+      # s14a_results.tar.gz.
+      stage_begin s14a ${S14A_BUDGET:-585} 240
+      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      cuda_tests "$OUT/s14a_tests.log" 100 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py \
+        tests/test_train.py tests/test_symmetric_matmul.py tests/test_noise_free.py
+      for tool in memcheck racecheck; do
+        brun 40 "$OUT/s14a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
+          python -m experiments.sanitize_ops --only pivot; echo "$tool rc=$?"
+      done
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran" "$OUT/s14a_sanitize.log" | head -6
+      brun 80 "$OUT/s14a_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
+        --kernels 12 --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"
+      grep -E "^\| " "$res/bench_preconditioner.md" | cut -d'|' -f2-9
+      brun 50 "$OUT/s14a_precond_pol.log" python -m experiments.bench_preconditioner --dataset pol \
+        --data-dir .data/uci --ranks 3200 --stem bench_preconditioner_pol --out "$res"
+      echo "bench_preconditioner pol rc=$?"; grep -E "^\| pol" "$res/bench_preconditioner_pol.md" | cut -d'|' -f2-9
+      anatomy "$OUT/s14a_anatomy.log" 110
+      row_c "$OUT/s14a_uci_c.log" 130
+      stage_end s14a ;;
+    session14b)
+      # step_anatomy and row c on the seven sets (a change to the rebuild model changes only when the engine
+      # rebuilds); in one call of at most S14B_BUDGET seconds (default 300). Files: s14b_*.log, s14b_results.tar.gz.
+      stage_begin s14b ${S14B_BUDGET:-300} 240
+      anatomy "$OUT/s14b_anatomy.log" 110
+      row_c "$OUT/s14b_uci_c.log" 130
+      stage_end s14b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

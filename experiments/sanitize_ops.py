@@ -10,13 +10,13 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-pivots (``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric forward and its
-product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
-``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric]`` (or
+steps (``_pivot_select``, ``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric
+forward and its product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
+``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric|pivot]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
 covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product,
-``--only symmetric`` the symmetric product alone.
+``--only symmetric`` the symmetric product alone, ``--only pivot`` the pivoted Cholesky's steps alone.
 """
 
 import torch
@@ -93,12 +93,28 @@ def run_all():
     run_bilinear_backward(dev)
     run_stored_backward(dev)
     run_matmul_kernels(dev)
-    # the pivoted Cholesky's block pivots: every candidate count up to the kernel's 64, rank left and exhausted
-    for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
-        A = torch.randn(c, rank, device=dev, dtype=torch.float64)
-        S = A @ A.t()
-        torch.ops.gpfast._pivot_block(S, S.diagonal().clone(), torch.tensor(1e-10, device=dev, dtype=S.dtype), b)
+    run_pivot_steps(dev)
     torch.cuda.synchronize()
+
+
+def run_pivot_steps(dev):
+    """The pivoted Cholesky's block steps: the pivots at every candidate count up to the kernel's 64, with rank
+    left and exhausted, from rows wider than the candidates; the selection on one block and on many (the last
+    block's merge of every block's list), with and without a previous block's columns, and with ties."""
+    as64 = dict(device=dev, dtype=torch.float64)
+    for c, b, rank in [(1, 1, 1), (7, 3, 7), (32, 16, 32), (33, 16, 5), (64, 32, 64)]:
+        A = torch.randn(c, rank, **as64)
+        cand = torch.randperm(c + 5, device=dev)[:c]
+        rows = torch.randn(c, c + 5, **as64)
+        rows[:, cand] = A @ A.t()
+        d = torch.rand(c + 5, **as64)
+        d[cand] = rows[:, cand].diagonal()
+        torch.ops.gpfast._pivot_block(rows, cand, d, torch.tensor(1e-10, **as64), b)
+    for n, r in [(1, 0), (100, 16), (5000, 0), (70_001, 32)]:
+        d = torch.rand(n, **as64).round(decimals=2)  # ties
+        cand = torch.arange(min(n, 64), device=dev)
+        piv = torch.arange(min(r, n), device=dev)
+        torch.ops.gpfast._pivot_select(d, torch.randn(r, n, **as64) * 0.1, cand, piv, min(n, 64))
 
 
 def run_covariance_backward(dev):
@@ -216,6 +232,10 @@ if __name__ == "__main__":
         run_symmetric_product("cuda")
         torch.cuda.synchronize()
         print("sanitize_ops: the symmetric product ran")
+    elif sys.argv[1:] == ["--only", "pivot"]:  # the pivoted Cholesky's block steps alone
+        run_pivot_steps("cuda")
+        torch.cuda.synchronize()
+        print("sanitize_ops: the pivoted Cholesky's block steps ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

@@ -44,8 +44,12 @@ def _register_python_parts() -> None:
         return x1.new_empty(x1.shape[0], x1.shape[1], v.shape[2])
 
     @torch.library.register_fake("gpfast::_pivot_block")
-    def _pivot_block_fake(S, d, floor, b):
-        return S.new_empty(b, dtype=torch.long), S.new_empty(S.shape[0], b), S.new_empty(b)
+    def _pivot_block_fake(rows, cand, d, floor, b):
+        return rows.new_empty(b, dtype=torch.long), rows.new_empty(b, b), rows.new_empty(b, b)
+
+    @torch.library.register_fake("gpfast::_pivot_select")
+    def _pivot_select_fake(d, Lb, cand, piv, c):
+        return d.new_empty(c, dtype=torch.long)
 
     @torch.library.register_fake("gpfast::rbf_matmul_backward")
     def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v, x_grads=True):

@@ -15,8 +15,9 @@ F64 = torch.float64
 
 def _greedy_reference(K: torch.Tensor, rank: int, rel_floor: float = 1e-8, block: int = 16) -> torch.Tensor:
     """The blocked greedy rule step by step on a dense K: each block's candidates are the 2 * block largest
-    remaining diagonals, each pivot the candidate with the largest remaining diagonal (first on ties), its column
-    the residual row over the square root of that diagonal (zero below the floor)."""
+    remaining diagonals (the smaller index first among equals), each pivot the candidate with the largest remaining
+    diagonal (first on ties), its column the residual row over the square root of that diagonal (zero below the
+    floor)."""
     n = K.shape[0]
     L = torch.zeros(n, rank, dtype=F64)
     d = K.diagonal().clone()
@@ -24,7 +25,7 @@ def _greedy_reference(K: torch.Tensor, rank: int, rel_floor: float = 1e-8, block
     m = 0
     while m < rank:
         b = min(block, rank - m)
-        cand = torch.topk(d, min(2 * b, n)).indices
+        cand = torch.sort(d, descending=True, stable=True).indices[: min(2 * b, n)]  # the smaller index on ties
         for _ in range(b):
             i = int(cand[int(torch.argmax(d[cand]))])
             row = K[i] - L[:, :m] @ L[i, :m]
@@ -52,8 +53,9 @@ def _kernel_problem(n, d, lengthscale, device, seed):
 def test_blocked_build_follows_the_greedy_rule(device, n, d, lengthscale, rank):
     """On the CPU, the same pivots and columns as the step-by-step rule, also where K's numerical rank (smooth, 2
     features, lengthscale 3) runs out before the requested rank and the remaining columns are zero. On a GPU the
-    order of torch.topk among equal diagonals differs from the CPU's (every diagonal equals the outputscale at the
-    first block, so the first pivot is a tie), so there the factor must be as good, not the same: its trace error
+    kernel rows and the GEMMs round differently, and a near tie among the remaining diagonals can then take
+    another pivot (every diagonal equals the outputscale at the first block), so there the factor must be as good,
+    not the same: its trace error
     tr(K - L L^T) within 20% of the rule's (or both at rounding level), and K - L L^T >= 0. Bound from the worst of
     150 random orders of the points on the CPU with the default 16 pivots a block: 1.109 at (500, 3), 1.112 at
     (257, 6), 0 at rounding level at (300, 2)."""
@@ -68,50 +70,136 @@ def test_blocked_build_follows_the_greedy_rule(device, n, d, lengthscale, rank):
     assert float(torch.linalg.eigvalsh(K - got @ got.t()).min()) > -1e-9  # an exact partial Cholesky
 
 
-def _spd(c, rank, seed, device):
+def _candidates(c, rank, seed, device, extra=7):
+    """Residual rows (c, n) whose candidate columns hold an SPD S of the given rank, the candidates' columns
+    (scattered among n = c + extra columns) and a diagonal (n,) that agrees with S on them."""
     gen = torch.Generator().manual_seed(seed)
     A = torch.randn(c, rank, generator=gen, dtype=F64)
     S = A @ A.t()
-    return S.to(device), S.diagonal().clone().to(device)
+    n = c + extra
+    cand = torch.randperm(n, generator=gen)[:c]
+    rows = torch.randn(c, n, generator=gen, dtype=F64)
+    rows[:, cand] = S
+    d = torch.rand(n, generator=gen, dtype=F64)
+    d[cand] = S.diagonal()
+    return rows.to(device), cand.to(device), d.to(device), S
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("c, b, rank", [(32, 16, 32), (64, 32, 64), (10, 10, 4), (1, 1, 1)])
+@pytest.mark.parametrize("c, b, rank", [(32, 16, 32), (64, 32, 64), (10, 10, 4), (1, 1, 1), (33, 16, 5)])
 def test_pivot_block_op(device, c, b, rank):
-    S, d = _spd(c, rank, seed=c + b, device=device)
+    """The pivots factor the candidates' S on their span: G G^T = S[piv, piv] for the pivots above the floor;
+    those below it (S of rank 4 gives 4 pivots, then zero columns) have a unit row in G and a zero row and column
+    in G^{-1}; G^{-1} inverts G elsewhere. The CUDA kernel takes the CPU's steps bit for bit (both by fused
+    multiply-adds in the same order)."""
+    rows, cand, d, S = _candidates(c, rank, seed=c + b, device=device)
     floor = torch.tensor(1e-10, dtype=F64, device=device)
-    piv, C, ok = torch.ops.gpfast._pivot_block(S, d, floor, b)
-    assert piv.shape == (b,) and C.shape == (c, b) and ok.shape == (b,)
+    piv, G, G_inv = torch.ops.gpfast._pivot_block(rows, cand, d, floor, b)
+    assert piv.shape == (b,) and G.shape == (b, b) and G_inv.shape == (b, b)
     assert len(set(piv.tolist())) == b  # no candidate twice
-    assert int(ok.sum()) == min(b, rank)  # S of rank 4 gives 4 pivots above the floor, then zero columns
-    good = ok.bool()
-    assert not bool(C[:, ~good].any())
-    # the taken columns factor S on their pivots' span: S - C C^T is zero on the pivots' rows and columns
-    resid = S - C @ C.t()
-    taken = piv[good]
-    assert float(resid.index_select(0, taken).abs().max()) < 1e-10 * float(S.abs().max())
-    if device == "cuda":  # the kernel takes the CPU's steps while S has rank left; after that (ok = 0) the
-        # remaining diagonals are rounding noise, whose order the GPU's fused multiply-adds may change
-        cpu = torch.ops.gpfast._pivot_block(S.cpu(), d.cpu(), floor.cpu(), b)
-        keep = good.cpu()
-        assert torch.equal(cpu[2], ok.cpu()) and torch.equal(cpu[0][keep], piv.cpu()[keep])
-        assert rel_err(cpu[1][:, keep], C.cpu()[:, keep]) < 1e-12
+    piv, G, G_inv = piv.cpu(), G.cpu(), G_inv.cpu()
+    ok = G_inv.diagonal() != 0
+    assert int(ok.sum()) == min(b, rank)
+    assert torch.equal(G, G.tril()) and torch.equal(G_inv, G_inv.tril())
+    assert torch.equal(G[~ok], torch.eye(b, dtype=F64)[~ok])
+    assert not bool(G_inv[~ok].any()) and not bool(G_inv[:, ~ok].any())
+    taken = piv[ok]
+    Sp = S.index_select(0, taken).index_select(1, taken)
+    Gk = G[ok][:, ok]
+    assert rel_err(Gk @ Gk.t(), Sp) < 1e-12
+    eye = torch.eye(b, dtype=F64)
+    assert float((G_inv @ G - eye)[ok][:, ok].abs().max()) < 1e-10 * float(torch.linalg.cond(Gk))
+    # the greedy rule: the first pivot is the candidate with the largest diagonal
+    assert int(piv[0]) == int(torch.argmax(S.diagonal()))
+    if device == "cuda":
+        cpu = torch.ops.gpfast._pivot_block(rows.cpu(), cand.cpu(), d.cpu(), floor.cpu(), b)
+        assert torch.equal(cpu[0], piv) and torch.equal(cpu[1], G) and torch.equal(cpu[2], G_inv)
+
+
+def _select_reference(d, Lb, drop, c):
+    """The selection's rule in torch: the update (summed in another order, so to rounding) and the c largest by
+    a stable descending sort (the smaller index first among equals)."""
+    new = (d - (Lb * Lb).sum(0)).clamp_min(0.0)
+    new[drop] = 0.0
+    return new, torch.sort(new, descending=True, stable=True).indices[:c]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n, r, c", [(1, 0, 1), (40, 0, 32), (100, 16, 32), (5000, 32, 64), (70_001, 16, 33)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_pivot_select_op(device, n, r, c, ties):
+    """d is updated in place to max(d - sum Lb^2, 0) with the previous block's pivots zeroed, and the candidates
+    are the c largest of the updated d, the smaller index first among equals (rounded diagonals make many ties;
+    70,001 points take many thread blocks and the last block's merge on a GPU). The CUDA op gives the CPU op's
+    bits: the same update by fused multiply-adds in the same order, and one total order."""
+    gen = torch.Generator().manual_seed(n + r + c + ties)
+    d = torch.rand(n, generator=gen, dtype=F64) + 0.5
+    if ties:
+        d = d.round(decimals=1)
+    Lb = torch.randn(r, n, generator=gen, dtype=F64) * 0.2
+    cand = torch.randperm(n, generator=gen)[:c]
+    piv = torch.randperm(c, generator=gen)[: min(r, c)]
+    want_d, want = _select_reference(d, Lb, cand[piv], c)
+    got_d = d.to(device)
+    got = torch.ops.gpfast._pivot_select(got_d, Lb.to(device), cand.to(device), piv.to(device), c)
+    assert rel_err(got_d.cpu(), want_d) < 1e-14 and bool((got_d >= 0).all())
+    assert torch.equal(got.cpu(), torch.sort(got_d.cpu(), descending=True, stable=True).indices[:c])
+    if r == 0 or ties:  # the reference's own rounding is exact here (no sums, or ties kept apart by 0.1)
+        assert torch.equal(got.cpu(), want)
+    if device == "cuda":
+        cpu_d = d.clone()
+        cpu = torch.ops.gpfast._pivot_select(cpu_d, Lb, cand, piv, c)
+        assert torch.equal(cpu_d, got_d.cpu()) and torch.equal(cpu, got.cpu())
+
+
+def _block_args():
+    rows, cand, d, _ = _candidates(6, 6, seed=1, device="cpu")
+    return rows, cand, d, torch.tensor(0.0, dtype=F64)
 
 
 @pytest.mark.parametrize(
-    "args, match",
+    "change, match",
     [
-        ((torch.eye(65, dtype=F64), torch.ones(65, dtype=F64), torch.tensor(0.0, dtype=F64), 3), "candidates c"),
-        ((torch.eye(4, dtype=F64), torch.ones(4, dtype=F64), torch.tensor(0.0, dtype=F64), 5), "pivots b"),
-        ((torch.eye(4), torch.ones(4), torch.tensor(0.0), 2), "float64"),
-        ((torch.eye(4, dtype=F64), torch.ones(3, dtype=F64), torch.tensor(0.0, dtype=F64), 2), "d must be"),
+        (
+            lambda a: (torch.zeros(65, 70, dtype=F64), torch.arange(65), torch.ones(70, dtype=F64), a[3], 3),
+            "candidates c = rows.size\\(0\\) must be in \\[1, 64\\], got 65",
+        ),
+        (lambda a: (*a, 7), "pivots b must be in \\[1, min\\(c=6, 32\\)\\], got 7"),
+        (lambda a: (a[0].float(), *a[1:], 2), "rows must be float64, got Float"),
+        (lambda a: (a[0], a[1], a[2][:-1], a[3], 2), "d must be \\(n,\\) = \\(13,\\), got \\[12\\]"),
+        (lambda a: (a[0], a[1].int(), a[2], a[3], 2), "cand must be a 1-d int64 tensor, got Int"),
+        (lambda a: (a[0], a[1][:-1], a[2], a[3], 2), "cand must be \\(c,\\) = \\(6,\\)"),
+        (lambda a: (a[0], a[1] + 13, a[2], a[3], 2), "cand must index the n=13 columns"),
     ],
 )
-def test_pivot_block_op_checks_its_arguments(args, match):
+def test_pivot_block_op_checks_its_arguments(change, match):
     with pytest.raises(RuntimeError, match=match):
-        torch.ops.gpfast._pivot_block(*args)
+        torch.ops.gpfast._pivot_block(*change(_block_args()))
 
 
-def test_pivot_block_opcheck():
-    S, d = _spd(12, 12, seed=3, device="cpu")
-    torch.library.opcheck(torch.ops.gpfast._pivot_block.default, (S, d, torch.tensor(1e-10, dtype=F64), 6))
+def _select_args(n=20):
+    return torch.rand(n, dtype=F64), torch.zeros(2, n, dtype=F64), torch.arange(4), torch.tensor([0, 3])
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda d, Lb, cand, piv: (d, Lb, cand, piv, 21), "candidates c must be in \\[1, min\\(n=20, 64\\)\\], got 21"),
+        (lambda d, Lb, cand, piv: (d, Lb, cand, piv, 0), "candidates c must be in"),
+        (lambda d, Lb, cand, piv: (d[::2], Lb[:, ::2], cand, piv, 4), "d must be a contiguous 1-d tensor"),
+        (lambda d, Lb, cand, piv: (d, Lb[:, 1:], cand, piv, 4), "Lb must be \\(r, n\\) with n = 20"),
+        (lambda d, Lb, cand, piv: (d.float(), Lb, cand, piv, 4), "d must be float64, got Float"),
+        (lambda d, Lb, cand, piv: (d, Lb, cand, piv.float(), 4), "piv must be a 1-d int64 tensor, got Float"),
+        (lambda d, Lb, cand, piv: (d, Lb, cand, piv + 3, 4), "piv\\[1\\] must index cand.*got piv 6"),
+    ],
+)
+def test_pivot_select_op_checks_its_arguments(change, match):
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.gpfast._pivot_select(*change(*_select_args()))
+
+
+def test_pivot_ops_opcheck():
+    rows, cand, d, _ = _candidates(12, 12, seed=3, device="cpu")
+    torch.library.opcheck(torch.ops.gpfast._pivot_block.default, (rows, cand, d, torch.tensor(1e-10, dtype=F64), 6))
+    d, Lb, cand, piv = _select_args()
+    torch.library.opcheck(torch.ops.gpfast._pivot_select.default, (d, Lb, cand, piv, 5))

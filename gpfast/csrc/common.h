@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <string>
 #include <tuple>
 
 namespace gpfast {
@@ -105,25 +107,69 @@ inline at::Tensor prescale(const at::Tensor& x, const at::Tensor& lengthscale, i
 
 namespace gpfast {
 
-// The greedy pivots of one block of the pivoted Cholesky (gpfast/train/preconditioner.py): S (c, c) the residual
-// covariance among c candidates, d (c,) their remaining diagonal, floor a 0-dim tensor, all float64 on one device;
-// 1 <= b <= c <= kPivotBlockMaxCandidates.
+// The pivoted Cholesky's block steps (gpfast/train/preconditioner.py). Numbers in the messages go through
+// std::to_string: these checks also run in the CUDA launchers (see cuda/dispatch.h, as_text).
 constexpr int64_t kPivotBlockMaxCandidates = 64;
+constexpr int64_t kPivotBlockMaxPivots = 32;
 
-inline void check_pivot_block(const at::Tensor& S, const at::Tensor& d, const at::Tensor& floor, int64_t b) {
+inline std::string dims_text(at::IntArrayRef dims) {
+  std::string text = "[";
+  for (size_t i = 0; i < dims.size(); ++i) text += (i ? ", " : "") + std::to_string(static_cast<long long>(dims[i]));
+  return text + "]";
+}
+
+inline void check_f64_on(const at::Tensor& t, const at::Tensor& like, const char* op, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kDouble, op, ": ", name, " must be float64, got ", t.scalar_type());
+  TORCH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), ", got ", t.device());
+}
+
+inline void check_index_on(const at::Tensor& t, const at::Tensor& like, const char* op, const char* name) {
+  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kLong, op, ": ", name, " must be a 1-d int64 tensor, got ",
+              t.scalar_type(), " of shape ", dims_text(t.sizes()));
+  TORCH_CHECK(t.device() == like.device(), op, ": ", name, " must be on ", like.device(), ", got ", t.device());
+}
+
+// _pivot_block(rows, cand, d, floor, b): rows (c, n) the candidates' residual rows, cand (c,) their columns in
+// rows, d (n,) the remaining diagonal, floor 0-dim; 1 <= c <= 64, 1 <= b <= min(c, 32).
+inline void check_pivot_block(const at::Tensor& rows, const at::Tensor& cand, const at::Tensor& d,
+                              const at::Tensor& floor, int64_t b) {
   const char* op = "_pivot_block";
-  TORCH_CHECK(S.dim() == 2 && S.size(0) == S.size(1), op, ": S must be (c, c), got ", S.sizes());
-  const int64_t c = S.size(0);
-  TORCH_CHECK(c >= 1 && c <= kPivotBlockMaxCandidates, op, ": candidates c must be in [1, ",
-              kPivotBlockMaxCandidates, "], got ", c);
-  TORCH_CHECK(b >= 1 && b <= c, op, ": pivots b must be in [1, c=", c, "], got ", b);
-  TORCH_CHECK(d.dim() == 1 && d.size(0) == c, op, ": d must be (c,) = (", c, ",), got ", d.sizes());
-  TORCH_CHECK(floor.dim() == 0, op, ": floor must be a 0-dim tensor, got ", floor.sizes());
-  for (const at::Tensor* t : {&S, &d, &floor}) {
-    TORCH_CHECK(t->scalar_type() == at::kDouble, op, ": S, d and floor must be float64, got ", t->scalar_type());
-    TORCH_CHECK(t->device() == S.device(), op, ": S, d and floor must share S's device ", S.device(), ", got ",
-                t->device());
-  }
+  TORCH_CHECK(rows.dim() == 2, op, ": rows must be (c, n), got shape ", dims_text(rows.sizes()));
+  const int64_t c = rows.size(0), n = rows.size(1);
+  TORCH_CHECK(c >= 1 && c <= kPivotBlockMaxCandidates, op, ": candidates c = rows.size(0) must be in [1, ",
+              std::to_string(kPivotBlockMaxCandidates), "], got ", std::to_string(c));
+  TORCH_CHECK(b >= 1 && b <= std::min(c, kPivotBlockMaxPivots), op, ": pivots b must be in [1, min(c=",
+              std::to_string(c), ", ", std::to_string(kPivotBlockMaxPivots), ")], got ", std::to_string(b));
+  check_index_on(cand, rows, op, "cand");
+  TORCH_CHECK(cand.size(0) == c, op, ": cand must be (c,) = (", std::to_string(c), ",), got ", dims_text(cand.sizes()));
+  TORCH_CHECK(d.dim() == 1 && d.size(0) == n, op, ": d must be (n,) = (", std::to_string(n), ",), got ",
+              dims_text(d.sizes()));
+  TORCH_CHECK(floor.dim() == 0, op, ": floor must be a 0-dim tensor, got shape ", dims_text(floor.sizes()));
+  check_f64_on(rows, rows, op, "rows");
+  check_f64_on(d, rows, op, "d");
+  check_f64_on(floor, rows, op, "floor");
+}
+
+// _pivot_select(d, Lb, cand, piv, c): d (n,) contiguous (updated in place), Lb (r, n) the previous block's columns,
+// cand (q,) and piv (p,) int64 (the points cand[piv] are zeroed), 1 <= c <= min(n, 64); r, p <= 64.
+inline void check_pivot_select(const at::Tensor& d, const at::Tensor& Lb, const at::Tensor& cand,
+                               const at::Tensor& piv, int64_t c) {
+  const char* op = "_pivot_select";
+  TORCH_CHECK(d.dim() == 1 && d.is_contiguous(), op, ": d must be a contiguous 1-d tensor (it is updated in place), "
+              "got shape ", dims_text(d.sizes()), " and strides ", dims_text(d.strides()));
+  const int64_t n = d.size(0);
+  TORCH_CHECK(n <= (int64_t{1} << 30), op, ": at most 2^30 points, got n = ", std::to_string(n));
+  TORCH_CHECK(c >= 1 && c <= std::min(n, kPivotBlockMaxCandidates), op, ": candidates c must be in [1, min(n=",
+              std::to_string(n), ", ", std::to_string(kPivotBlockMaxCandidates), ")], got ", std::to_string(c));
+  TORCH_CHECK(Lb.dim() == 2 && Lb.size(1) == n && Lb.size(0) <= kPivotBlockMaxCandidates, op,
+              ": Lb must be (r, n) with n = ", std::to_string(n), " and r <= ",
+              std::to_string(kPivotBlockMaxCandidates), ", got shape ", dims_text(Lb.sizes()));
+  check_index_on(cand, d, op, "cand");
+  check_index_on(piv, d, op, "piv");
+  TORCH_CHECK(piv.size(0) <= kPivotBlockMaxCandidates, op, ": at most ", std::to_string(kPivotBlockMaxCandidates),
+              " pivots, got ", std::to_string(piv.size(0)));
+  check_f64_on(d, d, op, "d");
+  check_f64_on(Lb, d, op, "Lb");
 }
 
 }  // namespace gpfast

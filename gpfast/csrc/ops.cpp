@@ -149,9 +149,12 @@ TORCH_LIBRARY(gpfast, m) {
   // AVX2+FMA, and a budget in MB for the one-pass backward's column buffers (0: the two-pass form).
   m.def(
       "_rbf_cpu_path(str op, Tensor[] args, bool x_grads, bool portable, int column_buffer_mb) -> Tensor[]");
-  // The greedy pivots of one pivoted-Cholesky block (gpfast/train/preconditioner.py): (piv, C, ok) from the
-  // candidates' residual covariance S (c, c), their remaining diagonal d (c,) and a 0-dim floor, all float64.
-  m.def("_pivot_block(Tensor S, Tensor d, Tensor floor, int b) -> (Tensor, Tensor, Tensor)");
+  // The pivoted Cholesky's block steps (gpfast/train/preconditioner.py), float64 with int64 indices. _pivot_select:
+  // the previous block's update of the remaining diagonal d (in place) and the next c candidates; _pivot_block: a
+  // block's b pivots among the candidates (rows (c, n) their residual rows, cand their columns), their factor G
+  // (b, b) and its inverse (zero on the diagonal where a pivot fell below the floor).
+  m.def("_pivot_select(Tensor(a!) d, Tensor Lb, Tensor cand, Tensor piv, int c) -> Tensor");
+  m.def("_pivot_block(Tensor rows, Tensor cand, Tensor d, Tensor floor, int b) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {

@@ -58,40 +58,38 @@ def pivoted_cholesky(
     error varied by up to 28% at 32 against 11% at 16).
 
     The pivots of a block depend only on the candidates' c x c residual covariance, so one call of the op
-    ``_pivot_block`` takes them all (a single thread block on a GPU), and the block's columns over all n points
-    then come from products with the inverse of the b x b factor of the pivots, refined once:
-    ``L_b^T = G^{-1} R[piv, :]``, G the rows of the candidates' columns at the pivots. A block is some fifteen
-    operations (about 36 kernel launches on an H200), none of them per pivot, and nothing is read back to the
-    host.
+    ``_pivot_block`` takes them all (a single thread block on a GPU) and returns the b x b factor G of the pivots
+    (G = C[piv, :], lower triangular) with its inverse; the block's columns over all n points then come from
+    products with that inverse, refined once: ``L_b^T = G^{-1} R[piv, :]``. One call of ``_pivot_select`` updates
+    the remaining diagonal by the block's columns and picks the next block's candidates (the ``2 * block`` largest
+    remaining diagonals, the smaller index first among equals). A block is about a dozen kernel launches, none of
+    them per pivot, and nothing is read back to the host.
     """
     n = diagonal.shape[0]
     rank = min(rank, n)
     L = torch.zeros(n, rank, dtype=torch.float64, device=diagonal.device)
     d = diagonal.to(torch.float64).clone()
     floor = rel_floor * d.max()
+    no_pivots = torch.empty(0, dtype=torch.long, device=d.device)
+    Lb, cand, piv = d.new_empty(0, n), no_pivots, no_pivots  # the first block updates nothing
     m = 0
     while m < rank:
         b = min(block, rank - m)
-        cand = torch.topk(d, min(2 * b, n)).indices  # this block's pivots are taken among these candidates
+        # d -= the previous block's columns squared, its pivots zeroed; this block's candidates
+        cand = torch.ops.gpfast._pivot_select(d, Lb, cand, piv, min(2 * b, n))
         rows = kernel_rows(cand).to(torch.float64)  # (c, n)
         if m:  # the candidates' rows of the residual K - L L^T after the previous blocks: one GEMM
-            rows = rows - L.index_select(0, cand)[:, :m] @ L[:, :m].t()
-        piv, C, ok = torch.ops.gpfast._pivot_block(rows.index_select(1, cand), d.index_select(0, cand), floor, b)
-        # G = C[piv, :] is lower triangular with G[j, j] = sqrt(pivot_j); a pivot below the floor gets a unit row
-        # and a zero right-hand side, so its column is zero, as in the unblocked rule
-        G = C.index_select(0, piv) * ok.unsqueeze(1)
-        G.diagonal().add_(1.0 - ok)
+            rows = torch.addmm(rows, L.index_select(0, cand)[:, :m], L[:, :m].t(), alpha=-1.0)
+        # G^{-1} has a zero diagonal at a pivot below the floor, so its column is zero, as in the unblocked rule
+        piv, G, G_inv = torch.ops.gpfast._pivot_block(rows, cand, d, floor, b)
         # L_b^T = G^{-1} R[piv, :] as products with G's b x b inverse, not torch's triangular solve, which took 24 s
         # a block with n = 1M right-hand sides on an H200 (the product: 0.07 s; a whole rank-1024 build at 200k took
         # 0.07 s). A refinement step (a residual and a second product) for G near singular, where the product alone
         # is less accurate
-        G_inv = torch.linalg.solve_triangular(G, torch.eye(b, dtype=G.dtype, device=G.device), upper=False)
-        Rb = rows.index_select(0, piv) * ok.unsqueeze(1)  # (b, n)
+        Rb = rows.index_select(0, piv)  # (b, n)
         Lb = G_inv @ Rb
-        Lb += G_inv @ (Rb - G @ Lb)
+        Lb.addmm_(G_inv, torch.addmm(Rb, G, Lb, alpha=-1.0))
         L[:, m : m + b] = Lb.t()
-        d.sub_((Lb * Lb).sum(0)).clamp_min_(0.0)
-        d.index_fill_(0, cand.index_select(0, piv), 0.0)
         m += b
     return L
 
