@@ -12,9 +12,10 @@ at::Tensor pivot_select_cuda(at::Tensor& d, const at::Tensor& Lb, const at::Tens
   const c10::cuda::CUDAGuard guard(d.device());
   const int64_t n = d.size(0);
   const at::Tensor Lc = Lb.contiguous(), cc = cand.contiguous(), pc = piv.contiguous();
-  // blocks of 2048 points (8 a thread), at most two waves: the update reads r rows of n, the merge 64 keys a block
-  const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(ceil_div(n, 8 * kSelectThreads), 1),
-                                                        2 * sm_count()));
+  // a round of kSelectFresh points a block, at most one wave (more points take more rounds): the last block merges
+  // 64 keys a block, kSelectFresh a round
+  const int blocks =
+      static_cast<int>(std::min<int64_t>(std::max<int64_t>(ceil_div(n, kSelectFresh), 1), sm_count()));
   at::Tensor part_v = at::empty({blocks * kSelectKeep}, d.options());
   at::Tensor part_i = at::empty({blocks * kSelectKeep}, d.options().dtype(at::kInt));
   at::Tensor ticket = at::zeros({1}, d.options().dtype(at::kInt));
@@ -38,9 +39,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cuda(const at::Tensor
   at::Tensor piv = at::empty({b}, rows.options().dtype(at::kLong));
   at::Tensor G = at::empty({b, b}, rows.options());
   at::Tensor Ginv = at::empty({b, b}, rows.options());
-  pivot_block_kernel<<<1, kPivotThreads, 0, current_stream()>>>(
+  const int64_t c = rc.size(0);
+  auto* launch = c <= 32 ? pivot_block_kernel<32> : pivot_block_kernel<64>;  // one warp when c fits one
+  launch<<<1, c <= 32 ? 32 : 64, 0, current_stream()>>>(
       rc.data_ptr<double>(), rc.stride(0), cc.data_ptr<int64_t>(), dc.data_ptr<double>(), fc.data_ptr<double>(),
-      static_cast<int>(rc.size(0)), static_cast<int>(b), piv.data_ptr<int64_t>(), G.data_ptr<double>(),
+      static_cast<int>(c), static_cast<int>(b), piv.data_ptr<int64_t>(), G.data_ptr<double>(),
       Ginv.data_ptr<double>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {piv, G, Ginv};
