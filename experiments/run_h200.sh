@@ -1143,9 +1143,9 @@ PYEOF
       brun 80 "$OUT/s14a_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
         --kernels 12 --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"
       grep -E "^\| " "$res/bench_preconditioner.md" | cut -d'|' -f2-9
-      brun 50 "$OUT/s14a_precond_pol.log" python -m experiments.bench_preconditioner --dataset pol \
+      brun 50 "$OUT/s14a_precond_pol.log" python -m experiments.bench_preconditioner --dataset pol --kernels 8 \
         --data-dir .data/uci --ranks 3200 --stem bench_preconditioner_pol --out "$res"
-      echo "bench_preconditioner pol rc=$?"; grep -E "^\| pol" "$res/bench_preconditioner_pol.md" | cut -d'|' -f2-9
+      echo "bench_preconditioner pol rc=$?"; grep -E "^\| " "$res/bench_preconditioner_pol.md" | cut -d'|' -f2-9
       anatomy "$OUT/s14a_anatomy.log" 110
       row_c "$OUT/s14a_uci_c.log" 130
       stage_end s14a ;;
