@@ -18,7 +18,7 @@ namespace gpfast {
 namespace cuda {
 
 constexpr int kPivotMaxPivots = 32;  // b <= 32 (c <= 64 candidates)
-constexpr int kSelectThreads = 256;
+constexpr int kSelectThreads = 256;                       // 8 warps of 256 slots each
 constexpr int kSelectSlots = 2048;                        // keys a block sorts at once in shared memory
 constexpr int kSelectKeep = 64;                           // the best kept between rounds: c <= 64
 constexpr int kSelectFresh = kSelectSlots - kSelectKeep;  // new keys a round
@@ -32,31 +32,67 @@ __device__ __forceinline__ bool sel_better(double v1, int i1, double v2, int i2)
   return v1 > v2 || (v1 == v2 && i1 < i2);
 }
 
-// A bitonic sort of the block's kSelectSlots keys, best first (all threads; the slots written before the call).
-// Sorting whole rounds costs 66 steps of 4 compare-exchanges a thread, where inserting keys one at a time into
-// sorted lists (a warp's ballots and shuffles a key) took 91-101 us a call on the H200 at 13,500-43,945 points.
-__device__ __forceinline__ void select_sort(double* sv, int* si) {
-  __syncthreads();
-  for (int k = 2; k <= kSelectSlots; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int t = threadIdx.x; t < kSelectSlots / 2; t += kSelectThreads) {
-        const int a = 2 * (t & ~(j - 1)) + (t & (j - 1)), b = a + j;  // j is a power of two
-        const double va = sv[a], vb = sv[b];
-        const int ia = si[a], ib = si[b];
-        if ((a & k) == 0 ? sel_better(vb, ib, va, ia) : sel_better(va, ia, vb, ib)) {
-          sv[a] = vb;
-          sv[b] = va;
-          si[a] = ib;
-          si[b] = ia;
-        }
-      }
-      __syncthreads();
-    }
+// Compare-exchange: slot a takes the better key of a and b when desc, the worse otherwise.
+__device__ __forceinline__ void sel_exchange(double* sv, int* si, int a, int b, bool desc) {
+  const double va = sv[a], vb = sv[b];
+  const int ia = si[a], ib = si[b];
+  if (desc ? sel_better(vb, ib, va, ia) : sel_better(va, ia, vb, ib)) {
+    sv[a] = vb;
+    sv[b] = va;
+    si[a] = ib;
+    si[b] = ia;
   }
 }
 
+// One level of the merge of sorted 64-key runs, by one warp over slots [base, base + size): runs A and B = A + span
+// (span = 64 << level) give A[i] = the better of A[i] and B[63 - i], a bitonic run holding the best 64 of both,
+// then sorted by a bitonic merge.
+__device__ __forceinline__ void select_merge_level(double* sv, int* si, int base, int level, int size, int lane) {
+  const int span = kSelectKeep << level, pairs = size / (2 * span);
+  for (int u = lane; u < pairs * kSelectKeep; u += 32) {
+    const int a = base + (u >> 6) * 2 * span + (u & 63), b = base + (u >> 6) * 2 * span + span + 63 - (u & 63);
+    if (sel_better(sv[b], si[b], sv[a], si[a])) {
+      sv[a] = sv[b];
+      si[a] = si[b];
+    }
+  }
+  __syncwarp();
+  for (int j = 32; j > 0; j >>= 1) {
+    for (int u = lane; u < pairs * 32; u += 32) {
+      const int t = u & 31, a = base + (u >> 5) * 2 * span + 2 * (t & ~(j - 1)) + (t & (j - 1));
+      sel_exchange(sv, si, a, a + j, true);
+    }
+    __syncwarp();
+  }
+}
+
+// The best kSelectKeep of the block's kSelectSlots keys into slots [0, kSelectKeep), best first (all threads; the
+// slots written before the call). Each warp sorts its 256 slots' runs of 64 (bitonic) and merges its four runs into
+// one, then warp 0 merges the eight warps' runs: two block-wide barriers a round. On the H200 at 43,945 points a
+// call took 73 us with a bitonic sort of all 2048 keys (a barrier at each of its 66 steps) and each point's loads
+// one after another, and 91-101 us with keys inserted one at a time into sorted warp lists.
+__device__ __forceinline__ void select_best(double* sv, int* si) {
+  const int lane = threadIdx.x & 31, base = (threadIdx.x >> 5) * 256;
+  __syncthreads();
+  for (int k = 2; k <= kSelectKeep; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int t = lane; t < 128; t += 32) {
+        const int a = base + 2 * (t & ~(j - 1)) + (t & (j - 1));
+        sel_exchange(sv, si, a, a + j, k == kSelectKeep || (a & k) == 0);
+      }
+      __syncwarp();
+    }
+  }
+  select_merge_level(sv, si, base, 0, 256, lane);
+  select_merge_level(sv, si, base, 1, 256, lane);
+  __syncthreads();
+  if (threadIdx.x < 32)
+    for (int level = 2; level <= 4; ++level) select_merge_level(sv, si, 0, level, kSelectSlots, lane);
+  __syncthreads();
+}
+
 // d = max(d - sum_j Lb[j, :]^2, 0) with d[cand[piv[j]]] = 0 for the np pivots (the previous block's columns, r
-// rows of n; r = np = 0 at the first block), then out = the c best of d by sel_better. Each block sorts rounds of
+// rows of n; r = np = 0 at the first block), then out = the c best of d by sel_better. Each block takes rounds of
 // kSelectFresh points beside its best 64 so far and leaves those in part_v / part_i; the last block to finish
 // (ticket, zero on entry) merges them the same way. The sum runs over j in order by fused multiply-adds, as the
 // CPU's std::fma loop, so both update d to the same bits.
@@ -80,7 +116,7 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSelectFresh; base < n;
        base += static_cast<int64_t>(gridDim.x) * kSelectFresh) {
     // each thread's kSelectPer points side by side, so that a row of Lb is kSelectPer independent loads a thread
-    // (one point at a time, the loads of its sum waited on each other: 73 us a call at 43,945 points on the H200)
+    // in flight (a point at a time, each load of its sum waits for the one before)
     int64_t idx[kSelectPer];
     double acc[kSelectPer];
 #pragma unroll
@@ -113,7 +149,7 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
       sv[kSelectKeep + slot] = v;
       si[kSelectKeep + slot] = i >= 0 ? static_cast<int>(i) : INT_MAX;
     }
-    select_sort(sv, si);
+    select_best(sv, si);
   }
   if (threadIdx.x < kSelectKeep) {
     part_v[blockIdx.x * kSelectKeep + threadIdx.x] = sv[threadIdx.x];
@@ -136,7 +172,7 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
       sv[kSelectKeep + slot] = e < entries ? __ldcg(part_v + e) : -INFINITY;
       si[kSelectKeep + slot] = e < entries ? __ldcg(part_i + e) : INT_MAX;
     }
-    select_sort(sv, si);
+    select_best(sv, si);
   }
   if (threadIdx.x < c) out[threadIdx.x] = si[threadIdx.x];
 }
