@@ -203,3 +203,53 @@ def test_pivot_ops_opcheck():
     torch.library.opcheck(torch.ops.gpfast._pivot_block.default, (rows, cand, d, torch.tensor(1e-10, dtype=F64), 6))
     d, Lb, cand, piv = _select_args()
     torch.library.opcheck(torch.ops.gpfast._pivot_select.default, (d, Lb, cand, piv, 5))
+
+
+def _select_network(keys):
+    """The CUDA selection's network (cuda/pivot_block.cuh, select_best) on 2048 (value, index) keys, step for step:
+    each warp's 256 slots sorted in bitonic runs of 64 and merged into one run, then the eight runs merged."""
+
+    def better(x, y):
+        return x[0] > y[0] or (x[0] == y[0] and x[1] < y[1])
+
+    def exchange(a, b, desc):
+        if better(keys[b], keys[a]) if desc else better(keys[a], keys[b]):
+            keys[a], keys[b] = keys[b], keys[a]
+
+    def merge_level(base, level, size):
+        span = 64 << level
+        for u in range(size // (2 * span) * 64):
+            a, b = base + (u >> 6) * 2 * span + (u & 63), base + (u >> 6) * 2 * span + span + 63 - (u & 63)
+            if better(keys[b], keys[a]):
+                keys[a] = keys[b]
+        for j in (32, 16, 8, 4, 2, 1):
+            for u in range(size // (2 * span) * 32):
+                t = u & 31
+                a = base + (u >> 5) * 2 * span + 2 * (t & ~(j - 1)) + (t & (j - 1))
+                exchange(a, a + j, True)
+
+    for base in range(0, 2048, 256):
+        for k in (2, 4, 8, 16, 32, 64):
+            j = k >> 1
+            while j:
+                for t in range(128):
+                    a = base + 2 * (t & ~(j - 1)) + (t & (j - 1))
+                    exchange(a, a + j, k == 64 or (a & k) == 0)
+                j >>= 1
+        merge_level(base, 0, 256)
+        merge_level(base, 1, 256)
+    for level in (2, 3, 4):
+        merge_level(0, level, 2048)
+    return keys[:64]
+
+
+@pytest.mark.parametrize("real, decimals", [(2048, 1), (2048, 9), (100, 3), (64, 2), (1, 9)])
+def test_selection_network_keeps_the_best_64_in_order(real, decimals):
+    """The index arithmetic of the CUDA selection's network: the best 64 of 2048 keys, best first, the smaller index
+    first among equal values, with empty slots (-inf, INT_MAX) where a round has fewer points."""
+    gen = torch.Generator().manual_seed(real + decimals)
+    values = torch.rand(real, generator=gen, dtype=F64).round(decimals=decimals).tolist()
+    keys = [(v, i) for i, v in enumerate(values)] + [(float("-inf"), 2**31 - 1)] * (2048 - real)
+    order = torch.randperm(2048, generator=gen).tolist()
+    got = _select_network([keys[i] for i in order])
+    assert got == sorted(keys, key=lambda k: (-k[0], k[1]))[:64]
