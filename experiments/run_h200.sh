@@ -73,7 +73,8 @@
 #                 selection and pivots in two kernels a block: build, their tests and the engine's, memcheck and
 #                 racecheck over them, bench_preconditioner on keggdirected and pol, step_anatomy, row c;
 #                 S14A_BUDGET 585), session14b (step_anatomy and row c again, after a change to the rebuild model;
-#                 S14B_BUDGET 300)
+#                 S14B_BUDGET 300), session14c (every CUDA test and memcheck over every kernel on a carried build;
+#                 S14C_BUDGET 400)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1156,6 +1157,16 @@ PYEOF
       anatomy "$OUT/s14b_anatomy.log" 110
       row_c "$OUT/s14b_uci_c.log" 130
       stage_end s14b ;;
+    session14c)
+      # Every CUDA test and memcheck over every kernel (experiments.sanitize_ops) on the session's last build
+      # (OUTDIR/gpb.tgz of session14a carried as .gpb/gpb.tgz: no compile when the sources match); in one call of at
+      # most S14C_BUDGET seconds (default 400). Files: s14c_*.log.
+      stage_begin s14c ${S14C_BUDGET:-400} 240
+      cuda_tests "$OUT/s14c_tests.log" 220 tests
+      brun 150 "$OUT/s14c_sanitize.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops; echo "memcheck rc=$?"
+      grep -E "ERROR SUMMARY|ran" "$OUT/s14c_sanitize.log" | head -4
+      stage_end s14c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -36,6 +36,7 @@ def _toy(rng, n=40, d=3, n_test=25):
     Xt = rng.uniform(-1.2, 1.2, (n_test, d)) * scales + offsets
     f = lambda Z: np.sin(((Z - offsets) / scales) @ rng_w) * 3.0 + 20.0  # noqa: E731
     rng_w = rng.normal(size=d)
+    rng_w *= 1.5 / np.linalg.norm(rng_w)  # a direction of its own each draw, but always a signal above the noise
     y = f(X) + 0.2 * rng.normal(size=n)
     yt = f(Xt) + 0.2 * rng.normal(size=n_test)
     return X, y, Xt, yt

@@ -104,10 +104,9 @@ class BuildGraph:
     """:func:`pivoted_cholesky` of an RBF kernel on fixed points at a fixed rank, captured once as one CUDA graph and
     replayed for new hyperparameters.
 
-    Why: a greedy build of rank k is about 36 kernel launches a block of 16 pivots from a Python loop (some 7,000
-    at rank 3,200 on an H200, torch.topk alone eight a block at 44,000 points), so on a GPU the host sets much of
-    its time (rank 3200 at 43,945 points: 135-197 ms op by op, 92 ms replayed), and the engine rebuilds at an
-    unchanged rank whenever a lengthscale moves. A replay launches them all at once: the same kernels in the same
+    Why: a greedy build of rank k is 15 kernel launches a block of 16 pivots from a Python loop (3,000 at rank
+    3,200), so on a GPU the host sets much of its time, and the engine rebuilds at an unchanged rank whenever a
+    lengthscale moves. A replay launches them all at once: the same kernels in the same
     order on the same shapes (the pivots are chosen on the device, so nothing in the build depends on the host),
     hence the same factor as a build op by op.
 
