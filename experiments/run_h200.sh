@@ -74,7 +74,7 @@
 #                 racecheck over them, bench_preconditioner on keggdirected and pol, step_anatomy, row c;
 #                 S14A_BUDGET 585), session14b (step_anatomy and row c again, after a change to the rebuild model;
 #                 S14B_BUDGET 300), session14c (every CUDA test and memcheck over every kernel on a carried build;
-#                 S14C_BUDGET 400)
+#                 S14C_BUDGET 400), session14d (racecheck over every kernel on a carried build; S14D_BUDGET 260)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1167,6 +1167,14 @@ PYEOF
         python -m experiments.sanitize_ops; echo "memcheck rc=$?"
       grep -E "ERROR SUMMARY|ran" "$OUT/s14c_sanitize.log" | head -4
       stage_end s14c ;;
+    session14d)
+      # racecheck over every kernel (experiments.sanitize_ops) on a carried build, given 225 s to finish (under the
+      # kernels stage's 75 s it was cut before the end); S14D_BUDGET (default 260). Files: s14d_*.log.
+      stage_begin s14d ${S14D_BUDGET:-260} 240
+      brun 225 "$OUT/s14d_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops; echo "racecheck rc=$?"
+      grep -E "RACECHECK SUMMARY|ran" "$OUT/s14d_racecheck.log" | head -4
+      stage_end s14d ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
