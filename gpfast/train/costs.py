@@ -15,8 +15,9 @@ The model counts the bytes each part moves through memory, its floating-point op
 launches, at rates typical of the device kind. It only has to rank a rebuild against iterations to within a
 factor of two or so, and it must not depend on timings, so that a fit stays deterministic: the same data and
 settings take the same steps on every run. The GPU's rates are the H200's (``experiments/bench_preconditioner.py``,
-2026-12-02: a replayed build of rank 100, 400 and 3200 at 43,945 points took 2.1, 7.8 and 91.5 ms; this model
-gives 2.2, 8.1 and 88); the CPU's are this project's 2-core CI box's order of magnitude.
+2026-12-03: a replayed build of rank 100, 400 and 3200 at 43,945 points took 1.17, 4.68 and 67.6 ms, and of rank
+3200 at pol's 13,500 34.0 ms; this model gives 1.0, 3.9, 54.5 and 33.4); the CPU's are this project's 2-core CI
+box's order of magnitude.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class DeviceRates:
 
 
 #: The GPU: an H200's copy bandwidth and float32 rate as measured there, and about 8 us per kernel of a replayed
-#: graph (a rank-100 build, 7 blocks of some 36 kernels each, took 2.1 ms at 43,945 points, nearly all of it that).
+#: graph (a rank-100 build, 7 blocks of 15 kernels each, took 1.17 ms at 43,945 points, mostly that).
 GPU_RATES = DeviceRates(bytes_per_s=4.27e12, flops_per_s=5.1e13, launch_s=8e-6)
 CPU_RATES = DeviceRates(bytes_per_s=1e10, flops_per_s=5e10, launch_s=5e-6)
 

@@ -50,8 +50,8 @@ def pivoted_cholesky(
     exhausted) gives a zero column instead of a division by a vanishing pivot.
 
     ``block`` may be up to 32 (the op takes at most 64 candidates). On an H200 at keggdirected's 43,945 points a
-    rank-3200 build at 32 took 126 ms op by op and 68 ms as a graph replay, against 197 and 92 ms at 16 (the float64
-    GEMMs of the candidates' residual rows run better at 64 rows than at 32), rank 100 1.7 ms against 2.1 ms, and
+    rank-3200 build at 32 took 48 ms op by op and 46 ms as a graph replay, against 75 and 68 ms at 16 (the float64
+    GEMMs of the candidates' residual rows run better at 64 rows than at 32), rank 100 0.93 ms against 1.17 ms, and
     tr(K - L L^T) was no larger at any rank there (experiments/bench_preconditioner.py). The default stays 16, the
     block size whose training fits have been measured against exact gradients on the GPU; larger blocks also give
     the order of ties among equal diagonals more say (over 150 orders of the points of a CPU test problem the trace

@@ -73,7 +73,7 @@ class CGSettings:
     pivot_block : int, default=16
         Pivots the preconditioner's build takes per evaluation of candidate rows (1 to 32; see
         :func:`gpfast.train.preconditioner.pivoted_cholesky`). 32 builds faster on a GPU (a rank-3200 build at
-        43,945 points replayed in 68 ms against 92 ms on an H200) with no larger trace error there; 16 is the size
+        43,945 points replayed in 46 ms against 68 ms on an H200) with no larger trace error there; 16 is the size
         whose fits have been measured against exact gradients.
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
