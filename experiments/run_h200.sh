@@ -226,8 +226,9 @@ for st in "$@"; do
       brun 90 "$OUT/kernels_bench.log" python -m experiments.bench_ops --quick --reps 5; echo "bench_ops rc=$?"
       brun 130 "$OUT/kernels_bench.log" python -m experiments.bench_matmul --cases 1000000:16 36000:11 36000:12 \
         --backward --reps 3; echo "bench_matmul rc=$?"
-      for tool in memcheck racecheck; do
-        brun 75 "$OUT/kernels_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
+      for tool in memcheck racecheck; do  # racecheck over every kernel took 74 s alone on the H200: give it 150
+        brun $([ $tool = racecheck ] && echo 150 || echo 75) "$OUT/kernels_sanitize.log" \
+          compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops
         rc=$?; echo "$tool rc=$rc" | tee -a "$OUT/kernels_sanitize.log"; echo "$tool rc=$rc" >> "$OUT/kernels_sanitize.rc"
       done
       tail -6 "$OUT/kernels_sanitize.log"
