@@ -41,7 +41,8 @@ def pivoted_cholesky(
 ) -> torch.Tensor:
     """Greedy pivoted Cholesky: L (n, rank), float64, with K ~= L L^T, built on the device in blocks.
 
-    kernel_rows(index) returns the rows ``K[index, :]`` (len(index), n); diagonal is K's diagonal (n,). Each block
+    kernel_rows(index) returns the rows ``K[index, :]`` (len(index), n) as a new tensor (in float64 the build
+    updates it in place); diagonal is K's diagonal (n,). Each block
     evaluates the rows of the ``2 * block`` points with the largest remaining diagonal in one call and takes
     ``block`` pivots among them greedily (each the candidate with the largest remaining diagonal), so a build makes
     about ``rank / block`` row evaluations instead of ``rank``. The greedy rule is the unblocked one restricted to
