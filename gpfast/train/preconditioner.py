@@ -63,8 +63,8 @@ def pivoted_cholesky(
     (G = C[piv, :], lower triangular) with its inverse; the block's columns over all n points then come from
     products with that inverse, refined once: ``L_b^T = G^{-1} R[piv, :]``. One call of ``_pivot_select`` updates
     the remaining diagonal by the block's columns and picks the next block's candidates (the ``2 * block`` largest
-    remaining diagonals, the smaller index first among equals). A block is about a dozen kernel launches, none of
-    them per pivot, and nothing is read back to the host.
+    remaining diagonals, the smaller index first among equals). A block is 13 kernel launches, none of them per
+    pivot, and nothing is read back to the host.
     """
     n = diagonal.shape[0]
     rank = min(rank, n)
