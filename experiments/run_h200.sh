@@ -128,6 +128,18 @@ row_c() {
   grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
   echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$1")"
 }
+# pack_build: the compiled library as OUTDIR/gpb.tgz, for a later call to carry as .gpb/gpb.tgz.
+pack_build() { tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"; }
+# sanitizers LOG CAP ARG...: memcheck, then racecheck, over experiments.sanitize_ops ARG... (each under CAP), and
+# their summaries.
+sanitizers() {
+  local logf=$1 cap=$2; shift 2
+  for tool in memcheck racecheck; do
+    brun "$cap" "$logf" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops "$@"
+    echo "$tool rc=$?"
+  done
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$logf" | head -8
+}
 # cuda_tests LOG CAP FILE...: the CUDA tests of FILE... (or the folder tests), their failures and summary line.
 cuda_tests() {
   local logf=$1 cap=$2; shift 2
@@ -794,11 +806,7 @@ PYEOF
       echo "ptxas of kv_tc_kernel:"
       grep -A2 "kv_tc_kernel" "$OUT/s8c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -24
       cuda_tests "$OUT/s8c_tests.log" 150 tests
-      for tool in memcheck racecheck; do
-        brun 60 "$OUT/s8c_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only matmul; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|kernels ran|Error" "$OUT/s8c_sanitize.log" | head -8
+      sanitizers "$OUT/s8c_sanitize.log" 60 --only matmul
       brun 100 "$OUT/s8c_kv.log" python -m experiments.bench_matmul --cases 1000000:16 200000:16 36000:11 \
         --kernels cuda_cores tc tc_occ3 tc_t32 tc_vsplit tc_isplit --reps 3 --stem bench_matmul
       echo "bench_matmul kernels rc=$?"; cp experiments/results/bench_matmul_kernels.* "$res/" 2>/dev/null
@@ -833,11 +841,7 @@ PYEOF
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
       echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
       grep -E "^\| \(|^- " "$res/bench_ops.md"
-      for tool in memcheck racecheck; do
-        brun 50 "$OUT/s9_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9_sanitize.log" | head -8
+      sanitizers "$OUT/s9_sanitize.log" 50 --only backward
       cuda_tests "$OUT/s9_tests.log" 170 tests
       stage_end s9 ;;
     session9b)
@@ -863,11 +867,7 @@ PYEOF
           python -m experiments.profile_ops --op cov_bwd --bwd-kernel $k; echo "ncu $k rc=$?"
       done
       grep -E "####|bwd_|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Compute \(SM\) Thr|Memory Thr|Stall|Executed Ipc A" "$OUT/s9b_ncu.log" | head -40
-      for tool in memcheck racecheck; do
-        brun 45 "$OUT/s9b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9b_sanitize.log" | head -8
+      sanitizers "$OUT/s9b_sanitize.log" 45 --only backward
       cuda_tests "$OUT/s9b_tests.log" 170 tests
       stage_end s9b ;;
     session9c)
@@ -899,11 +899,7 @@ PYEOF
       brun 90 "$OUT/s9d_probe.log" python -m experiments.backward_f32_probe --draws 300
       echo "probe rc=$?"; cp experiments/results/backward_f32_probe.* "$res/" 2>/dev/null
       grep -E "^\| " "$res/backward_f32_probe.md"
-      for tool in memcheck racecheck; do
-        brun 45 "$OUT/s9d_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only backward; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s9d_sanitize.log" | head -8
+      sanitizers "$OUT/s9d_sanitize.log" 45 --only backward
       brun 110 "$OUT/s9d_bench.log" python -m experiments.bench_ops --quick --reps 5 --bwd-op \
         --shapes 1,16384,16384,8 4,8192,8192,32 1,40000,40000,8
       echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
@@ -929,11 +925,7 @@ PYEOF
         --out "$res"
       echo "uci c share0 rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_c_share0.md" \
         | cut -d'|' -f2,7,9,10,12,13,23,24; echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s10_uci_c_share0.log")"
-      for tool in memcheck racecheck; do
-        brun 40 "$OUT/s10_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only forward; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s10_sanitize.log" | head -8
+      sanitizers "$OUT/s10_sanitize.log" 40 --only forward
       cuda_tests "$OUT/s10_tests_engine.log" 60 tests/test_train.py tests/test_cuda_graphs.py
       stage_end s10 ;;
     session10b)
@@ -950,11 +942,7 @@ PYEOF
       echo "bench_ops rc=$?"; cp experiments/results/bench_ops.* "$res/" 2>/dev/null
       grep -E "^\| \(|^- " "$res/bench_ops.md"
       row_c "$OUT/s10b_uci_c.log" 150
-      for tool in memcheck racecheck; do
-        brun 40 "$OUT/s10b_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only forward; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s10b_sanitize.log" | head -8
+      sanitizers "$OUT/s10b_sanitize.log" 40 --only forward
       cuda_tests "$OUT/s10b_tests.log" 150 tests
       stage_end s10b ;;
     session10c)
@@ -975,7 +963,7 @@ PYEOF
       # tensor-core forward at (4, 8192, 8192, 32); the compiled library packed as OUTDIR/gpb.tgz; in one call of at
       # most S11A_BUDGET seconds (default 460). Files: s11a_*.log, s11a_results.tar.gz, gpb.tgz.
       stage_begin s11a ${S11A_BUDGET:-460} 240
-      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      pack_build
       for fwd in default expand; do
         extra=(); [ "$fwd" = default ] || extra=(--forward "$fwd")
         ANATOMY_STEM="step_anatomy_$fwd" anatomy "$OUT/s11a_anatomy.log" 80 \
@@ -1045,7 +1033,7 @@ PYEOF
       # 585). Files: s12a_*.log, s12a_results.tar.gz.
       stage_begin s12a ${S12A_BUDGET:-585} 240
       grep -A2 -E "bwd_stored_kernel|Li2ELb1ELb1" "$OUT/s12a_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
-      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      pack_build
       cuda_tests "$OUT/s12a_tests.log" 60 tests/test_stored_backward.py tests/test_train.py -k \
         "(stored or same_steps or products_agree or three_times) and not symmetric"
       cuda_tests "$OUT/s12a_tests_sym.log" 40 tests/test_stored_backward.py -k symmetric
@@ -1055,11 +1043,7 @@ PYEOF
       anatomy "$OUT/s12a_anatomy.log" 110 --forward-layout padded
       ANATOMY_STEM=step_anatomy_symmetric anatomy "$OUT/s12a_anatomy.log" 50 --forward-layout symmetric \
         --datasets keggundirected keggdirected pol
-      for tool in memcheck racecheck; do
-        brun 25 "$OUT/s12a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only stored; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s12a_sanitize.log" | head -8
+      sanitizers "$OUT/s12a_sanitize.log" 25 --only stored
       stage_end s12a ;;
     session12b)
       # The symmetric forward as the engine's default (and its gradient from the stored K only in stored mode): build
@@ -1080,7 +1064,7 @@ PYEOF
       # s13a_*.log, s13a_results.tar.gz.
       stage_begin s13a ${S13A_BUDGET:-585} 240
       grep -A2 -E "sym_matmul_kernel" "$OUT/s13a_build.log" | grep -E "registers|spill" | sort | uniq -c | head -6
-      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      pack_build
       cuda_tests "$OUT/s13a_tests.log" 60 tests/test_symmetric_matmul.py tests/test_dense_matmul.py
       brun 70 "$OUT/s13a_bench.log" python -m experiments.bench_symmetric_product --reps 10 --out "$res"
       echo "bench_symmetric_product rc=$?"; grep -E "^\| " "$res/bench_symmetric_product.md"
@@ -1090,11 +1074,7 @@ PYEOF
       row_c "$OUT/s13a_uci_c.log" 130
       cuda_tests "$OUT/s13a_tests_engine.log" 50 tests/test_train.py tests/test_stored_backward.py -k \
         "same_steps or products_agree or symmetric"
-      for tool in memcheck racecheck; do
-        brun 30 "$OUT/s13a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only stored; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$OUT/s13a_sanitize.log" | head -8
+      sanitizers "$OUT/s13a_sanitize.log" 30 --only stored
       stage_end s13a ;;
     session13b)
       # The preconditioner's two products an iteration by gpfast's bandwidth kernel (its factor and a transposed
@@ -1106,7 +1086,7 @@ PYEOF
       # half-read kernel alone (with the other stored kernels it passed 30 s); in one call of at most S13B_BUDGET
       # seconds (default 585). Files: s13b_*.log, s13b_results.tar.gz.
       stage_begin s13b ${S13B_BUDGET:-585} 240
-      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      pack_build
       cuda_tests "$OUT/s13b_tests.log" 80 tests/test_symmetric_matmul.py tests/test_train.py \
         tests/test_stored_backward.py tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py
       brun 40 "$OUT/s13b_bench.log" python -m experiments.bench_symmetric_product --reps 10 --out "$res" \
@@ -1125,7 +1105,7 @@ PYEOF
       grep -E "RACECHECK SUMMARY|ran|Error" "$OUT/s13b_sanitize.log" | head -4
       stage_end s13b ;;
     session14a)
-      # The pivoted Cholesky's block as about a dozen launches: the diagonal's update and the next candidates in one
+      # The pivoted Cholesky's block in 13 launches: the diagonal's update and the next candidates in one
       # kernel (_pivot_select, instead of torch.topk and five elementwise ops), the pivots with their factor G and
       # its inverse in another (_pivot_block): build (the library packed as OUTDIR/gpb.tgz); the tests of both ops,
       # the preconditioner's, the graphs' and the engine's (with the half-read product's, unrun since its helpers
@@ -1134,14 +1114,10 @@ PYEOF
       # the seven sets; in one call of at most S14A_BUDGET seconds (default 585). Files: s14a_*.log,
       # s14a_results.tar.gz.
       stage_begin s14a ${S14A_BUDGET:-585} 240
-      tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"
+      pack_build
       cuda_tests "$OUT/s14a_tests.log" 100 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py \
         tests/test_train.py tests/test_symmetric_matmul.py tests/test_noise_free.py
-      for tool in memcheck racecheck; do
-        brun 40 "$OUT/s14a_sanitize.log" compute-sanitizer --tool $tool --error-exitcode 3 \
-          python -m experiments.sanitize_ops --only pivot; echo "$tool rc=$?"
-      done
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran" "$OUT/s14a_sanitize.log" | head -6
+      sanitizers "$OUT/s14a_sanitize.log" 40 --only pivot
       brun 80 "$OUT/s14a_precond.log" python -m experiments.bench_preconditioner --dataset keggdirected \
         --kernels 12 --data-dir .data/uci --out "$res"; echo "bench_preconditioner rc=$?"
       grep -E "^\| " "$res/bench_preconditioner.md" | cut -d'|' -f2-9

@@ -1,5 +1,6 @@
 // Warp-level tensor-core products (mma.sync), the 3xTF32 splits that keep them about as accurate as float32, and the
-// cp.async copies that stage their tiles, shared by the tensor-core kernels. Free of torch headers (compiles with plain nvcc).
+// cp.async copies that stage their tiles, shared by the tensor-core kernels. Free of torch headers (compiles with
+// plain nvcc).
 //
 // Fragment layouts of m16n8k8 TF32 (row.col), lane = 4 g + t:
 //   A (16 x 8): a0 = A[g][t], a1 = A[g + 8][t], a2 = A[g][t + 4], a3 = A[g + 8][t + 4]

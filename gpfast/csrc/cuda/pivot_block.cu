@@ -22,9 +22,9 @@ at::Tensor pivot_select_cuda(at::Tensor& d, const at::Tensor& Lb, const at::Tens
   at::Tensor out = at::empty({c}, d.options().dtype(at::kLong));
   pivot_select_kernel<<<blocks, kSelectThreads, 0, current_stream()>>>(
       d.data_ptr<double>(), Lc.data_ptr<double>(), static_cast<int>(Lc.size(0)), cc.data_ptr<int64_t>(),
-      static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), static_cast<int>(pc.size(0)), static_cast<int>(n), static_cast<int>(c),
-      part_v.data_ptr<double>(), part_i.data_ptr<int>(), reinterpret_cast<unsigned*>(ticket.data_ptr<int>()),
-      out.data_ptr<int64_t>());
+      static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), static_cast<int>(pc.size(0)), static_cast<int>(n),
+      static_cast<int>(c), part_v.data_ptr<double>(), part_i.data_ptr<int>(),
+      reinterpret_cast<unsigned*>(ticket.data_ptr<int>()), out.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
