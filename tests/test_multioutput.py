@@ -38,8 +38,9 @@ def _central_differences(f, theta, h=1e-3):
     """Fourth-order central differences: truncation ~h^4 |f^(5)| / 30, rounding ~|error of f| / h. The error of f
     grows with cond(K) ~ n / noise, which reaches 1e7 when a short fit leaves the noise near its floor; a
     second-order rule needs h ~ 1e-5 for its truncation and then amplifies that rounding 1e5-fold."""
-    steps = [(f(theta + h * e) - f(theta - h * e), f(theta + 2 * h * e) - f(theta - 2 * h * e))
-             for e in np.eye(theta.size)]
+    steps = [
+        (f(theta + h * e) - f(theta - h * e), f(theta + 2 * h * e) - f(theta - 2 * h * e)) for e in np.eye(theta.size)
+    ]
     return np.array([(8 * one - two) / (12 * h) for one, two in steps])
 
 
