@@ -666,3 +666,25 @@ def test_removed_arguments_say_where_their_settings_went():
     assert set(new) <= set(ExactGP().get_params())
     defaults = dict(cg_tolerance=1.0, eval_cg_tolerance=0.01, max_cg_iterations=1000, preconditioner_size=15)
     assert upgrade_params({**defaults, "trainer": "auto", "pretrain_subset": None}) == {"cg": None, "pretrain": None}
+
+
+@pytest.mark.parametrize("solver", ["cg", "cholesky"])
+def test_fit_seconds_split_the_fit_into_its_phases(solver):
+    """fit_seconds_ holds the fit's phases in order; together they are the fit's wall time (up to the few lines
+    around them), and the training phase holds every engine step; a later fit with independent outputs, which
+    records no phases, sets it to None rather than leave the earlier fit's."""
+    import time
+
+    rng, seed = fresh_rng()
+    X, y, _, _ = _toy(rng, n=60)
+    gp = _gp(solver=solver, max_iter=4, random_state=0)
+    t0 = time.perf_counter()
+    gp.fit(X, y)
+    wall = time.perf_counter() - t0
+    phases = gp.fit_seconds_
+    assert list(phases) == ["prepare", "train", "posterior"], seed
+    assert all(v >= 0 for v in phases.values()) and sum(phases.values()) <= wall, (phases, wall, seed)
+    if gp.step_seconds_ is not None:
+        assert phases["train"] >= sum(gp.step_seconds_), (phases, gp.step_seconds_, seed)
+    gp.set_params(independent_outputs=True, solver="cholesky").fit(X, np.stack([y, -y], axis=1))
+    assert gp.fit_seconds_ is None

@@ -105,7 +105,16 @@ def test_save_load_keeps_every_fitted_attribute(tmp_path, solver):
     gp.save(tmp_path / "gp.gpfast")
     before, after = _fitted(gp), _fitted(ExactGP.load(tmp_path / "gp.gpfast"))
     assert sorted(after) == sorted(before)
-    for name in ("trainer_", "optimizer_", "converged_", "restart_losses_", "cg_iterations_", "step_seconds_"):
+    names = (
+        "trainer_",
+        "optimizer_",
+        "converged_",
+        "restart_losses_",
+        "cg_iterations_",
+        "step_seconds_",
+        "fit_seconds_",
+    )
+    for name in names:
         assert name in before, name  # the documented attributes this test is about
     # the first start, the random one and, on the exact path, the low-noise start: the data's noise (0.05 ** 2) is
     # below 1e-2 x var(y), where the first run ends

@@ -156,6 +156,12 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="au
             # the set-up, the final re-solve and the fitted posterior: the fit's time outside its engine steps
             outside_steps_s=train_s - float(np.sum(gp.step_seconds_)),
         )
+    if getattr(gp, "fit_seconds_", None):  # and where that time goes: before, around and after the steps
+        phases = dict(gp.fit_seconds_)
+        steps = float(np.sum(gp.step_seconds_)) if getattr(gp, "step_seconds_", None) else 0.0
+        info.update(prepare_s=phases.get("prepare"), posterior_s=phases.get("posterior"))
+        if "train" in phases:
+            info["train_around_steps_s"] = phases["train"] - steps
     return info, train_s, predict_s, mean, var
 
 

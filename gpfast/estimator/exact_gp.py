@@ -6,8 +6,7 @@ Example::
 
     gp = ExactGP().fit(X_train, y_train)                      # numpy or torch, on the GPU when there is one
     mean, std = gp.predict(X_test, return_std=True)            # std of the noisy target y, in y's units
-    gp.score(X_test, y_test)                                   # R^2
-    gp.save("gp.pt"); gp2 = ExactGP.load("gp.pt")
+    gp.score(X_test, y_test); gp.save("gp.pt")                # R^2; ExactGP.load("gp.pt") gives it back
 
 Model: ``y = f(x) + eps``, ``f ~ GP(c, s * exp(-0.5 |(x - x') / l|^2))``, ``eps ~ N(0, noise)``, fitted on
 standardised data (:mod:`gpfast.standardize`: each input column and the target centred and scaled to unit
@@ -42,6 +41,7 @@ from gpfast.estimator.restarts import starting_points
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.solver import FitPlan, plan_fit, pretrain_points
 from gpfast.estimator.fitting import (
+    PhaseClock,
     clipped_start,
     engine_attributes,
     fitted_log_marginal_likelihood,
@@ -209,6 +209,10 @@ class ExactGP(RegressorMixin, BaseEstimator):
     step_seconds_ : list of float or None
         With ``trainer_ == "gpfast"``: wall time of each engine step (products, solve and gradient; the device is
         synchronised at the end of each), for benchmarks; None otherwise.
+    fit_seconds_ : dict of str to float or None
+        Wall time of the fit's phases (the device synchronised between them), for benchmarks: ``"prepare"``, up to
+        the training; ``"train"``, ``step_seconds_`` and the engine's work around them; ``"posterior"``, what
+        predictions use (the factorisation) and the fitted LML. None with ``independent_outputs=True``.
     log_marginal_likelihood_ : float
         Log marginal likelihood of the standardised targets (total, not per point; comparable to
         scikit-learn's ``GaussianProcessRegressor(normalize_y=True).log_marginal_likelihood_value_``) at the
@@ -289,8 +293,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def fit(self, X, y):
         """Standardise the data, train the hyperparameters, and (Cholesky solver) factor the covariance.
 
-        Every argument is validated before any fitted attribute changes: a failed ``fit`` leaves a previous fit
-        intact.
+        Every argument is validated first: a failed ``fit`` leaves a previous fit intact.
 
         Parameters
         ----------
@@ -324,6 +327,7 @@ class ExactGP(RegressorMixin, BaseEstimator):
     def _fit(self, X, y) -> dict[str, object]:
         """Everything ``fit`` does, in locals; returns the fitted attributes."""
         settings = _params.resolve(self)
+        clock = PhaseClock(settings.device)
         Xt, yt = validate_training(self, X, y)
         data = standardized(Xt, yt, bool(self.standardize), settings.device)
         inits = _params.initial_values(self, Xt.shape[1], torch.from_numpy(data.x_std), _outputs.init_scale(data.y_std))
@@ -338,7 +342,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
             starts = starting_points(space, theta0, self.n_restarts if self.max_iter > 0 else 0, settings.seed)
             options = dict(max_iter=self.max_iter, pretrain_steps=settings.pretrain_steps, seed=settings.seed)
             options.update(free=free, checkpoint=ckpt, lr=self.lr, tol=self.tol, verbose=bool(self.verbose))
+            clock.mark("prepare")
             pre, result, record, restart_losses = run_plan(plan, model, space, starts, Xs, ys, **options)
+            clock.mark("train")
             if ckpt is not None:
                 ckpt.close()
             space.set(model, result.theta)
@@ -349,6 +355,9 @@ class ExactGP(RegressorMixin, BaseEstimator):
             model.eval()
             model.likelihood.eval()
             lml, lml_method, posterior = fitted_log_marginal_likelihood(model, Xs, ys, plan)
+            # built here, not on the first predict, so that predict leaves the estimator unchanged
+            cg_posterior = prediction.cg_posterior_of_fit(model, Xs, ys, plan.solver, settings.cg)
+            clock.mark("posterior")
         if self.max_iter > 0:
             warn_about_fit(plan, result, space, Xs, ys, self.max_iter, self.tol)
         if ckpt is not None:
@@ -370,8 +379,8 @@ class ExactGP(RegressorMixin, BaseEstimator):
             log_marginal_likelihood_=lml,
             log_marginal_likelihood_method_=lml_method,
             _posterior=posterior,
-            # built here, not on the first predict, so that predict leaves the estimator unchanged
-            _cg_posterior=prediction.cg_posterior_of_fit(model, Xs, ys, plan.solver, settings.cg),
+            _cg_posterior=cg_posterior,
+            fit_seconds_=clock.seconds,
             **engine_attributes(record),
         )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from gpfast.train import Engine
 __all__ = [
     "FitResult",
     "Objective",
+    "PhaseClock",
     "default_objective",
     "engine_attributes",
     "fit_hyperparameters",
@@ -53,6 +55,29 @@ __all__ = [
 #: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
 #: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
 Objective = Callable[[], torch.Tensor]
+
+
+class PhaseClock:
+    """Wall seconds of a fit's phases (``seconds``, by name, in order), the device synchronised at each boundary so
+    that the kernels a phase queued count in it: a benchmark can then tell the training steps from the set-up
+    around them and the factorisation after them. One synchronisation a phase."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._sync()
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now: its time is that since the clock started or the last phase ended."""
+        self._sync()
+        now = time.perf_counter()
+        self.seconds[phase] = now - self._last
+        self._last = now
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
 
 def solver_settings(solver: str | None) -> contextlib.ExitStack:

@@ -213,6 +213,7 @@ def fit_estimator(est, X, y) -> dict:
         product_=None,
         pretrain_history_=[],
         _cg_posterior=None,
+        fit_seconds_=None,
         **engine_attributes(None),  # the engine's records: it did not train
         **fitted,
         **hyperparameter_attributes(fitted["_independent_theta"], data.x_std, data.y_mean, data.y_std),

@@ -123,6 +123,7 @@ def fit_estimator(est, settings: _params.Settings, Xt: torch.Tensor, yt: torch.T
         product_=plan.full.product,
         pretrain_history_=[],
         _cg_posterior=None,
+        fit_seconds_=None,
         _posterior=IndependentCGPosterior(data.X, data.y, theta, plan.dtype, settings.cg),
         _independent_theta=theta,
         history_=[run.history for run in runs],

@@ -89,6 +89,7 @@ _NOT_IN_OLD_FILES = (
     "history_data_fit_",
     "history_log_det_estimate_",
     "step_seconds_",
+    "fit_seconds_",
 )
 
 
@@ -127,14 +128,16 @@ def plain_params(est) -> dict[str, Any]:
 def _is_plain(v) -> bool:
     if v is None or isinstance(v, (bool, int, float, str)):
         return True
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _is_plain(x) for k, x in v.items())
     return isinstance(v, list) and all(_is_plain(x) for x in v)
 
 
 def fitted_attributes(est) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Every fitted attribute (public, name ending in ``_``) of ``est`` without an entry of its own in the file:
-    ``(plain, arrays)``, the plain values (None, bool, int, float, str, lists of these; numpy scalars and tuples
-    as their Python equals) and the numpy arrays as CPU tensors. TypeError for a value of any other type, which a
-    file could not give back."""
+    ``(plain, arrays)``, the plain values (None, bool, int, float, str, lists and str-keyed dicts of these; numpy
+    scalars and tuples as their Python equals) and the numpy arrays as CPU tensors. TypeError for a value of any
+    other type, which a file could not give back."""
     plain, arrays = {}, {}
     for name, value in vars(est).items():
         if not name.endswith("_") or name.startswith("_") or name in _OWN_ENTRIES:
@@ -149,7 +152,7 @@ def fitted_attributes(est) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         if not _is_plain(value):
             raise TypeError(
                 f"ExactGP.save: the fitted attribute {name} is a {type(value).__name__}; a gpfast file holds plain "
-                f"values (None, bool, int, float, str, lists of these) and numeric arrays only."
+                f"values (None, bool, int, float, str, lists and str-keyed dicts of these) and numeric arrays only."
             )
         plain[name] = value
     return plain, arrays
@@ -355,7 +358,7 @@ def _check_independent(state: dict, params: dict, bad) -> None:
 def _check_fitted(state: dict, bad) -> None:
     """The ``fitted`` entries (absent in older files): attribute names to plain values, and to tensors."""
     for key, ok, what in (
-        ("fitted", _is_plain, "plain values (None, bool, int, float, str, lists of these)"),
+        ("fitted", _is_plain, "plain values (None, bool, int, float, str, lists and str-keyed dicts of these)"),
         ("fitted_arrays", torch.is_tensor, "tensors"),
     ):
         entry = state.get(key, {})
