@@ -74,7 +74,10 @@
 #                 racecheck over them, bench_preconditioner on keggdirected and pol, step_anatomy, row c;
 #                 S14A_BUDGET 585), session14b (step_anatomy and row c again, after a change to the rebuild model;
 #                 S14B_BUDGET 300), session14c (every CUDA test and memcheck over every kernel on a carried build;
-#                 S14C_BUDGET 400), session14d (racecheck over every kernel on a carried build; S14D_BUDGET 260)
+#                 S14C_BUDGET 400), session14d (racecheck over every kernel on a carried build; S14D_BUDGET 260),
+#                 session15 (the rebuild rule on the iterations a preconditioner's ageing added, the larger CUDA
+#                 warm-up and the fit's phases: build, the engine's and the estimator's CUDA tests, row c, row a,
+#                 row c rebuilding whenever asked; S15_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1152,6 +1155,27 @@ PYEOF
         python -m experiments.sanitize_ops; echo "racecheck rc=$?"
       grep -E "RACECHECK SUMMARY|ran" "$OUT/s14d_racecheck.log" | head -4
       stage_end s14d ;;
+    session15)
+      # A rebuild that the lengthscale or age rule asks for waits for the iterations the preconditioner's ageing
+      # added (each step's beyond the fewest since the build), compare's CUDA warm-up takes 8192 points and two
+      # steps, and the rows record the fit's phases (ExactGP.fit_seconds_): build (packed as OUTDIR/gpb.tgz); the
+      # engine's, graphs', estimator's, checkpoints' and save files' CUDA tests; row c on the seven sets; row a
+      # (stock GPyTorch) on the six that it finishes, in the same call; row c rebuilding whenever asked
+      # (rebuild_cost_share=0), the reference without deferral; in one call of at most S15_BUDGET seconds
+      # (default 560). Files: s15_*.log, s15_results.tar.gz.
+      stage_begin s15 ${S15_BUDGET:-560} 240
+      pack_build
+      cuda_tests "$OUT/s15_tests.log" 90 tests/test_train.py tests/test_cuda_graphs.py tests/test_estimator.py \
+        tests/test_checkpoint.py tests/test_persistence.py
+      row_c "$OUT/s15_uci_c.log" 150
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,25
+      brun 130 "$OUT/s15_uci_a.log" "${UCI[@]}" --rows gpytorch --datasets pol elevators bike kin40k protein \
+        keggdirected --stem uci_all_a --out "$res"; echo "uci a rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_a.md" | cut -d'|' -f2,7,12,13
+      brun 130 "$OUT/s15_uci_c0.log" "${UCI[@]}" --rows gpfast --cg rebuild_cost_share=0 --stem uci_all_c0 \
+        --out "$res"; echo "uci c0 rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c0.md" | cut -d'|' -f2,7,9,10,12,13
+      stage_end s15 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

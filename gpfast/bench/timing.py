@@ -20,6 +20,7 @@ import torch
 __all__ = [
     "COPY_BW",
     "EXP_RATE",
+    "CUDA_WARM_UP_POINTS",
     "WARM_UP_POINTS",
     "PeakMemory",
     "cpu_name",
@@ -41,6 +42,13 @@ EXP_RATE = 16 * H200_SMS * H200_CLOCK  # exponentials per second on the SFUs
 
 #: Training points of each untimed warm-up run (:func:`warm_up`).
 WARM_UP_POINTS = 64
+
+#: On a GPU, the warm-up of a benchmark whose fits are larger takes this many points: twice the size up to which
+#: ``ExactGP`` trains by the exact objective there, so that it trains by the engine, with its stored K, the pivoted
+#: Cholesky's blocks and the CUDA graphs, and factors by cuSOLVER, whose first calls in a process load kernels and
+#: libraries. After a 64-point warm-up, pol, the first set of a UCI run, took 277 ms over its first step and the
+#: six sets after it 19-124 ms (H200, 2026-12-03).
+CUDA_WARM_UP_POINTS = 8192
 
 
 def warm_up(runs: Iterable[Callable[[], object]]) -> None:
