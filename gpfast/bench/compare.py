@@ -246,13 +246,7 @@ def compare(
     common.update(iters=int(iters), lr=float(lr), seed=int(seed), device=str(dev), dtype="float32")
     common.update(machine=machine(dev), date=now(), cg_settings=dict(cg or {}), **init)
     if warmup:
-        # on a GPU, two steps at the larger size: the second is a warm-started step, as nearly all timed ones are
-        nw, steps = (CUDA_WARM_UP_POINTS, 2) if dev.type == "cuda" else (WARM_UP_POINTS, 1)
-        nw = min(nw, X.shape[0])
-        runs = (
-            partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], steps, lr, seed, dev, False, init, cg) for name in rows
-        )
-        warm_up(runs)
+        _warm_up_rows(rows, X, y, Xt, lr, seed, dev, init, cg)
 
     results: list[dict] = []
     for name in rows:
@@ -263,6 +257,14 @@ def compare(
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def _warm_up_rows(rows, X, y, Xt, lr, seed, dev, init, cg) -> None:
+    """Each row once, untimed, on the first points (:func:`gpfast.bench.timing.warm_up`). On a GPU, two steps at
+    the larger size: the second is a warm-started step, as nearly all timed ones are."""
+    nw, steps = (CUDA_WARM_UP_POINTS, 2) if dev.type == "cuda" else (WARM_UP_POINTS, 1)
+    nw = min(nw, X.shape[0])
+    warm_up(partial(_run_row, name, X[:nw], y[:nw], Xt[:nw], steps, lr, seed, dev, False, init, cg) for name in rows)
 
 
 def _inputs(dataset, split, data_dir, device):
