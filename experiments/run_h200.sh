@@ -77,7 +77,9 @@
 #                 S14C_BUDGET 400), session14d (racecheck over every kernel on a carried build; S14D_BUDGET 260),
 #                 session15 (the rebuild rule on the iterations a preconditioner's ageing added, the larger CUDA
 #                 warm-up and the fit's phases: build, the engine's and the estimator's CUDA tests, row c, row a,
-#                 row c rebuilding whenever asked; S15_BUDGET 560)
+#                 row c rebuilding whenever asked; S15_BUDGET 560), session15b (row c by the first form of the
+#                 deferral rule, with .gpb/state_first_rule.py in a copy of the tree, and rebuilding whenever asked,
+#                 then the current rule again, on a carried build; S15B_BUDGET 330)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1176,6 +1178,23 @@ PYEOF
         --out "$res"; echo "uci c0 rc=$?"
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c0.md" | cut -d'|' -f2,7,9,10,12,13
       stage_end s15 ;;
+    session15b)
+      # The three rebuild rules side by side in one call, on session15's build (carried as .gpb/gpb.tgz): row c
+      # with the first form of the deferral rule (every iteration since the build counted; that form's
+      # gpfast/train/state.py carried as .gpb/state_first_rule.py, run from a copy of the tree), row c rebuilding
+      # whenever asked (rebuild_cost_share=0), then row c with the current rule; at most S15B_BUDGET seconds
+      # (default 330). Files: s15b_*.log, s15b_results.tar.gz.
+      stage_begin s15b ${S15B_BUDGET:-330} 240
+      rm -rf /tmp/first && mkdir /tmp/first && cp -r gpfast experiments COMMIT /tmp/first/ && ln -s "$PWD/.data" /tmp/first/.data
+      cp .gpb/state_first_rule.py /tmp/first/gpfast/train/state.py
+      (cd /tmp/first && PYTHONPATH=/tmp/first brun 100 "$OUT/s15b_uci_first.log" "${UCI[@]}" --rows gpfast \
+        --stem uci_all_c_first --out "$res"); echo "uci first rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_first.md" | cut -d'|' -f2,7,9,10,12,13,24
+      brun 100 "$OUT/s15b_uci_c0.log" "${UCI[@]}" --rows gpfast --cg rebuild_cost_share=0 --stem uci_all_c0 \
+        --out "$res"; echo "uci c0 rc=$?"
+      grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c0.md" | cut -d'|' -f2,7,9,10,12,13,24
+      row_c "$OUT/s15b_uci_c.log" 100
+      stage_end s15b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
