@@ -4,15 +4,12 @@ The engine rebuilds its pivoted-Cholesky preconditioner when the lengthscales ha
 rebuild at a high rank can cost far more than the iterations it saves. On an H200, pol (13,500 points) at rank
 3200 spent about 80 ms on each replayed rebuild, one every three steps, beside 11-18 ms for a whole step without
 one, and with rebuilds that frequent the iterations barely moved (4-8 a step). So a rebuild that the
-lengthscale or age rule asks for waits until the iterations that the preconditioner's ageing has added since the
-last build, each step's beyond the fewest a step has taken since, have cost about as much as a build
-(:attr:`gpfast.CGSettings.rebuild_cost_share`). That is the rule of renting until the rent paid equals the price:
-the added iterations are at most what a fresh preconditioner would have saved, so the rebuilds and the iterations
-they could have saved together cost at most about twice what the best schedule of rebuilds would, whatever the
-hyperparameters do. Counting every iteration since the build instead lets rebuilds take about as long as all the
-solves, wanted or not (8-20% of the training time of the seven UCI sets' 50-step fits on an H200, 2026-12-03). A
-rebuild that the accuracy rule asks for (a new rank), or that follows a solve that missed its tolerance (whose
-count is the cap's and shows nothing of the ageing), never waits.
+lengthscale or age rule asks for waits until the CG iterations since the last build have cost about as much as a
+build (:attr:`gpfast.CGSettings.rebuild_cost_share`): whatever the rebuilds buy, they then take at most about that
+share of the time the solves take. The preconditioner goes stale for longer in between (on the same fit the
+iterations then grew from 6 to 35 a step before a rebuild), and the fit still trained in 2.15 s against 2.37
+(H200, 2026-12-03, experiments/results/h200_2026-12-03_session8). A rebuild that the accuracy rule asks for (a new
+rank) never waits.
 
 The model counts the bytes each part moves through memory, its floating-point operations and its kernel
 launches, at rates typical of the device kind. It only has to rank a rebuild against iterations to within a

@@ -5,9 +5,8 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 1. Products: K̂ = K + noise I for the current hyperparameters, stored or matrix-free (:mod:`.product`).
 2. Preconditioner: P = L L^T + noise I, L a rank-k pivoted Cholesky of K (:mod:`.preconditioner`). It is rebuilt
    every ``rebuild_every`` steps, or sooner when a lengthscale has moved by more than
-   ``rebuild_lengthscale_change`` in log since the build, once the CG iterations that its ageing added (beyond
-   the fewest a step has taken since the build) have cost about as much as a rebuild (``rebuild_cost_share``,
-   :mod:`.costs`) or a solve has missed its tolerance; in between, it takes the current
+   ``rebuild_lengthscale_change`` in log since the build, once the CG iterations since the build have cost
+   about as much as a rebuild (``rebuild_cost_share``, :mod:`.costs`); in between, it takes the current
    outputscale and noise (exactly, by its Woodbury form) at the step after one of them has moved by more than
    ``rescale_change`` in log.
 3. Probes: s fixed Rademacher vectors (drawn anew every ``resample_every`` steps if set), independent of the

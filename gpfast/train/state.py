@@ -51,9 +51,7 @@ class _State:
         self.block = settings.pivot_block  # pivots per block of the preconditioner's build
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
-        self.its_floor: int | None = None  # the fewest CG iterations of a step since the last build (its own too)
-        self.excess_its = 0  # CG iterations of the steps since the last build beyond its_floor
-        self.missed_since_build = False  # whether a solve since the last build missed its tolerance
+        self.its_since_build = 0  # CG iterations of the steps since the last build, its own step's included
         self.scales_at: list[float] | None = None  # (outputscale, noise) of the preconditioner's last update (host)
         self.rescale_next = False
         self.estimate: int | None = None  # the next solve's expected CG iterations
@@ -68,26 +66,24 @@ class _State:
 
     _LISTS = ("l_build", "g", "hyper", "g2", "scales_at")
     _NUMBERS = ("s", "built_at", "drawn_at", "data_fit", "log_det", "rank", "cap", "rebuild_next", "rescale_next",
-                "estimate", "rate", "g2_steps", "its_floor", "excess_its", "missed_since_build")  # fmt: skip
+                "estimate", "rate", "g2_steps", "its_since_build")  # fmt: skip
 
     def rebuild_due(self, cfg: CGSettings, step: int, product: CovarianceProduct, columns: int) -> bool:
         """Whether this step rebuilds the preconditioner (solving ``columns`` right-hand sides): always for the
         first build and for a new rank (the accuracy rule); when the lengthscale rule or ``rebuild_every`` asks,
-        only once the iterations that the preconditioner's ageing has added since the last build (each step's
-        beyond the fewest a step has taken since, :meth:`after_step`) have cost ``cfg.rebuild_cost_share`` of a
-        build (:mod:`gpfast.train.costs`), or at once after a solve since the build missed its tolerance (its
-        count was the cap's, which says nothing of what the ageing added)."""
+        only once the CG iterations since the last build have cost ``cfg.rebuild_cost_share`` of a build
+        (:mod:`gpfast.train.costs`)."""
         if self.pc is None or self.pc.k != min(self.rank, product.n):
             return True
         if not (self.rebuild_next or step - self.built_at >= cfg.rebuild_every):
             return False
-        if cfg.rebuild_cost_share == 0 or self.missed_since_build:
+        if cfg.rebuild_cost_share == 0:
             return True
         # the first rank's rows (the largest block), so that every rank of a split product takes the same decision
         rows = -(-product.n // _dist.world_size()) if product.split is not None else product.n
         cost = rebuild_iterations(product.n, rows, self.pc.k, self.block, columns, product.x.shape[1],
                                   product.mode == "stored", product.x.device.type)  # fmt: skip
-        return self.excess_its >= cfg.rebuild_cost_share * cost
+        return self.its_since_build >= cfg.rebuild_cost_share * cost
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:
         """Rebuild the preconditioner at the product's current hyperparameters (no host read).
@@ -135,16 +131,7 @@ class _State:
         measure ``res``, and whether it started from the last step's solutions)."""
         if rebuilt:
             self.l_build = list(lengthscale)
-        # What a rebuild would buy back is the iterations that the preconditioner's ageing added, not all those
-        # since the build: a fresh one still needs the fewest a step has taken since (warm starts make the first
-        # step's count the largest, so the floor is a running minimum, not the build step's count).
-        its = result.iterations
-        if rebuilt or self.its_floor is None:
-            self.its_floor, self.excess_its, self.missed_since_build = its, 0, False
-        else:
-            self.its_floor = min(self.its_floor, its)
-            self.excess_its += its - self.its_floor
-        self.missed_since_build |= res > cfg.cg_tolerance
+        self.its_since_build = result.iterations + (0 if rebuilt else self.its_since_build)
         self.rebuild_next = _log_change(lengthscale, self.l_build) > cfg.rebuild_lengthscale_change
         points = [(i, r) for i, r in result.checked if 0 < i < result.iterations] + [(result.iterations, res)]
         if warm:
