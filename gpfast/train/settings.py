@@ -69,7 +69,12 @@ class CGSettings:
         whole step without one, and its iterations barely moved (4-8 a step); with the rule its fit trained in
         2.15 s against 2.37, elevators 1.72 against 1.86, bike 1.11 against 1.28, the larger UCI sets within 3%,
         with the same test RMSE and NLL (one H200 call, 2026-12-03). At rank 100 a rebuild costs about one
-        iteration, so there the rule changes nothing.
+        iteration, so there the rule changes nothing. Counting only the iterations that the preconditioner's
+        ageing added (each step's beyond the fewest since the build) deferred rebuilds longer, and the staler
+        preconditioner took more iterations and missed more solves, which raised the rank sooner: in one H200 call
+        with all three, the seven sets' 50-step fits took 20.7 s in all by that count (faster only on pol and
+        protein), 19.6 s by this rule and 19.6 s at 0, each set's RMSE and NLL the same to three digits (2026-12-04,
+        ``experiments/results/h200_2026-12-04_session15``).
     pivot_block : int, default=16
         Pivots the preconditioner's build takes per evaluation of candidate rows (1 to 32; see
         :func:`gpfast.train.preconditioner.pivoted_cholesky`). 32 builds faster on a GPU (a rank-3200 build at
