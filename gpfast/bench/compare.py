@@ -146,6 +146,7 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="au
         "train_solver": str(gp.train_solver_),
         "trainer": getattr(gp, "trainer_", None),
     }
+    steps = float(np.sum(gp.step_seconds_)) if getattr(gp, "step_seconds_", None) else 0.0
     if getattr(gp, "cg_iterations_", None):  # gpfast's training engine: per-step CG iterations and step times
         info.update(
             cg_iterations=list(gp.cg_iterations_),
@@ -154,14 +155,12 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="au
             ms_per_step=1e3 * float(np.median(gp.step_seconds_)),
             step_ms=[round(1e3 * t, 3) for t in gp.step_seconds_],  # each step: the rebuilds show as the slow ones
             # the set-up, the final re-solve and the fitted posterior: the fit's time outside its engine steps
-            outside_steps_s=train_s - float(np.sum(gp.step_seconds_)),
+            outside_steps_s=train_s - steps,
         )
     if getattr(gp, "fit_seconds_", None):  # and where that time goes: before, around and after the steps
-        phases = dict(gp.fit_seconds_)
-        steps = float(np.sum(gp.step_seconds_)) if getattr(gp, "step_seconds_", None) else 0.0
-        info.update(prepare_s=phases.get("prepare"), posterior_s=phases.get("posterior"))
-        if "train" in phases:
-            info["train_around_steps_s"] = phases["train"] - steps
+        phases = gp.fit_seconds_
+        info.update(prepare_s=phases["prepare"], train_around_steps_s=phases["train"] - steps)
+        info.update(posterior_s=phases["posterior"])
     return info, train_s, predict_s, mean, var
 
 
