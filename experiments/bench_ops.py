@@ -10,7 +10,8 @@ first batch (norm-wise; ``plain`` is the plain float32 formula's); forward+backw
 gradients and with the hyperparameters' only (the points need no gradient: the gradient mask skips their passes).
 ``--quick`` leaves out eager PyTorch and torch.compile; ``--bwd-op`` adds the backward op alone (all gradients, and
 the hyperparameters' only), by default and with each kernel named (two row passes in float64 arithmetic,
-``rows64``; one pass in float32 arithmetic, ``onepass32``, d <= 16), with each one's error against the float64 op.
+``rows64``; one pass in float32 arithmetic, ``onepass32``, d <= 16; from the forward's K, ``from_k``, what autograd
+runs for float32), with each one's error against the float64 op.
 ``--points clustered`` draws the points around 64 centres instead (spread 0.05, a tenth of them exact copies of
 another point), which is what real sets such as keggdirected look like to the kernels: duplicate and near pairs in
 most tiles, so the near-pair recomputation of the expansion and tensor-core kernels runs often (with Gaussian draws
@@ -64,11 +65,21 @@ def bench_backward_op(row, x1, x2, l, s, G, reps):
     row["gpfast_bwd_theta"] = cuda_time_ms(lambda: op(*args, False), reps=reps)
     want = op(*(a.double() for a in args), True)
     named = torch.ops.gpfast._rbf_covariance_backward_kernel.default
-    for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64",):
-        row[f"bwd_{kernel}"] = cuda_time_ms(lambda kernel=kernel: named(*args, True, kernel), reps=reps)
-        row[f"bwd_{kernel}_theta"] = cuda_time_ms(lambda kernel=kernel: named(*args, False, kernel), reps=reps)
-        got = named(*args, True, kernel)
-        row[f"err_{kernel}"] = max(((g.double() - w).norm() / w.norm()).item() for g, w in zip(got, want))
+    K = torch.ops.gpfast.rbf_covariance(*args[1:])
+    from_k = torch.ops.gpfast._rbf_covariance_backward_from_k.default
+    for kernel in ("rows64", "onepass32", "from_k") if d <= 16 else ("rows64", "from_k"):
+        if kernel == "from_k":  # the forward's K given: what autograd runs after the forward
+
+            def run(x_grads, kernel=kernel):
+                return from_k(G, K, *args[1:], x_grads)
+        else:
+
+            def run(x_grads, kernel=kernel):
+                return named(*args, x_grads, kernel)
+
+        row[f"bwd_{kernel}"] = cuda_time_ms(lambda run=run: run(True), reps=reps)
+        row[f"bwd_{kernel}_theta"] = cuda_time_ms(lambda run=run: run(False), reps=reps)
+        row[f"err_{kernel}"] = max(((g.double() - w).norm() / w.norm()).item() for g, w in zip(run(True), want))
     del want
 
 
@@ -195,10 +206,13 @@ def main(argv=None):
         "gpfast_bwd_theta",
         "bwd_rows64",
         "bwd_onepass32",
+        "bwd_from_k",
         "bwd_rows64_theta",
         "bwd_onepass32_theta",
+        "bwd_from_k_theta",
         "err_rows64",
         "err_onepass32",
+        "err_from_k",
         "eager_fwd",
         "eager_fwd_bwd",
         "compile_fwd",
@@ -228,10 +242,13 @@ def main(argv=None):
             "bwd op (l, s only)",
             "bwd, float64 passes",
             "bwd, float32 one pass",
+            "bwd from K",
             "bwd (l, s), float64 pass",
             "bwd (l, s), float32 one pass",
+            "bwd (l, s) from K",
             "error, float64 passes",
             "error, float32 one pass",
+            "error, from K",
             "eager fwd",
             "eager fwd+bwd",
             "compile fwd",

@@ -79,7 +79,10 @@
 #                 warm-up and the fit's phases: build, the engine's and the estimator's CUDA tests, row c, row a,
 #                 row c rebuilding whenever asked; S15_BUDGET 560), session15b (row c by the first form of the
 #                 deferral rule, with .gpb/state_first_rule.py in a copy of the tree, and rebuilding whenever asked,
-#                 then the current rule again, on a carried build; S15B_BUDGET 330)
+#                 then the current rule again, on a carried build; S15B_BUDGET 330), session16 (the covariance
+#                 backward from the forward's K: build, every CUDA test, bench_ops with the backward op, the two
+#                 accuracy probes, memcheck over the backward's kernels, row b on pol, elevators and bike;
+#                 S16_BUDGET 570)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1195,6 +1198,31 @@ PYEOF
       grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c0.md" | cut -d'|' -f2,7,9,10,12,13,24
       row_c "$OUT/s15b_uci_c.log" 100
       stage_end s15b ;;
+    session16)
+      # autograd's float32 covariance backward on a GPU reads the forward's K (backward_stored.cuh, kDense) instead
+      # of recomputing every exponential: build (packed as OUTDIR/gpb.tgz); every CUDA test; bench_ops on its four
+      # shapes with the backward op alone (GPyTorch beside); the accuracy probes of the covariance backward (every
+      # kernel, shifted points) and of the tensor-core (l, s) backward of K @ V; memcheck over the covariance
+      # backward's kernels; row b (GPyTorch with gpfast's kernel) on pol, elevators and bike; in one call of at most
+      # S16_BUDGET seconds (default 570). Files: s16_*.log, s16_results.tar.gz.
+      stage_begin s16 ${S16_BUDGET:-570} 240
+      pack_build
+      cuda_tests "$OUT/s16_tests.log" 150 tests
+      brun 110 "$OUT/s16_bench_ops.log" python -m experiments.bench_ops --quick --reps 10 --bwd-op --stem bench_ops_from_k
+      echo "bench_ops rc=$?"; cp experiments/results/bench_ops_from_k.* "$res/"; grep -E "^- \(" "$res/bench_ops_from_k.md"
+      brun 70 "$OUT/s16_probe.log" python -m experiments.backward_f32_probe --draws 150 --emulate 3
+      echo "backward_f32_probe rc=$?"; cp experiments/results/backward_f32_probe.* "$res/"
+      grep -E "^\| " "$res/backward_f32_probe.md" | head -30
+      brun 60 "$OUT/s16_bilinear_probe.log" python -m experiments.bilinear_rule_probe --draws 250
+      echo "bilinear_rule_probe rc=$?"; cp experiments/results/bilinear_rule_probe.* "$res/"
+      grep -E "^\| " "$res/bilinear_rule_probe.md"
+      brun 60 "$OUT/s16_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops --only backward; echo "memcheck rc=$?"
+      grep -E "ERROR SUMMARY|ran" "$OUT/s16_memcheck.log" | head -4
+      brun 80 "$OUT/s16_uci_b.log" "${UCI[@]}" --rows gpytorch+gpfast --datasets pol elevators bike --stem uci_b \
+        --out "$res"; echo "uci b rc=$?"
+      grep -E "^\| (pol|elevators|bike)" "$res/uci_b.md" | cut -d'|' -f2,7,12,13
+      stage_end s16 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -8,7 +8,8 @@ CUDA-core kernel, the tensor-core kernel and its variants);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
-weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel``;
+weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel`` and the
+backward from the forward's K (``_rbf_covariance_backward_from_k``);
 the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
 steps (``_pivot_select``, ``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric
 forward and its product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
@@ -118,9 +119,10 @@ def run_pivot_steps(dev):
 
 
 def run_covariance_backward(dev):
-    """The covariance backward's kernels forced through ``_rbf_covariance_backward_kernel`` on float32 inputs, with
-    and without point gradients: every feature bucket, rows ragged against the 128-row blocks and 16-row chunks,
-    columns against the 32-column tiles, 16-column runs and the one-pass kernel's strips, and split over blocks."""
+    """The covariance backward's kernels forced through ``_rbf_covariance_backward_kernel`` on float32 inputs, and
+    the backward from the forward's K, with and without point gradients: every feature bucket, rows ragged against
+    the 128- and 64-row blocks and 16-row chunks, columns against the 32-column tiles, 16-column runs and the
+    one-pass kernel's strips, and split over blocks."""
     for B, n, m, d in [
         (1, 40, 3000, 4),
         (2, 700, 50, 16),
@@ -134,9 +136,12 @@ def run_covariance_backward(dev):
     ]:
         x1, x2, l, s = _inputs(B, n, m, d, dev, torch.float32)
         w = torch.randn(B, n, m, device=dev)
-        for kernel in ops.COVARIANCE_BACKWARD_KERNELS if d <= 16 else ("rows64",):  # one pass: d <= 16
-            for x_grads in (True, False):
+        K = torch.ops.gpfast.rbf_covariance(x1, x2, l, s)
+        for x_grads in (True, False):
+            for kernel in ("rows64", "onepass32") if d <= 16 else ("rows64",):  # one pass: d <= 16
                 torch.ops.gpfast._rbf_covariance_backward_kernel(w, x1, x2, l, s, x_grads, kernel)
+            # from the forward's K: K and the weights read along rows, then down columns (x_grads)
+            torch.ops.gpfast._rbf_covariance_backward_from_k(w, K, x1, x2, l, s, x_grads)
     torch.cuda.synchronize()
 
 

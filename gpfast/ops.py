@@ -55,13 +55,24 @@ def _register_python_parts() -> None:
     def _mm_bwd_fake(grad, x1, x2, lengthscale, outputscale, v, x_grads=True):
         return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)
 
+    @torch.library.register_fake("gpfast::_rbf_covariance_backward_from_k")
+    def _cov_bwd_k_fake(grad, K, x1, x2, lengthscale, outputscale, x_grads=True, kernel="auto"):
+        return _bwd_fake(x1, x2, lengthscale, outputscale, x_grads)
+
     def _cov_setup(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        # The forward's K is kept (as torch's exp keeps its result, so K must not be changed in place before
+        # backward, on any device alike): float32 on a GPU then reads it instead of recomputing every exponential.
+        ctx.from_k = output.is_cuda and output.dtype == torch.float32 and 1 <= inputs[0].shape[-1] <= 32
+        ctx.save_for_backward(*inputs, output)
 
     def _cov_backward(ctx, grad):
-        x1, x2, lengthscale, outputscale = ctx.saved_tensors
+        x1, x2, lengthscale, outputscale, K = ctx.saved_tensors
         need = ctx.needs_input_grad
-        grads = ops.rbf_covariance_backward(grad, x1, x2, lengthscale, outputscale, need[0] or need[1])
+        if ctx.from_k:
+            x_grads = need[0] or need[1]
+            grads = ops._rbf_covariance_backward_from_k(grad, K, x1, x2, lengthscale, outputscale, x_grads)
+        else:
+            grads = ops.rbf_covariance_backward(grad, x1, x2, lengthscale, outputscale, need[0] or need[1])
         return tuple(g if wanted else None for g, wanted in zip(grads, need))
 
     torch.library.register_autograd("gpfast::rbf_covariance", _cov_backward, setup_context=_cov_setup)
@@ -485,106 +496,19 @@ def rbf_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, *, x_grads: b
     return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
 
 
-# The kernels of _rbf_covariance_kernel: row streaming by differences and by the norm expansion (d <= 32), the tiled
-# one (any d), and the tensor-core one with the variants a sweep compares (float32, 8 < d <= 32).
-COVARIANCE_TC_KERNELS = ("tc", "tc_mt2", "tc_w4")
-COVARIANCE_KERNELS = ("diff", "expand", "tile", *COVARIANCE_TC_KERNELS)
-
-
-@torch.no_grad()
-def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, check_values: bool = True):
-    """:func:`rbf_covariance` by a named CUDA kernel (``COVARIANCE_KERNELS``) whatever the shape, for tests and
-    benchmarks. Arguments as in :func:`rbf_covariance` (the C++ op checks which kernels take which d and dtype);
-    no autograd."""
-    _ensure_loaded()
-    if kernel not in COVARIANCE_KERNELS:
-        raise ValueError(f"_rbf_covariance_kernel: kernel must be one of {COVARIANCE_KERNELS}, got {kernel!r}")
-    x1c, x2c, lc, sc, batch = _canonicalize(x1, x2, lengthscale, outputscale, check_values)
-    K = torch.ops.gpfast._rbf_covariance_kernel(x1c, x2c, lc, sc, kernel)
-    return K.reshape(*batch, x1.shape[-2], x2.shape[-2])
-
-
-# The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16).
-MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit")
-
-
-@torch.no_grad()
-def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
-    """:func:`rbf_matmul` by a named CUDA kernel, for tests and benchmarks: ``"cuda_cores"`` (kv_fwd_kernel, any
-    dtype), ``"tc"`` (tensor cores, float32, d <= 32 and t <= 32; what float32 gets by default at d <= 8, 9 <= t <= 16
-    and at least 10^10 pairs), or a variant of it (``MATMUL_KERNELS``; d <= 8 and t <= 16). Arguments as in
-    :func:`rbf_matmul`; no autograd.
-    """
-    _ensure_loaded()
-    if kernel not in MATMUL_KERNELS:
-        raise ValueError(f"_rbf_matmul_kernel: kernel must be one of {MATMUL_KERNELS}, got {kernel!r}")
-    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
-    d, t = x1c.shape[-1], vc.shape[-1]
-    limit = {"cuda_cores": (32, None), "tc": (32, 32)}.get(kernel, (8, 16))
-    if d > limit[0] or (limit[1] is not None and t > limit[1]):
-        raise ValueError(
-            f"_rbf_matmul_kernel: the kernel {kernel!r} takes d <= {limit[0]}"
-            + (f" and t <= {limit[1]}" if limit[1] else "")
-            + f", got d={d} and t={t}"
-        )
-    if kernel != "cuda_cores" and x1c.dtype != torch.float32:
-        raise ValueError(f"_rbf_matmul_kernel: the tensor-core kernels take float32, got {x1c.dtype}")
-    out = torch.ops.gpfast._rbf_matmul_kernel(x1c, x2c, lc, sc, vc, kernel).reshape(*batch, x1c.shape[1], t)
-    return out.squeeze(-1) if vector else out
-
-
-@torch.no_grad()
-def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kernel: str):
-    """The lengthscale and outputscale gradients of :func:`rbf_matmul_backward` (``x_grads=False``) by a named CUDA
-    kernel, for tests and benchmarks: ``"rows"`` (the float64 row pass), ``"bilinear4"`` or ``"bilinear8"``
-    (tensor cores, float32 only, 4 or 8 warps a block; for K(x, x) each pair once, with the weights of both
-    orders), or ``"bilinear4_nosym"`` and ``"bilinear8_nosym"`` (every ordered pair). Arguments as in
-    :func:`rbf_matmul_backward` (d <= 32 and t <= 32); returns ``(glengthscale, goutputscale)``, each of its input's
-    shape.
-    """
-    _ensure_loaded()
-    x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
-    if vector and isinstance(grad, torch.Tensor):
-        grad = grad.unsqueeze(-1)
-    G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
-    d, t = x1c.shape[-1], vc.shape[-1]
-    if d > 32 or t > 32:  # checked here too: the CUDA op's own check of these crashes the interpreter on the H200
-        raise ValueError(
-            f"_rbf_matmul_backward_kernel: the fused kernels take d <= 32 and t <= 32, got d={d} and t={t}"
-        )
-    gl, gs = torch.ops.gpfast._rbf_matmul_backward_kernel(G, x1c, x2c, lc, sc, vc, kernel)
-    _, _, gl, gs = _grads_to_inputs((None, None, gl, gs), x1, x2, lengthscale, outputscale, batch, False)
-    return gl, gs
-
-
-# The kernels of _rbf_covariance_backward_kernel.
-COVARIANCE_BACKWARD_KERNELS = ("rows64", "onepass32")
-
-
-@torch.no_grad()
-def _rbf_covariance_backward_kernel(grad, x1, x2, lengthscale, outputscale, kernel: str, *, x_grads: bool = True):
-    """:func:`rbf_covariance_backward` by a named CUDA kernel, for tests and benchmarks: ``"rows64"`` (two row
-    passes in float64 arithmetic, any dtype; the default for float64 and for d > 16) or ``"onepass32"`` (one pass
-    over the pairs in float32 arithmetic where the accuracy rule allows it, the exponential and the outputscale's
-    sum in float64; float32 with d <= 16, and its default there). d > 32 takes the dense float64 fall-back whichever
-    is named. Arguments and results as in :func:`rbf_covariance_backward`.
-    """
-    _ensure_loaded()
-    if kernel not in COVARIANCE_BACKWARD_KERNELS:
-        raise ValueError(
-            f"_rbf_covariance_backward_kernel: kernel must be one of {COVARIANCE_BACKWARD_KERNELS}, got {kernel!r}"
-        )
-    x1c, x2c, lc, sc, batch = _canonicalize(x1, x2, lengthscale, outputscale, False)
-    if kernel != "rows64" and x1c.dtype != torch.float32:
-        raise ValueError(f"_rbf_covariance_backward_kernel: {kernel!r} takes float32, got {x1c.dtype}")
-    if kernel == "onepass32" and x1c.shape[-1] > 16:
-        raise ValueError(f"_rbf_covariance_backward_kernel: {kernel!r} takes d <= 16, got d={x1c.shape[-1]}")
-    G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], x2c.shape[1])), x1c)
-    grads = torch.ops.gpfast._rbf_covariance_backward_kernel(G, x1c, x2c, lc, sc, x_grads, kernel)
-    return _grads_to_inputs(grads, x1, x2, lengthscale, outputscale, batch, x_grads)
-
-
-# the ops on a stored K live in their own module (the size of this one); they are part of this module's face
+# the ops on a stored K and the kernel variants live in modules of their own (the size of this one); they are part
+# of this module's face
+from gpfast._kernel_variants import (  # noqa: E402, F401
+    COVARIANCE_BACKWARD_KERNELS,
+    COVARIANCE_KERNELS,
+    COVARIANCE_TC_KERNELS,
+    FROM_K_KERNELS,
+    MATMUL_KERNELS,
+    _rbf_covariance_backward_kernel,
+    _rbf_covariance_kernel,
+    _rbf_matmul_backward_kernel,
+    _rbf_matmul_kernel,
+)
 from gpfast._stored_ops import (  # noqa: E402, F401
     STORED_BACKWARD_KERNELS,
     SYMMETRIC_BLOCKS,

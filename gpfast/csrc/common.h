@@ -85,6 +85,30 @@ inline void check_stored_backward(const at::Tensor& K, const at::Tensor& x1, con
   }
 }
 
+// The covariance backward's arguments when the forward's K comes with them: grad and K (B, n, m) for canonical
+// points (check_canonical), K of x1's dtype and device.
+inline void check_backward_from_k(const at::Tensor& grad, const at::Tensor& K, const at::Tensor& x1,
+                                  const at::Tensor& x2, const at::Tensor& lengthscale, const at::Tensor& outputscale,
+                                  const char* op) {
+  check_canonical(x1, x2, lengthscale, outputscale, op);
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1);
+  for (const at::Tensor* t : {&grad, &K}) {
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == B && t->size(1) == n && t->size(2) == m, op, ": ",
+                t == &K ? "K" : "grad", " must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", t->sizes());
+    TORCH_CHECK(t->device() == x1.device(), op, ": ", t == &K ? "K" : "grad", " must be on x1's device ",
+                x1.device(), ", got ", t->device());
+  }
+  TORCH_CHECK(K.scalar_type() == x1.scalar_type(), op, ": K must share x1's dtype ", x1.scalar_type(), ", got ",
+              K.scalar_type());
+}
+
+// The gradients of sum(grad * K) for K = K(x1, x2) given (the forward's output), by ATen operations in float64 on
+// any device: the CPU implementation, the CUDA fallback for the shapes its kernel does not take, and the tests'
+// reference (ops.cpp). Returns (x1, x2, lengthscale, outputscale) gradients, the first two (0,) without x_grads.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_from_k_reference(
+    const at::Tensor& grad, const at::Tensor& K, const at::Tensor& x1, const at::Tensor& x2,
+    const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads);
+
 // stored_backward by ATen operations in float64 on any device: the CPU implementation, the CUDA fallback for the
 // shapes the kernel does not take, and the tests' reference (ops.cpp).
 std::tuple<at::Tensor, at::Tensor> stored_backward_reference(const at::Tensor& K, const at::Tensor& x1,

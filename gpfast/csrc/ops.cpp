@@ -72,6 +72,48 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cpu(const at::Tensor& K, cons
   return stored_backward_reference(K, x1, x2, lengthscale, outputscale, G, V);
 }
 
+// M = grad o K in float64, row chunks of about 64 MB; z = (x - c) / l with c x2's mean (any common centre gives the
+// same (z_i - z_j)), and with r = M 1, c = M^T 1, P = M Z2, Q = M^T Z1:
+//   A1 = r z1 - P, A2 = c z2 - Q,  d/dx1 = -A1 / l, d/dx2 = -A2 / l,
+//   L = sum r z1^2 - 2 z1 P + sum c z2^2,  d/dl = L / l,  d/ds = sum M / s.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_from_k_reference(
+    const at::Tensor& grad, const at::Tensor& K, const at::Tensor& x1, const at::Tensor& x2,
+    const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads) {
+  const auto f64 = at::kDouble;
+  const auto dtype = x1.scalar_type();
+  const int64_t n = x1.size(1), m = x2.size(1);
+  const at::Tensor l = lengthscale.to(f64).unsqueeze(1), X1 = x1.to(f64), X2 = x2.to(f64);
+  const at::Tensor c = m > 0 ? X2.mean(1, true) : at::zeros({x1.size(0), 1, x1.size(2)}, X1.options());
+  const at::Tensor Z1 = (X1 - c) / l, Z2 = (X2 - c) / l;
+  at::Tensor A1 = at::zeros_like(Z1), colw = at::zeros({x1.size(0), m, 1}, Z1.options());
+  at::Tensor Q = at::zeros_like(Z2), L = at::zeros_like(lengthscale.to(f64)),
+             S = at::zeros_like(outputscale.to(f64));
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(8) << 20) / std::max<int64_t>(m, 1));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t rows = std::min(chunk, n - r0);
+    const at::Tensor M = grad.narrow(1, r0, rows).to(f64) * K.narrow(1, r0, rows).to(f64);
+    const at::Tensor r = M.sum(2, true), zc = Z1.narrow(1, r0, rows), P = at::bmm(M, Z2);
+    A1.narrow(1, r0, rows).copy_(r * zc - P);
+    colw += M.sum(1).unsqueeze(-1);
+    Q += at::bmm(M.transpose(1, 2), zc);
+    L += (r * zc * zc - 2.0 * zc * P).sum(1);
+    S += r.sum(at::IntArrayRef{1, 2});
+  }
+  L += (colw * Z2 * Z2).sum(1);
+  const at::Tensor gl = (L / l.squeeze(1)).to(dtype), gs = (S / outputscale.to(f64)).to(dtype);
+  if (!x_grads) return {at::empty({0}, x1.options()), at::empty({0}, x1.options()), gl, gs};
+  return {(-A1 / l).to(dtype), (-(colw * Z2 - Q) / l).to(dtype), gl, gs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> covariance_backward_from_k_cpu(
+    const at::Tensor& grad, const at::Tensor& K, const at::Tensor& x1, const at::Tensor& x2,
+    const at::Tensor& lengthscale, const at::Tensor& outputscale, bool x_grads, c10::string_view kernel) {
+  check_backward_from_k(grad, K, x1, x2, lengthscale, outputscale, "_rbf_covariance_backward_from_k");
+  TORCH_CHECK(kernel == "auto" || kernel == "reference", "_rbf_covariance_backward_from_k: kernel must be 'auto' or ",
+              "'reference', got '", std::string(kernel), "'");
+  return covariance_backward_from_k_reference(grad, K, x1, x2, lengthscale, outputscale, x_grads);
+}
+
 // The CUDA kernels' variants have no CPU counterpart: the CPU backward has one design (cpu/rbf.cpp).
 std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cpu(const at::Tensor&, const at::Tensor& x1,
                                                               const at::Tensor&, const at::Tensor&,
@@ -125,6 +167,12 @@ TORCH_LIBRARY(gpfast, m) {
   m.def(
       "stored_backward(Tensor K, Tensor x1, Tensor x2, Tensor lengthscale, Tensor outputscale, Tensor G, Tensor V,"
       " str kernel=\"auto\") -> (Tensor, Tensor)");
+  // Private, for rbf_covariance's autograd: the gradients of sum(grad * K) given the forward's K = K(x1, x2) (B, n,
+  // m), so that no exponential is recomputed; the same outputs as rbf_covariance_backward. kernel: "auto" or
+  // "reference" (float64 ATen operations, any device). CUDA float32 with d <= 32 runs on FP64 tensor cores.
+  m.def(
+      "_rbf_covariance_backward_from_k(Tensor grad, Tensor K, Tensor x1, Tensor x2, Tensor lengthscale,"
+      " Tensor outputscale, bool x_grads=True, str kernel=\"auto\") -> (Tensor, Tensor, Tensor, Tensor)");
   // Private, for the training engine: K(x, x) (x (n, d), lengthscale (d), outputscale 0-dim) in the first n columns
   // of an (n, pitch) buffer, on CUDA; float32 with 17 <= d <= 32 computes each pair once and mirrors it.
   m.def("_rbf_covariance_symmetric(Tensor x, Tensor lengthscale, Tensor outputscale, int pitch) -> Tensor");
@@ -165,6 +213,7 @@ TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
   m.impl("symmetric_matmul", &gpfast::symmetric_matmul_cpu);
   m.impl("stored_backward", &gpfast::stored_backward_cpu);
+  m.impl("_rbf_covariance_backward_from_k", &gpfast::covariance_backward_from_k_cpu);
   m.impl("_rbf_matmul_backward_kernel", &gpfast::matmul_backward_kernel_cpu);
   m.impl("_rbf_matmul_kernel", &gpfast::matmul_kernel_cpu);
   m.impl("_rbf_covariance_backward_kernel", &gpfast::covariance_backward_kernel_cpu);

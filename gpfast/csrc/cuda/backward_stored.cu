@@ -1,10 +1,11 @@
-// Launcher of stored_backward on CUDA: the (lengthscale, outputscale) gradients of sum(G * (K V)) from a stored K,
-// on tensor cores (device code: backward_stored.cuh), or by the float64 ATen reference for the shapes the kernel
-// does not take.
+// Launchers of the backwards from a K in memory (device code: backward_stored.cuh): stored_backward, the
+// (lengthscale, outputscale) gradients of sum(G * (K V)), and _rbf_covariance_backward_from_k, every gradient of
+// sum(grad * K) for the forward's K; the float64 ATen references take the shapes the kernel does not.
 #include <algorithm>
 #include <string>
 
 #include "../common.h"
+#include "backward_host.h"
 #include "backward_stored.cuh"
 #include "dispatch.h"
 
@@ -49,6 +50,7 @@ std::tuple<at::Tensor, at::Tensor> stored_kernel(const at::Tensor& K, const at::
   a.part_l = part_l.data_ptr<double>();
   a.part_s = part_s.data_ptr<double>();
   a.n = n, a.m = m, a.ldk = n > 1 ? K.stride(0) : m, a.cols_per_split = cols;
+  a.ldg = 0, a.k_batch = 0, a.g_batch = 0, a.ls_batch = 0, a.part_a = nullptr, a.transposed = false, a.gk = nullptr;
   a.d = static_cast<int>(d), a.t = static_cast<int>(vw.size(1));
   a.symmetric = symmetric;
   a.pairs = a.ldk % 2 == 0 && aligned(K.data_ptr(), 8);
@@ -67,6 +69,49 @@ std::tuple<at::Tensor, at::Tensor> stored_kernel(const at::Tensor& K, const at::
   const at::Tensor L = part_l.sum(at::IntArrayRef{0, 1}).narrow(0, 0, d);
   const at::Tensor S = part_s.sum();
   return {(L / ls.to(at::kDouble)).to(at::kFloat), (S / outputscale.to(at::kDouble)).to(at::kFloat)};
+}
+
+// One launch of the dense-weight kernel over the rows of x_rows against the columns of x_cols: K and G (B, rows,
+// cols) contiguous, or (transposed) (B, cols, rows) read down their columns. Returns its partial sums in the row
+// passes' layout (backward_host.h): A (splits, B, rows, D) when want_a, L (splits, row blocks, B, D) and sum M
+// (splits, row blocks, B).
+RowPassSums from_k_pass(const at::Tensor& K, const at::Tensor& G, const at::Tensor& x_rows, const at::Tensor& x_cols,
+                        const at::Tensor& ls, bool transposed, bool want_a) {
+  constexpr int kWarps = 4, kBlocksPerSm = 6;
+  const int64_t B = x_rows.size(0), n = x_rows.size(1), m = x_cols.size(1), d = x_rows.size(2);
+  const int D = bilinear_features(static_cast<int>(d));
+  const int64_t rowblocks = ceil_div(n, int64_t(16) * kWarps);
+  int64_t splits = 1;
+  const int64_t cols = split_columns(rowblocks * B, m, kBilTile, kBlocksPerSm, splits);
+  TORCH_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
+              "rbf_covariance backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
+  const auto opts = x_rows.options().dtype(at::kDouble);
+  RowPassSums out;
+  if (want_a) out.a = at::empty({splits, B, n, D}, opts);
+  out.l = at::empty({splits, rowblocks, B, D}, opts);
+  out.s = at::empty({splits, rowblocks, B}, opts);
+  StoredArgs a{};
+  a.k = K.data_ptr<float>();
+  a.gk = G.data_ptr<float>();
+  a.x1 = x_rows.data_ptr<float>();
+  a.x2 = x_cols.data_ptr<float>();
+  a.ls = ls.data_ptr<float>();
+  a.part_l = out.l.data_ptr<double>();
+  a.part_s = out.s.data_ptr<double>();
+  a.part_a = want_a ? out.a.data_ptr<double>() : nullptr;
+  a.n = n, a.m = m, a.cols_per_split = cols;
+  a.ldk = a.ldg = transposed ? n : m;
+  a.k_batch = a.g_batch = n * m, a.ls_batch = d;
+  a.d = static_cast<int>(d), a.t = 0;
+  a.symmetric = false, a.transposed = transposed;
+  a.pairs = !transposed && m % 2 == 0 && aligned(K.data_ptr(), 8) && aligned(G.data_ptr(), 8);
+  const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
+  with_bucket<8, 16, 24, 32>(D, "feature", [&](auto dc) {
+    constexpr int kD = decltype(dc)::value;
+    bwd_stored_kernel<kD, 8, kWarps, true><<<grid, kWarps * 32, 0, current_stream()>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
 }
 
 }  // namespace
@@ -98,7 +143,34 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cuda(const at::Tensor& K, con
   return stored_kernel(K, x1, x2, lengthscale, outputscale, G, V, name.substr(0, 3) == "tc8" ? 8 : 4, symmetric);
 }
 
+// Every gradient of sum(grad * K) from the forward's K: no exponential recomputed, M = grad o K in double on the
+// FP64 tensor cores (backward_stored.cuh). Pass 1 over K's rows gives A1, L and sum M; with x_grads, pass 2 reads
+// K and grad transposed for A2. Float32 with 1 <= d <= 32; otherwise the float64 ATen reference.
+Grads covariance_backward_from_k_cuda(const at::Tensor& grad, const at::Tensor& K, const at::Tensor& x1,
+                                      const at::Tensor& x2, const at::Tensor& lengthscale,
+                                      const at::Tensor& outputscale, bool x_grads, c10::string_view kernel) {
+  constexpr const char* kOp = "_rbf_covariance_backward_from_k";
+  check_backward_from_k(grad, K, x1, x2, lengthscale, outputscale, kOp);
+  TORCH_CHECK(kernel == "auto" || kernel == "reference", kOp, ": kernel must be 'auto' or 'reference', got '",
+              std::string(kernel), "'");
+  const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
+  if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
+  if (kernel == "reference" || x1.scalar_type() != at::kFloat || d > 32)
+    return covariance_backward_from_k_reference(grad, K, x1, x2, lengthscale, outputscale, x_grads);
+  const c10::cuda::CUDAGuard guard(x1.device());
+  const at::Tensor Kc = K.contiguous(), G = grad.to(at::kFloat).contiguous();
+  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
+  RowPassSums rows = from_k_pass(Kc, G, p1, p2, ls, false, x_grads);
+  rows.s = rows.s / outputscale.to(at::kDouble).view({1, 1, B});
+  std::optional<RowPassSums> cols;
+  if (x_grads) cols = from_k_pass(Kc, G, p2, p1, ls, true, true);
+  return finish_grads(p1, p2, ls, rows, cols, x_grads);
+}
+
 }  // namespace cuda
 }  // namespace gpfast
 
-TORCH_LIBRARY_IMPL(gpfast, CUDA, m) { m.impl("stored_backward", &gpfast::cuda::stored_backward_cuda); }
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("stored_backward", &gpfast::cuda::stored_backward_cuda);
+  m.impl("_rbf_covariance_backward_from_k", &gpfast::cuda::covariance_backward_from_k_cuda);
+}
