@@ -82,7 +82,8 @@
 #                 then the current rule again, on a carried build; S15B_BUDGET 330), session16 (the covariance
 #                 backward from the forward's K: build, every CUDA test, bench_ops with the backward op, the two
 #                 accuracy probes, memcheck over the backward's kernels, row b on pol, elevators and bike;
-#                 S16_BUDGET 570)
+#                 S16_BUDGET 570), session16b (every CUDA test, the tensor-core (l, s) backward's probe with the
+#                 tests' rule, racecheck over the covariance backward's kernels, on a carried build; S16B_BUDGET 330)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1223,6 +1224,20 @@ PYEOF
         --out "$res"; echo "uci b rc=$?"
       grep -E "^\| (pol|elevators|bike)" "$res/uci_b.md" | cut -d'|' -f2,7,12,13
       stage_end s16 ;;
+    session16b)
+      # autograd back on the backward that recomputes the exponentials, the outputscale's bound for a cancelling sum
+      # in the K @ V backward's tests: every CUDA test, bilinear_rule_probe with the tests' rule, racecheck over the
+      # covariance backward's kernels (the from-K variant among them), on session16's build (carried as
+      # .gpb/gpb.tgz); at most S16B_BUDGET seconds (default 330). Files: s16b_*.log, s16b_results.tar.gz.
+      stage_begin s16b ${S16B_BUDGET:-330} 240
+      cuda_tests "$OUT/s16b_tests.log" 170 tests
+      brun 80 "$OUT/s16b_bilinear_probe.log" python -m experiments.bilinear_rule_probe --draws 400
+      echo "bilinear_rule_probe rc=$?"; cp experiments/results/bilinear_rule_probe.* "$res/"
+      grep -E "^\| " "$res/bilinear_rule_probe.md"
+      brun 60 "$OUT/s16b_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops --only backward; echo "racecheck rc=$?"
+      grep -E "RACECHECK SUMMARY|ran" "$OUT/s16b_racecheck.log" | head -4
+      stage_end s16b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

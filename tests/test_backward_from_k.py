@@ -1,11 +1,11 @@
-"""The covariance backward from the forward's K (what autograd runs for float32 on a GPU): the float64 formula
-against autograd on every device, the CUDA kernel against that formula on the same K, the routing of autograd,
-and what happens when K is changed in place before backward.
+"""The covariance backward from a given K (``_rbf_covariance_backward_from_k``, the named variant "from_k"): the
+float64 formula against autograd on every device, and the CUDA kernel against that formula on the same K.
 
 The kernel forms M = grad o K and every sum in double, as the formula does, so on the same K the two differ by
 the final rounding to float32 (and the expanded form's cancellation, 2^-53 of its terms): 2^-22 norm-wise bounds
-that on every draw. Against float64 with K recomputed in float64, the accuracy rule of test_cuda_kernels
-(4x the plain float32 formula's error + 1e-6) holds through autograd there (test_covariance_backward_*).
+that on every draw. Against float64 with K recomputed in float64 the variant is only as accurate as the float32 K
+it is given, which on a few draws in a hundred puts the outputscale's gradient over the accuracy rule
+(experiments/backward_f32_probe.py): autograd therefore recomputes the exponentials instead.
 """
 
 from __future__ import annotations
@@ -65,10 +65,10 @@ def test_formula_matches_autograd_in_float64(device, shape):
         assert rel_err(masked[2], got[2]) < 1e-14 and rel_err(masked[3], got[3]) < 1e-14
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_checks_name_the_argument(device):
-    x1, x2, l, s = canonical((), 5, 6, 3, device)
-    K = torch.ones(1, 5, 6, device=device)
+def test_checks_name_the_argument():
+    """On the CPU: on the H200 a C++ check that raises inside a CUDA op ends the process (the callers check first)."""
+    x1, x2, l, s = canonical((), 5, 6, 3, "cpu")
+    K = torch.ones(1, 5, 6)
     with pytest.raises(RuntimeError, match=r"K must be \(B, n, m\) = \(1, 5, 6\), got \[1, 6, 5\]"):
         from_k(K, K.transpose(1, 2), x1, x2, l, s)
     with pytest.raises(RuntimeError, match=r"grad must be \(B, n, m\)"):
@@ -77,17 +77,6 @@ def test_checks_name_the_argument(device):
         from_k(K, K.double(), x1, x2, l, s)
     with pytest.raises(RuntimeError, match="kernel must be 'auto' or 'reference', got 'tc'"):
         from_k(K, K, x1, x2, l, s, True, "tc")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_changing_k_in_place_before_backward_is_refused(device):
-    """Autograd keeps the forward's K (as torch's exp keeps its result): changed in place, backward says so."""
-    x1, x2, l, s = canonical((), 20, 30, 4, device)
-    x1.requires_grad_()
-    K = ops.rbf_covariance(x1, x2, l[:, None], s)
-    K.add_(1.0)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        K.sum().backward()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -137,23 +126,3 @@ def test_kernel_mask_and_determinism(shape):
     assert torch.equal(masked[2], full[2]) and torch.equal(masked[3], full[3])
     for a, b in zip(full, again):
         assert torch.equal(a, b)
-
-
-@pytest.mark.cuda
-@no_gpu
-@pytest.mark.parametrize("d", [5, 24])
-def test_autograd_takes_the_backward_from_k(d):
-    """Float32 on a GPU: autograd's gradients are the from-K kernel's, bit for bit, for any broadcast grad."""
-    x1, x2, l, s = canonical((2,), 130, 90, d, "cuda")
-    w = torch.randn(2, 130, 90, device="cuda")
-    l3 = l[:, None]
-    got = grads_of(lambda *a: ops.rbf_covariance(*a), (x1, x2, l3, s), w)
-    want = ops._rbf_covariance_backward_kernel(w, x1, x2, l3, s, "from_k")
-    for name, g, r in zip(NAMES, got, want):
-        assert torch.equal(g, r), name
-    # a grad that is not contiguous (expanded): the same as its contiguous copy
-    row = torch.randn(1, 1, 90, device="cuda")
-    got = grads_of(lambda *a: ops.rbf_covariance(*a), (x1, x2, l3, s), row.expand(2, 130, 90))
-    want = ops._rbf_covariance_backward_kernel(row.expand(2, 130, 90).contiguous(), x1, x2, l3, s, "from_k")
-    for name, g, r in zip(NAMES, got, want):
-        assert torch.equal(g, r), name

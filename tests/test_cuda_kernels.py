@@ -12,7 +12,9 @@ Error rules (``rel_err`` is the norm-wise relative error against float64):
 - gradients: at most 4x the plain formula's error + 1e-6, as in test_ops. The backward sums in float64, so the
   outputscale and lengthscale gradients (single sums of n m terms of either sign) must pass on every draw; so must
   the tensor-core (lengthscale, outputscale) backward that float32 takes without point gradients (weights 3xTF32,
-  the exponent, M Z and the sums in double; the private op _rbf_matmul_backward_kernel picks it).
+  the exponent, M Z and the sums in double; the private op _rbf_matmul_backward_kernel picks it). K @ V's
+  outputscale gradient sums weights W = G V^T formed in float32 (or 3xTF32), whose rounding no kernel avoids: where
+  that sum cancels, its bound adds a term for the rounding's size over the sum (outputscale_error_scale).
 """
 
 import math
@@ -24,7 +26,6 @@ import torch
 from conftest import poison_allocator, rel_err
 from test_ops import grads_of, rand_inputs
 
-from experiments.bilinear_emulation import mma_3xtf32
 from gpfast import _reference as ref
 from gpfast import ops
 
@@ -480,8 +481,10 @@ def test_matmul_backward_float32_vs_float64(t, shape):
         got = grads_of(lambda *a: ops.rbf_matmul(*a), (x1, x2, l3, s, v), w)
         want = grads_of(ref.rbf_matmul, [a.double() for a in (x1, x2, l3, s, v)], w.double())
         plain = grads_of(ref.rbf_matmul, (x1, x2, l3, s, v), w)
+        slack = outputscale_slack(w, x1, x2, l3, v, want[3])
         for name, g, r, p in zip(("x1", "x2", "lengthscale", "outputscale", "v"), got, want, plain):
-            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6, (name, draw)
+            extra = slack if name == "outputscale" else 0.0
+            assert rel_err(g, r) <= 4 * rel_err(p, r) + 1e-6 + extra, (name, draw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -500,17 +503,16 @@ def test_matmul_backward_mask_and_determinism(dtype, t):
         assert rel_err(masked[2], full[2]) < 1e-10 and rel_err(masked[3], full[3]) < 1e-10
     else:  # float32 without the points' gradients takes the tensor-core kernel, which rounds differently from the
         # row pass (2e-6 apart in the outputscale gradient on the H200): each is held to the accuracy rule against
-        # float64 instead, batch entry by batch entry; for the tensor-core kernel "plain" is the worse of plain
-        # float32 and W's 3xTF32 rounding (on the H200 one draw of S was 7.5x plain float32's error, 3.8e-6)
+        # float64 instead, batch entry by batch entry, with the outputscale's term for a cancelling sum (one H200
+        # draw: 3.8e-6, 7.5x plain float32's error)
         for b in range(2):
             args = (g[b], x1[b], x2[b], l[b], s[b], v[b])
             want = theta_grads_blocked(*(a.double() for a in args))
             plain = theta_grads_blocked(*args)
-            split = theta_grads_3xtf32(*args)
-            for got, tc in ((masked, True), (full, False)):
-                for a, r, p, q in zip((got[2][b], got[3][b]), want, plain, split):
-                    base = max(rel_err(p, r), rel_err(q, r)) if tc else rel_err(p, r)
-                    assert rel_err(a, r) <= 4 * base + 1e-6, ("tensor cores" if tc else "row pass", b)
+            slack = outputscale_slack(g[b : b + 1], x1[b : b + 1], x2[b : b + 1], l[b : b + 1], v[b : b + 1], want[1])
+            for got, name in ((masked, "tensor cores"), (full, "row pass")):
+                for a, r, p, extra in zip((got[2][b], got[3][b]), want, plain, (0.0, slack)):
+                    assert rel_err(a, r) <= 4 * rel_err(p, r) + 1e-6 + extra, (name, b)
     again = torch.ops.gpfast.rbf_matmul_backward(g, x1, x2, l, s, v, True)
     for a, b in zip(full, again):
         assert torch.equal(a, b)
@@ -665,12 +667,28 @@ def theta_grads_blocked(g, x1, x2, l, s, v, rows=128, w=None):
     return gl, gs
 
 
-def theta_grads_3xtf32(g, x1, x2, l, s, v):
-    """theta_grads_blocked in float64 but for W = g v^T, formed as the tensor-core backward forms it (3xTF32 MMAs,
-    emulated on the CPU by experiments/bilinear_emulation.py): the error that its documented rounding of W alone
-    brings, which the accuracy rule takes in place of the plain float32 formula's where it is the larger."""
-    w = mma_3xtf32(g.float().cpu(), v.float().cpu().T.contiguous()).to(g.device, torch.float64)
-    return theta_grads_blocked(*(a.double() for a in (g, x1, x2, l, s, v)), w=w)
+def outputscale_error_scale(g, x1, x2, l, v, rows=128):
+    """sqrt(sum_ij (K_ij / s)^2 sum_k g_ik^2 v_jk^2) in float64, for one batch entry: the size of the rounding error
+    that weights W_ij = g_i . v_j formed in float32 (each about 2^-24 sqrt(t) of its terms, independently) put into
+    the outputscale gradient sum_ij W_ij K_ij / s. Where that sum cancels, far below this size, every float32 way of
+    forming it (the plain formula, the row pass, tensor cores) has a relative error of about this size over |sum|,
+    each with its own sign: "4x plain" cannot hold on every draw there, so the rule adds 2^-18 sqrt(t) of it
+    (experiments/bilinear_rule_probe.py)."""
+    g, x1, x2, l, v = (a.double() for a in (g, x1, x2, l, v))
+    z1, z2, v2 = x1 / l, x2 / l, v * v
+    total = torch.zeros((), dtype=torch.float64, device=g.device)
+    for i in range(0, x1.shape[0], rows):
+        q = (z1[i : i + rows, None, :] - z2[None]).pow(2).sum(-1)
+        total += (torch.exp(-q) * (g[i : i + rows] ** 2 @ v2.T)).sum()
+    return total.sqrt()
+
+
+def outputscale_slack(g, x1, x2, l, v, want):
+    """The rule's added term for the outputscale gradient (outputscale_error_scale), norm-wise over batch entries, as
+    a share of |want|: batched inputs (B, ., .) with l (B, 1, d) or (B, d)."""
+    B = x1.shape[0]
+    scale = torch.stack([outputscale_error_scale(g[b], x1[b], x2[b], l[b].reshape(-1), v[b]) for b in range(B)])
+    return 2**-18 * v.shape[-1] ** 0.5 * (scale.norm() / want.double().norm()).item()
 
 
 @pytest.mark.parametrize("kernel", BILINEAR)
