@@ -83,7 +83,8 @@
 #                 backward from the forward's K: build, every CUDA test, bench_ops with the backward op, the two
 #                 accuracy probes, memcheck over the backward's kernels, row b on pol, elevators and bike;
 #                 S16_BUDGET 570), session16b (every CUDA test, the tensor-core (l, s) backward's probe with the
-#                 tests' rule, racecheck over the covariance backward's kernels, on a carried build; S16B_BUDGET 330)
+#                 tests' rule, racecheck over the covariance backward's kernels, on a carried build; S16B_BUDGET 330),
+#                 session16c (row c on the seven sets, on a carried build; S16C_BUDGET 150)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1238,6 +1239,13 @@ PYEOF
         python -m experiments.sanitize_ops --only backward; echo "racecheck rc=$?"
       grep -E "RACECHECK SUMMARY|ran" "$OUT/s16b_racecheck.log" | head -4
       stage_end s16b ;;
+    session16c)
+      # Row c on the seven sets on session16's build (carried as .gpb/gpb.tgz), for the engine's stored-K backward
+      # kernel, whose source gained the from-K variant's branches; at most S16C_BUDGET seconds (default 150).
+      # Files: s16c_*.log, s16c_results.tar.gz.
+      stage_begin s16c ${S16C_BUDGET:-150} 240
+      row_c "$OUT/s16c_uci_c.log" 120
+      stage_end s16c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
