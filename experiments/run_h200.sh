@@ -84,7 +84,9 @@
 #                 accuracy probes, memcheck over the backward's kernels, row b on pol, elevators and bike;
 #                 S16_BUDGET 570), session16b (every CUDA test, the tensor-core (l, s) backward's probe with the
 #                 tests' rule, racecheck over the covariance backward's kernels, on a carried build; S16B_BUDGET 330),
-#                 session16c (row c on the seven sets, on a carried build; S16C_BUDGET 150)
+#                 session16c (row c on the seven sets, on a carried build; S16C_BUDGET 150), session17 (build,
+#                 every CUDA test, memcheck over every kernel; S17_BUDGET 560), session17b (racecheck over every
+#                 kernel on a carried build; S17B_BUDGET 300)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1246,6 +1248,26 @@ PYEOF
       stage_begin s16c ${S16C_BUDGET:-150} 240
       row_c "$OUT/s16c_uci_c.log" 120
       stage_end s16c ;;
+    session17)
+      # What lands at the end of the covariance-backward work, checked whole: build (packed as OUTDIR/gpb.tgz);
+      # every CUDA test (the estimator's among them, whose L-BFGS-B stops on a flat loss are now judged by the
+      # steepest-descent line's bound); memcheck over every kernel (experiments.sanitize_ops); in one call of at
+      # most S17_BUDGET seconds (default 560). Files: s17_*.log, s17_results.tar.gz.
+      stage_begin s17 ${S17_BUDGET:-560} 240
+      pack_build
+      cuda_tests "$OUT/s17_tests.log" 200 tests
+      brun 180 "$OUT/s17_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops; echo "memcheck rc=$?"
+      grep -E "ERROR SUMMARY|ran" "$OUT/s17_memcheck.log" | head -4
+      stage_end s17 ;;
+    session17b)
+      # racecheck over every kernel (experiments.sanitize_ops) on session17's build (carried as .gpb/gpb.tgz),
+      # given 260 s to finish; at most S17B_BUDGET seconds (default 300). Files: s17b_*.log.
+      stage_begin s17b ${S17B_BUDGET:-300} 240
+      brun 260 "$OUT/s17b_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
+        python -m experiments.sanitize_ops; echo "racecheck rc=$?"
+      grep -E "RACECHECK SUMMARY|ran" "$OUT/s17b_racecheck.log" | head -4
+      stage_end s17b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

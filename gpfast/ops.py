@@ -64,7 +64,7 @@ def _register_python_parts() -> None:
 
     def _cov_backward(ctx, grad):
         # The exponentials are recomputed, not read from the forward's K: a gradient from the float32 K fails the
-        # accuracy rule on the outputscale's sum on a few draws in a hundred (experiments/backward_f32_probe.py,
+        # accuracy rule on the outputscale's sum on about 1 draw in 130 (experiments/backward_f32_probe.py,
         # kernel "from_k"), since K's own rounding enters each of its n m terms.
         x1, x2, lengthscale, outputscale = ctx.saved_tensors
         need = ctx.needs_input_grad

@@ -4,7 +4,7 @@ float64 formula against autograd on every device, and the CUDA kernel against th
 The kernel forms M = grad o K and every sum in double, as the formula does, so on the same K the two differ by
 the final rounding to float32 (and the expanded form's cancellation, 2^-53 of its terms): 2^-22 norm-wise bounds
 that on every draw. Against float64 with K recomputed in float64 the variant is only as accurate as the float32 K
-it is given, which on a few draws in a hundred puts the outputscale's gradient over the accuracy rule
+it is given, which on about 1 draw in 130 puts the outputscale's gradient over the accuracy rule
 (experiments/backward_f32_probe.py): autograd therefore recomputes the exponentials instead.
 """
 

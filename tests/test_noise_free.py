@@ -21,7 +21,8 @@ from gpfast.estimator.hyperparameters import (
     noise_floor,
     repeated_rows,
 )
-from gpfast.estimator.optimize import LBFGS_FLAT_GTOL, minimize_lbfgs
+from gpfast.estimator.batched_lbfgs import minimize_batched_lbfgs
+from gpfast.estimator.optimize import _PROBE_FIRST, LBFGS_FLAT_NATS, descent_left, minimize_lbfgs
 from gpfast.estimator.restarts import LOW_NOISE_MAX_N, LOW_NOISE_START, best_of_restarts, low_noise_start
 from gpfast.models import ExactGPModel
 
@@ -107,21 +108,74 @@ def test_low_noise_start_is_made_only_on_the_exact_path_after_a_low_noise_end():
     assert best == start[3] and losses == [theta0[3], start[3], theta0[3] + 1]
 
 
-@pytest.mark.parametrize("step, converged", [(3e-2, True), (1.0, False)])
-def test_lbfgs_stop_on_a_loss_flat_to_its_rounding_counts_as_converged(step, converged):
-    """A loss known only to ``step`` (rounded), with its exact gradient: L-BFGS-B's line search ends finding no
-    decrease. Where the projected gradient is then below LBFGS_FLAT_GTOL the fit is as converged as the loss can
-    tell (as near the noise floor of noise-free data); where it is not, it is not."""
-    space = HyperparameterSpace(1, np.full(4, -10.0), np.full(4, 10.0), np.zeros(1), 0.0)
+def _rounded_cosh(step):
+    """A loss known only to ``step`` (rounded), with its exact gradient, and its unrounded values."""
     scale = np.array([1.0, 3.0, 10.0, 30.0])
 
-    def fun(t):
-        return float(np.round(np.sum(scale * np.cosh(t)) / step) * step), scale * np.sinh(t)
+    def exact(t):
+        return float(np.sum(scale * np.cosh(t)))
 
-    res = minimize_lbfgs(fun, np.array([2.0, -1.5, 1.0, 0.7]), space, n=1, max_iter=100)
-    assert res.converged == converged, res.message
-    largest = float(np.abs(fun(res.theta)[1]).max())
-    assert (largest <= LBFGS_FLAT_GTOL) == converged and ("flat" in res.message) == converged
+    def fun(t):
+        return float(np.round(exact(t) / step) * step), scale * np.sinh(t)
+
+    return fun, exact
+
+
+def _left_on_the_line(exact, grad, theta):
+    """The true fall of ``exact`` along the steepest-descent line from ``theta`` (no bound in the way)."""
+    from scipy.optimize import minimize_scalar
+
+    d = -grad / np.linalg.norm(grad)
+    line = minimize_scalar(lambda a: exact(theta + a * d), bounds=(0.0, 10.0), method="bounded",
+                           options={"xatol": 1e-12})  # fmt: skip
+    return exact(theta) - min(line.fun, exact(theta))
+
+
+@pytest.mark.parametrize("step, converged", [(3e-2, True), (1.0, False)])
+def test_lbfgs_stop_on_a_loss_flat_to_its_rounding_counts_as_converged(step, converged):
+    """L-BFGS-B's line search ends finding no decrease on a rounded loss. Where the steepest-descent line then offers
+    at most LBFGS_FLAT_NATS the fit is as converged as the loss can tell (as near the noise floor of noise-free
+    data); where its bound exceeds that, it is not (the line's true fall then exceeds 1/8 of it: descent_left's
+    bound on a convex line). The single fit and the batched one judge alike."""
+    fun, exact = _rounded_cosh(step)
+    space = HyperparameterSpace(1, np.full(4, -10.0), np.full(4, 10.0), np.zeros(1), 0.0)
+    theta0 = np.array([2.0, -1.5, 1.0, 0.7])
+    single = minimize_lbfgs(fun, theta0, space, n=1, max_iter=100)
+    batched = minimize_batched_lbfgs(
+        lambda rows, thetas: (np.array([fun(t)[0] for t in thetas]), np.stack([fun(t)[1] for t in thetas])),
+        theta0[None], space, n=1, max_iter=100,
+    )[0]  # fmt: skip
+    for res in (single, batched):
+        left = _left_on_the_line(exact, fun(res.theta)[1], res.theta)
+        assert res.converged == converged and ("flat" in res.message) == converged, (res.message, left)
+        assert left <= LBFGS_FLAT_NATS if converged else left > LBFGS_FLAT_NATS / 8, (res.message, left)
+        assert "line search found no decrease" in res.message, res.message
+
+
+def test_descent_left_bounds_the_fall_on_the_line():
+    """On quadratics of fresh random curvature and gradient the bound is at least the true fall g^2 / (2 h) and, with
+    the probe's steps growing fourfold, at most 8 times it plus |g| times the first step (a minimum nearer than the
+    first step is seen only there); a line whose slope stays negative up to a step of 1, or
+    that meets the box first, is not bounded; a zero projected gradient leaves nothing."""
+    rng = np.random.default_rng()
+    space = HyperparameterSpace(1, np.full(3, -50.0), np.full(3, 50.0), np.zeros(1), 0.0)
+    h = 10.0 ** rng.uniform(-1, 6, size=64)
+    g = rng.normal(size=(64, 3))
+    x0 = rng.uniform(-1, 1, size=(64, 3))
+
+    def grad_at(rows, thetas):  # the gradient of 0.5 h |x - c|^2 with x0 - c = g / h
+        return g[rows] + h[rows, None] * (thetas - x0[rows])
+
+    left = descent_left(grad_at, x0, g, space)
+    true = np.sum(g**2, 1) / (2 * h)
+    reached = np.linalg.norm(g, axis=1) / h <= 1.0  # the minimum lies within a step of 1
+    most = 8 * true + np.linalg.norm(g, axis=1) * _PROBE_FIRST
+    assert np.all(left[reached] >= true[reached] * (1 - 1e-9)) and np.all(left[reached] <= most[reached])
+    assert np.all(np.isinf(left[~reached]))
+    boxed = HyperparameterSpace(1, np.full(3, -1e-3), np.full(3, 1e-3), np.zeros(1), 0.0)
+    linear = lambda rows, thetas: np.ones_like(thetas)  # noqa: E731 (a slope that never turns)
+    assert np.isinf(descent_left(linear, np.zeros((1, 3)), np.ones((1, 3)), boxed)).all()
+    assert descent_left(grad_at, x0[:1], np.zeros((1, 3)), space)[0] == 0.0
 
 
 def _yacht(split, rows=None):

@@ -25,7 +25,8 @@ The method, per row, is L-BFGS-B's (Byrd, Lu, Nocedal & Zhu 1995; version 3.0's 
   per-point one: converged when ``(f_old - f) <= ftol max(|f_old|, |f|, 1)`` (``ftol = tol``, or
   :data:`~gpfast.estimator.optimize.LBFGS_FTOL`), or when the largest entry of ``clip(x - g) - x`` is at most
   :data:`~gpfast.estimator.optimize.LBFGS_GTOL` (L-BFGS-B's projected gradient); an abnormal stop counts as
-  converged when the largest projected gradient entry is below :data:`~gpfast.estimator.optimize.LBFGS_FLAT_GTOL`;
+  converged when :func:`~gpfast.estimator.optimize.descent_left` (the rows that stopped so probed together, after
+  the loop) bounds what the steepest-descent line still offers by :data:`~gpfast.estimator.optimize.LBFGS_FLAT_NATS`;
   stopped after ``max_iter`` steps or ``max(15000, 4 max_iter)`` evaluations. A row that stops leaves the batch.
 
 Its arithmetic differs from scipy's by rounding (dense B against the compact form: the same steps, the losses equal
@@ -45,12 +46,13 @@ import numpy as np
 from gpfast.estimator.batched_line_search import StrongWolfeSearch
 from gpfast.estimator.hyperparameters import HyperparameterSpace
 from gpfast.estimator.optimize import (
-    LBFGS_FLAT_GTOL,
+    LBFGS_FLAT_NATS,
     LBFGS_FTOL,
     LBFGS_GTOL,
     OptimizeResult,
     _checked,
-    _projected,
+    abnormal_message,
+    descent_left,
 )
 
 __all__ = ["MAX_TRIALS", "MEMORY", "STEP_CAP", "minimize_batched_lbfgs"]
@@ -83,6 +85,7 @@ class _Rows:
     n_eval: np.ndarray  # (k,) int
     running: np.ndarray  # (k,) bool
     converged: np.ndarray  # (k,) bool
+    abnormal: np.ndarray  # (k,) bool: stopped by its line search, flat or not judged after the loop
     messages: list
     history: list
 
@@ -139,7 +142,7 @@ def minimize_batched_lbfgs(
         x=x, f=f, g=g, S=np.zeros((k, memory, p)), Y=np.zeros((k, memory, p)), d=np.zeros((k, p)),
         search=StrongWolfeSearch(k), trials=np.zeros(k, dtype=int), n_iter=np.zeros(k, dtype=int),
         n_eval=np.ones(k, dtype=int), running=np.ones(k, dtype=bool), converged=np.zeros(k, dtype=bool),
-        messages=[""] * k, history=[[] for _ in range(k)],
+        abnormal=np.zeros(k, dtype=bool), messages=[""] * k, history=[[] for _ in range(k)],
     )  # fmt: skip
     if max_iter <= 0:
         st.running[:] = False
@@ -150,6 +153,7 @@ def minimize_batched_lbfgs(
     _new_directions(st, np.flatnonzero(st.running), space)
     while st.running.any():
         _round(st, evaluate, space, n, labels, ftol, int(max_iter), max_eval)
+    _judge_abnormal(st, evaluate, space, n, labels)
     return [
         OptimizeResult(st.x[j].copy(), float(st.f[j] / n), st.history[j], int(st.n_iter[j]), bool(st.converged[j]),
                        st.messages[j])
@@ -370,19 +374,27 @@ def _accept(st: _Rows, rows, x_new, f_new, g_new, n: int, ftol: float, max_iter:
 
 def _give_up(st: _Rows, rows, space: HyperparameterSpace) -> None:
     """The ``rows`` whose line search has used :data:`MAX_TRIALS` trials stay where they are: those with memory start
-    again by steepest descent; the others stop, flat-converged when their projected gradient is within
-    :data:`LBFGS_FLAT_GTOL` (as a single fit's abnormal stop)."""
+    again by steepest descent; the others stop abnormally (judged flat or not by :func:`_judge_abnormal`)."""
     with_memory = rows[st.Y[rows].any(axis=(1, 2))]
     st.S[with_memory] = 0.0
     st.Y[with_memory] = 0.0
     _new_directions(st, with_memory, space)
     for j in np.setdiff1d(rows, with_memory):
         st.running[j] = False
-        largest = float(np.abs(_projected(st.g[j], st.x[j], space)).max(initial=0.0))
-        st.converged[j] = largest <= LBFGS_FLAT_GTOL
-        st.messages[j] = (
-            f"the line search found no decrease where the loss is flat to its rounding error (largest projected "
-            f"gradient {largest:.2g} <= {LBFGS_FLAT_GTOL:g})"
-            if st.converged[j]
-            else "ABNORMAL_TERMINATION_IN_LNSRCH"
-        )
+        st.abnormal[j] = True
+
+
+def _judge_abnormal(st: _Rows, evaluate: BatchedLoss, space: HyperparameterSpace, n: int, labels: list) -> None:
+    """The rows that stopped abnormally count as converged where the loss is flat along their steepest-descent
+    lines, as a single fit's abnormal stop; their lines are probed together, one call per step."""
+    rows = np.flatnonzero(st.abnormal)
+    if not rows.size:
+        return
+
+    def grad_at(active, thetas):
+        return _evaluate(evaluate, rows[active], thetas, n, labels, st.n_iter[rows[active]])[1]
+
+    left = descent_left(grad_at, st.x[rows], st.g[rows], space)
+    for j, value in zip(rows, left):
+        st.converged[j] = value <= LBFGS_FLAT_NATS
+        st.messages[j] = abnormal_message(float(value))

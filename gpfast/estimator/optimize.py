@@ -8,7 +8,8 @@ the log-space vector of :class:`~gpfast.estimator.hyperparameters.Hyperparameter
   the exact float64 Cholesky objective. It minimises the *total* loss (n times the per-point one) with
   scikit-learn's tolerances, so both stop at the same place: converged when the relative decrease of the loss in
   a step is below ``ftol`` (2.2e-9 by default, scipy's) or the largest projected gradient entry is below
-  :data:`LBFGS_GTOL`.
+  :data:`LBFGS_GTOL`. A stop where the line search finds no decrease counts as converged when
+  :func:`descent_left` bounds what the steepest-descent line still offers by :data:`LBFGS_FLAT_NATS`.
 * :func:`minimize_adam`: Adam with a projection onto the box after each step, for a stochastic loss (the CG
   estimate). Converged when the mean loss over the last :data:`ADAM_WINDOW` steps differs from the mean over the
   window before by less than ``tol`` (:data:`ADAM_TOL` by default) relative to ``max(|mean|, 1)``, or by less
@@ -33,7 +34,7 @@ __all__ = [
     "ADAM_GTOL",
     "ADAM_TOL",
     "ADAM_WINDOW",
-    "LBFGS_FLAT_GTOL",
+    "LBFGS_FLAT_NATS",
     "LBFGS_FTOL",
     "LBFGS_GTOL",
     "NOISE_SE",
@@ -47,12 +48,17 @@ __all__ = [
 LBFGS_FTOL = 1e7 * np.finfo(float).eps
 #: L-BFGS-B's projected-gradient tolerance on the total loss (scipy's default).
 LBFGS_GTOL = 1e-5
-#: An L-BFGS-B line search that finds no decrease ("ABNORMAL") counts as converged when the largest projected
-#: gradient entry of the total loss is below this (nats per unit of log-hyperparameter): a 1% change of any
-#: hyperparameter then moves the log marginal likelihood by about 0.01 nats at most. It happens near the noise
-#: floor of noise-free data, where the loss's rounding error (condition numbers of 1e10 and more) exceeds the
-#: decrease a step can make; noise-free Branin and Ishigami stopped there with entries of 0.12 and 0.03.
-LBFGS_FLAT_GTOL = 1.0
+#: An L-BFGS-B line search that finds no decrease ("ABNORMAL") counts as converged when the total loss can fall by
+#: at most this many nats along the steepest-descent line from the stop (bounded by :func:`descent_left`): the
+#: log marginal likelihood is then as high as its rounding lets any step tell. It happens near the noise floor of
+#: noise-free data, where the loss's rounding error (condition numbers of 1e10 and more) exceeds the decrease a step
+#: can make; float32 noise-free Branin stopped with a projected gradient of 1.06 nats and ~1e-3 nats left on its
+#: line, the loss there known to only ~0.04 nats. The gradient alone does not tell: the curvature along the line was
+#: ~4000, so a gradient of 1 left ~1e-4 nats.
+LBFGS_FLAT_NATS = 0.01
+#: descent_left's first step and growth factor along the line (log-hyperparameter units): ~11 gradient evaluations
+#: reach a step of 1, beyond which a step is no longer local.
+_PROBE_FIRST, _PROBE_GROWTH, _PROBE_LAST = 1e-6, 4.0, 1.0
 #: Adam: steps per window of the convergence test.
 ADAM_WINDOW = 10
 #: Adam: relative change of the windowed mean loss that counts as converged.
@@ -154,14 +160,64 @@ def minimize_lbfgs(
     message = res.message if isinstance(res.message, str) else res.message.decode()
     converged = res.status == 0
     if res.status == 2 and getattr(res, "jac", None) is not None:  # the line search found no decrease
-        largest = float(np.max(np.abs(_projected(np.asarray(res.jac, dtype=np.float64), theta, space)), initial=0.0))
-        if largest <= LBFGS_FLAT_GTOL:
-            converged = True
-            message = (
-                f"the line search found no decrease where the loss is flat to its rounding error (largest projected "
-                f"gradient {largest:.2g} <= {LBFGS_FLAT_GTOL:g})"
-            )
+        grad = np.asarray(res.jac, dtype=np.float64)[None]
+        left = float(descent_left(lambda _, thetas: total(thetas[0])[1][None], theta[None], grad, space)[0])
+        converged, message = left <= LBFGS_FLAT_NATS, abnormal_message(left)
     return OptimizeResult(theta, float(loss), history, int(res.nit), converged, message)
+
+
+def abnormal_message(left: float) -> str:
+    """The reason given for a stop where the line search found no decrease, with ``left`` from
+    :func:`descent_left`."""
+    if left <= LBFGS_FLAT_NATS:
+        return (
+            f"the line search found no decrease where the loss is flat to its rounding error (at most {left:.2g} "
+            f"nats left along steepest descent <= {LBFGS_FLAT_NATS:g})"
+        )
+    bound = "no bound" if not math.isfinite(left) else f"a bound of {left:.2g}"
+    return (
+        f"ABNORMAL: the line search found no decrease, yet the steepest-descent line may offer more than "
+        f"{LBFGS_FLAT_NATS:g} nats ({bound})"
+    )
+
+
+def descent_left(
+    grad_at: Callable[[np.ndarray, np.ndarray], np.ndarray], theta: np.ndarray, grad: np.ndarray, space
+) -> np.ndarray:
+    """Upper bounds on how far each row's total loss can fall along its steepest-descent line inside the box.
+
+    ``theta`` and ``grad`` are (r, p): the points and their total gradients; ``grad_at(rows, thetas)`` returns the
+    total gradients (len(rows), p) at ``thetas`` for the row indices ``rows``. Along the unit direction ``d`` of
+    the projected gradient it steps out geometrically and reads the slope ``g . d``: once the slope turns
+    non-negative the line's minimum lies behind, and the fall to it is at most the sum over the intervals of the
+    steeper end's slope times the interval's length (exact for a slope monotone on each interval; the gradient,
+    unlike the loss, keeps its accuracy near a noise floor). A row whose slope stays negative up to a step of 1,
+    or whose line meets the box first, gets inf: nothing is known to be flat.
+    """
+    theta, grad = np.atleast_2d(theta), np.atleast_2d(grad)
+    g = np.stack([_projected(gr, th, space) for gr, th in zip(grad, theta)])
+    norm = np.linalg.norm(g, axis=1)
+    left = np.where(norm > 0, np.inf, 0.0)
+    active = np.flatnonzero(norm > 0)
+    d = -g / np.where(norm > 0, norm, 1.0)[:, None]
+    fall, steep, prev = np.zeros(len(theta)), norm.copy(), np.zeros(len(theta))
+    count = int(np.ceil(np.log(_PROBE_LAST / _PROBE_FIRST) / np.log(_PROBE_GROWTH)))
+    steps = _PROBE_FIRST * _PROBE_GROWTH ** np.arange(count)
+    for step in np.append(steps[steps < _PROBE_LAST], _PROBE_LAST):
+        if not active.size:
+            break
+        trial = theta[active] + step * d[active]
+        inside = ((trial >= space.lower) & (trial <= space.upper)).all(1)
+        active = active[inside]
+        if not active.size:
+            break
+        slope = np.einsum("rp,rp->r", np.asarray(grad_at(active, trial[inside]), dtype=np.float64), d[active])
+        fall[active] += np.maximum(steep[active], np.maximum(-slope, 0.0)) * (step - prev[active])
+        steep[active], prev[active] = np.maximum(-slope, 0.0), step
+        done = slope >= 0
+        left[active[done]] = fall[active[done]]
+        active = active[~done]
+    return left
 
 
 def _projected(grad: np.ndarray, theta: np.ndarray, space: HyperparameterSpace) -> np.ndarray:
