@@ -202,8 +202,7 @@ def descent_left(
     d = -g / np.where(norm > 0, norm, 1.0)[:, None]
     fall, steep, prev = np.zeros(len(theta)), norm.copy(), np.zeros(len(theta))
     count = int(np.ceil(np.log(_PROBE_LAST / _PROBE_FIRST) / np.log(_PROBE_GROWTH)))
-    steps = _PROBE_FIRST * _PROBE_GROWTH ** np.arange(count)
-    for step in np.append(steps[steps < _PROBE_LAST], _PROBE_LAST):
+    for step in np.minimum(_PROBE_FIRST * _PROBE_GROWTH ** np.arange(count + 1), _PROBE_LAST):
         if not active.size:
             break
         trial = theta[active] + step * d[active]
