@@ -142,15 +142,18 @@ row_c() {
 }
 # pack_build: the compiled library as OUTDIR/gpb.tgz, for a later call to carry as .gpb/gpb.tgz.
 pack_build() { tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"; }
-# sanitizers LOG CAP ARG...: memcheck, then racecheck, over experiments.sanitize_ops ARG... (each under CAP), and
-# their summaries.
+# sanitizer TOOL LOG CAP ARG...: compute-sanitizer's TOOL over experiments.sanitize_ops ARG... under CAP, and its
+# summary.
+sanitizer() {
+  local tool=$1 logf=$2 cap=$3; shift 3
+  brun "$cap" "$logf" compute-sanitizer --tool "$tool" --error-exitcode 3 python -m experiments.sanitize_ops "$@"
+  echo "$tool rc=$?"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$logf" | tail -4
+}
+# sanitizers LOG CAP ARG...: memcheck, then racecheck, over experiments.sanitize_ops ARG... (each under CAP).
 sanitizers() {
   local logf=$1 cap=$2; shift 2
-  for tool in memcheck racecheck; do
-    brun "$cap" "$logf" compute-sanitizer --tool $tool --error-exitcode 3 python -m experiments.sanitize_ops "$@"
-    echo "$tool rc=$?"
-  done
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|ran|Error" "$logf" | head -8
+  for tool in memcheck racecheck; do sanitizer "$tool" "$logf" "$cap" "$@"; done
 }
 # cuda_tests LOG CAP FILE...: the CUDA tests of FILE... (or the folder tests), their failures and summary line.
 cuda_tests() {
@@ -1152,17 +1155,13 @@ PYEOF
       # most S14C_BUDGET seconds (default 400). Files: s14c_*.log.
       stage_begin s14c ${S14C_BUDGET:-400} 240
       cuda_tests "$OUT/s14c_tests.log" 220 tests
-      brun 150 "$OUT/s14c_sanitize.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops; echo "memcheck rc=$?"
-      grep -E "ERROR SUMMARY|ran" "$OUT/s14c_sanitize.log" | head -4
+      sanitizer memcheck "$OUT/s14c_sanitize.log" 150
       stage_end s14c ;;
     session14d)
       # racecheck over every kernel (experiments.sanitize_ops) on a carried build, given 225 s to finish (under the
       # kernels stage's 75 s it was cut before the end); S14D_BUDGET (default 260). Files: s14d_*.log.
       stage_begin s14d ${S14D_BUDGET:-260} 240
-      brun 225 "$OUT/s14d_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops; echo "racecheck rc=$?"
-      grep -E "RACECHECK SUMMARY|ran" "$OUT/s14d_racecheck.log" | head -4
+      sanitizer racecheck "$OUT/s14d_racecheck.log" 225
       stage_end s14d ;;
     session15)
       # A rebuild that the lengthscale or age rule asks for waits for the iterations the preconditioner's ageing
@@ -1220,9 +1219,7 @@ PYEOF
       brun 60 "$OUT/s16_bilinear_probe.log" python -m experiments.bilinear_rule_probe --draws 250
       echo "bilinear_rule_probe rc=$?"; cp experiments/results/bilinear_rule_probe.* "$res/"
       grep -E "^\| " "$res/bilinear_rule_probe.md"
-      brun 60 "$OUT/s16_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops --only backward; echo "memcheck rc=$?"
-      grep -E "ERROR SUMMARY|ran" "$OUT/s16_memcheck.log" | head -4
+      sanitizer memcheck "$OUT/s16_memcheck.log" 60 --only backward
       brun 80 "$OUT/s16_uci_b.log" "${UCI[@]}" --rows gpytorch+gpfast --datasets pol elevators bike --stem uci_b \
         --out "$res"; echo "uci b rc=$?"
       grep -E "^\| (pol|elevators|bike)" "$res/uci_b.md" | cut -d'|' -f2,7,12,13
@@ -1237,9 +1234,7 @@ PYEOF
       brun 80 "$OUT/s16b_bilinear_probe.log" python -m experiments.bilinear_rule_probe --draws 400
       echo "bilinear_rule_probe rc=$?"; cp experiments/results/bilinear_rule_probe.* "$res/"
       grep -E "^\| " "$res/bilinear_rule_probe.md"
-      brun 60 "$OUT/s16b_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops --only backward; echo "racecheck rc=$?"
-      grep -E "RACECHECK SUMMARY|ran" "$OUT/s16b_racecheck.log" | head -4
+      sanitizer racecheck "$OUT/s16b_racecheck.log" 60 --only backward
       stage_end s16b ;;
     session16c)
       # Row c on the seven sets on session16's build (carried as .gpb/gpb.tgz), for the engine's stored-K backward
@@ -1256,17 +1251,13 @@ PYEOF
       stage_begin s17 ${S17_BUDGET:-560} 240
       pack_build
       cuda_tests "$OUT/s17_tests.log" 200 tests
-      brun 180 "$OUT/s17_memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops; echo "memcheck rc=$?"
-      grep -E "ERROR SUMMARY|ran" "$OUT/s17_memcheck.log" | head -4
+      sanitizer memcheck "$OUT/s17_memcheck.log" 180
       stage_end s17 ;;
     session17b)
       # racecheck over every kernel (experiments.sanitize_ops) on session17's build (carried as .gpb/gpb.tgz),
       # given 260 s to finish; at most S17B_BUDGET seconds (default 300). Files: s17b_*.log.
       stage_begin s17b ${S17B_BUDGET:-300} 240
-      brun 260 "$OUT/s17b_racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
-        python -m experiments.sanitize_ops; echo "racecheck rc=$?"
-      grep -E "RACECHECK SUMMARY|ran" "$OUT/s17b_racecheck.log" | head -4
+      sanitizer racecheck "$OUT/s17b_racecheck.log" 260
       stage_end s17b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
