@@ -86,7 +86,10 @@
 #                 tests' rule, racecheck over the covariance backward's kernels, on a carried build; S16B_BUDGET 330),
 #                 session16c (row c on the seven sets, on a carried build; S16C_BUDGET 150), session17 (build,
 #                 every CUDA test, memcheck over every kernel; S17_BUDGET 560), session17b (racecheck over every
-#                 kernel on a carried build; S17B_BUDGET 300)
+#                 kernel on a carried build; S17B_BUDGET 300), session18 (row c under five engine settings:
+#                 the defaults, pivot_block 32, max_preconditioner_rank 1600, both, and pivot_block 32 with
+#                 rescale_change 0.3; then step_anatomy with the device's waits; on a carried build;
+#                 S18_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1259,6 +1262,23 @@ PYEOF
       stage_begin s17b ${S17B_BUDGET:-300} 240
       sanitizer racecheck "$OUT/s17b_racecheck.log" 260
       stage_end s17b ;;
+    session18)
+      # Row c on the seven sets under five engine settings, in one call so that they share the machine's state:
+      # the defaults, larger pivot blocks (a rank-3200 build of pol replayed in 27 against 40 ms), a lower rank
+      # limit (pol's preconditioner apply at rank 3200 cost more than its product), both, and larger blocks with a
+      # laxer rescaling rule; then step_anatomy on the defaults, with what the device waits for; on a carried build
+      # (.gpb/gpb.tgz); at most S18_BUDGET seconds (default 560). Files: s18_*.log, s18_results.tar.gz.
+      stage_begin s18 ${S18_BUDGET:-560} 240
+      for cfg in "default" "pivot_block=32" "max_preconditioner_rank=1600" \
+                 "pivot_block=32 max_preconditioner_rank=1600" "pivot_block=32 rescale_change=0.3"; do
+        stem="uci_all_c_$(echo "$cfg" | tr ' =.' '_-p')"
+        cgargs=(); [ "$cfg" != default ] && cgargs=(--cg $cfg)
+        brun 80 "$OUT/s18_uci.log" "${UCI[@]}" --rows gpfast "${cgargs[@]}" --stem "$stem" --out "$res"
+        echo "$cfg rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/$stem.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      done
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s18_uci.log")"
+      anatomy "$OUT/s18_anatomy.log" 130
+      stage_end s18 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -31,6 +31,9 @@ measured still built rank-3200 factors op by op and took 3x the median step of a
   the innermost part above its operator; the spans that profiler ranges also leave on the device's timeline are
   not kernels and are left out. "device ms" is that sum per step, so that step ms minus device ms is time the GPU
   waited on the host;
+- busy / profiled ms (on a GPU): in the profiled steps with the settings' CUDA graphs, the device's busy time a
+  step (the union of its kernels' and copies' spans) and the profiled step's wall time; under the table, what the
+  device waited for in the rest (:func:`device_idle`);
 - kernels (listed under the table): the kernels with the most device time per step in those steps, with their
   part and calls per step.
 
@@ -52,6 +55,7 @@ from pathlib import Path
 import gpytorch
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from experiments import RESULTS
@@ -211,9 +215,11 @@ def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=Tr
     wall = float(np.median(walls))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with labels(engine), profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
-        _steps(closure, opt, steps, device)
+        graphed_ms = 1e3 * _steps(closure, opt, steps, device)
     counts = _runtime_counts(prof, steps)
     counts.update(launch_sources(prof.events(), LAUNCH, steps))
+    if device.type == "cuda":
+        counts.update(device_idle(prof.events()), profiled_ms=graphed_ms)
     graphs, engine._state.graphs = engine._state.graphs, None  # kernels replayed in a graph escape the labels
     with labels(engine), profile(activities=activities) as prof:
         profiled = _steps(closure, opt, steps, device)
@@ -263,7 +269,7 @@ def device_split(events, steps, top=12) -> dict:
     time (``[part, name, ms per step, calls per step]``). The spans of profiler ranges (record_function, the
     optimiser's own) on the device's timeline come tied to their ranges like kernels; they are left out, being no
     work of the device's."""
-    ranges = {e.name for e in events if getattr(e, "is_user_annotation", False) or e.name.startswith("anatomy::")}
+    ranges = _range_names(events)
     by_part, time, calls = collections.Counter(), collections.Counter(), collections.Counter()
     for e in events:
         kernels = getattr(e, "kernels", None)
@@ -282,6 +288,48 @@ def device_split(events, steps, top=12) -> dict:
     out["kernels"] = [[part, name, us / 1e3 / steps, calls[(part, name)] / steps]
                       for (part, name), us in time.most_common(top)]  # fmt: skip
     return out
+
+
+def _range_names(events) -> set:
+    """Names of the profiler ranges (record_function, the optimiser's own), whose spans on the device's timeline are
+    no work of the device's."""
+    return {e.name for e in events if getattr(e, "is_user_annotation", False) or e.name.startswith("anatomy::")}
+
+
+def device_idle(events, top=8) -> dict:
+    """How long the device waited inside each step (the ``anatomy::step`` ranges): ``busy_ms`` a step, the union
+    of its kernels' and copies' spans on the device's timeline (a replayed graph's kernels each with its own span),
+    and ``idle_ms`` the rest of the step's wall time. ``waits`` names the ``top`` largest sources of that wait, per
+    step (``[part, operator, ms]``): each gap goes to the host operator that launched the kernel ending it (its
+    innermost labelled part and outermost operator, as in :func:`launch_sources`), the gap after a step's last
+    kernel to "after the last kernel": the host work the device had to wait for."""
+    ranges = _range_names(events)
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    steps = sorted((e for e in events if e.name == "anatomy::step" and e.device_type == DeviceType.CPU),
+                   key=lambda e: e.time_range.start)  # fmt: skip
+    work = sorted(((e.time_range.start, e.time_range.end, e) for e in events
+                   if e.device_type != DeviceType.CPU and e.name not in ranges), key=lambda w: w[0])  # fmt: skip
+    waits, wall = collections.Counter(), 0.0
+    for st in steps:
+        a, b = st.time_range.start, st.time_range.end
+        wall += b - a
+        cursor = a
+        for start, end, e in work:
+            if end <= a or start >= b:
+                continue
+            if start > cursor:
+                launcher = cpu.get(getattr(e, "linked_correlation_id", 0))
+                part, op = _part_and_operator(launcher) if launcher is not None else (None, "(no launching operator)")
+                if launcher is not None and launcher.name.startswith("anatomy::"):
+                    op = "(inside a labelled range)"
+                waits[(part or "rest", op)] += start - cursor
+            cursor = max(cursor, min(end, b))
+        if b > cursor:
+            waits[("rest", "after the last kernel")] += b - cursor
+    n = max(len(steps), 1)
+    idle = sum(waits.values())
+    return {"busy_ms": (wall - idle) / 1e3 / n, "idle_ms": idle / 1e3 / n,
+            "waits": [[part, op, us / 1e3 / n] for (part, op), us in waits.most_common(top)]}  # fmt: skip
 
 
 def launch_sources(events, names, steps, top=10) -> dict:
@@ -419,6 +467,7 @@ def write(args, rows, device) -> None:
             "rank / cap",
             "step ms",
             "device ms",
+            "busy / profiled ms",
             "floor ms",
             "step / floor",
             "CG it",
@@ -442,6 +491,7 @@ def write(args, rows, device) -> None:
                 f"{r['rank']} / {r['cap']}",
                 f"{r['step_ms']:.1f}",
                 f"{r['device_ms']:.1f}" if "device_ms" in r else "-",
+                f"{r['busy_ms']:.1f} / {r['profiled_ms']:.1f}" if "busy_ms" in r else "-",
                 f"{r['floor_ms']:.2f}",
                 f"{r['step_ms'] / r['floor_ms']:.1f}",
                 f"{r['cg_iterations']:.1f}",
@@ -468,6 +518,12 @@ def write(args, rows, device) -> None:
         + "; ".join(f"{name} ({part}) {ms:.2f} ms, {calls:.0f} calls" for part, name, ms, calls in r["kernels"])
         for r in rows
         if r.get("kernels")
+    )
+    waits = "\n".join(
+        f"- {r['set']}: busy {r['busy_ms']:.1f} of {r['profiled_ms']:.1f} ms; waits: "
+        + "; ".join(f"{op} ({part}) {ms:.2f} ms" for part, op, ms in r["waits"])
+        for r in rows
+        if r.get("waits")
     )
     info = {"machine": args.machine or machine(device), "date": args.date or today(),
             "commit": args.commit or git_rev(), "device": str(device), "steps": args.steps,
@@ -507,6 +563,14 @@ def write(args, rows, device) -> None:
         "operator, such as a graph replay, under its own name):\n\n"
         + sources
         + "\n"
+        + (
+            "\nThe device's waits a step, in the profiled steps with the settings' CUDA graphs (busy: the union of "
+            "its kernels' and copies' spans inside the step; each gap goes to the host operator that launched the "
+            "kernel ending it, with its part, and the gap after the step's last kernel to 'after the last kernel'; "
+            "the profiler's own host time lengthens the gaps, so they bound what the host costs):\n\n" + waits + "\n"
+            if waits
+            else ""
+        )
         + (
             "\nThe kernels with the most device time a step (their part; the steps run op by op):\n\n" + kernels + "\n"
             if kernels

@@ -925,6 +925,44 @@ def test_step_anatomy_device_split_counts_kernels_not_range_spans():
     assert out["kernels"][1] == ["preconditioner", "gemm", pytest.approx(0.15), 1.0]
 
 
+def test_step_anatomy_device_idle_names_what_the_device_waited_for():
+    """device_idle on events shaped like a GPU profile's: the busy time is the union of the device spans inside each
+    step (overlaps counted once, spans clipped to the step, profiler ranges' spans left out); each gap goes to the
+    operator that launched the kernel ending it, the tail to 'after the last kernel'."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from experiments.step_anatomy import device_idle
+
+    ids = iter(range(1, 100))
+
+    def cpu(name, start, end, parent=None):
+        return NS(name=name, id=next(ids), device_type=DeviceType.CPU, time_range=NS(start=start, end=end),
+                  cpu_parent=parent, is_user_annotation=name.startswith("anatomy::"), linked_correlation_id=0)  # fmt: skip
+
+    def gpu(name, start, end, launcher):
+        return NS(name=name, id=next(ids), device_type=DeviceType.CUDA, time_range=NS(start=start, end=end),
+                  cpu_parent=None, is_user_annotation=False, linked_correlation_id=launcher.id)  # fmt: skip
+
+    steps = [cpu("anatomy::step", 0, 100), cpu("anatomy::step", 200, 300)]
+    prod = cpu("anatomy::products", 0, 50, steps[0])
+    mm = cpu("gpfast::dense_matmul", 5, 6, prod)
+    add = cpu("aten::add", 60, 61, steps[0])
+    mm2 = cpu("aten::mm", 230, 231, steps[1])
+    events = steps + [prod, mm, add, mm2,
+                      gpu("anatomy::step", 0, 100, steps[0]),  # a range's span: no work
+                      gpu("k1", 10, 40, mm), gpu("k2", 30, 50, mm), gpu("k3", 70, 80, add),
+                      gpu("k4", 190, 240, mm2), gpu("k5", 250, 310, mm2)]  # fmt: skip
+    out = device_idle(events)
+    # step 1: busy 10-50 and 70-80 (50 us), gaps 0-10 (mm), 50-70 (add), 80-100 (tail); step 2: busy 200-240 and
+    # 250-300 (90 us), gap 240-250 (mm2)
+    assert out["busy_ms"] == pytest.approx(70 / 1e3) and out["idle_ms"] == pytest.approx(30 / 1e3)
+    waits = {(part, op): ms for part, op, ms in out["waits"]}
+    assert waits == pytest.approx({("products", "gpfast::dense_matmul"): 5e-3, ("rest", "aten::add"): 10e-3,
+                                   ("rest", "after the last kernel"): 10e-3, ("rest", "aten::mm"): 5e-3})  # fmt: skip
+
+
 def test_preconditioner_takes_new_scales_when_they_have_moved():
     """The rescaling rule: the step's (outputscale, noise) are recorded when the step updated the preconditioner,
     and the next step updates it once either has moved by more than rescale_change in log since."""
