@@ -939,7 +939,8 @@ def test_step_anatomy_device_idle_names_what_the_device_waited_for():
 
     def cpu(name, start, end, parent=None):
         return NS(name=name, id=next(ids), device_type=DeviceType.CPU, time_range=NS(start=start, end=end),
-                  cpu_parent=parent, is_user_annotation=name.startswith("anatomy::"), linked_correlation_id=0)  # fmt: skip
+                  cpu_parent=parent, is_user_annotation=name.startswith("anatomy::"),
+                  linked_correlation_id=0)  # fmt: skip
 
     def gpu(name, start, end, launcher):
         return NS(name=name, id=next(ids), device_type=DeviceType.CUDA, time_range=NS(start=start, end=end),
