@@ -89,7 +89,9 @@
 #                 kernel on a carried build; S17B_BUDGET 300), session18 (row c under five engine settings:
 #                 the defaults, pivot_block 32, max_preconditioner_rank 1600, both, and pivot_block 32 with
 #                 rescale_change 0.3; then step_anatomy with the device's waits; on a carried build;
-#                 S18_BUDGET 560)
+#                 S18_BUDGET 560), session18b (the engine's new defaults, 32 pivots a block and the rank limit
+#                 within n / 8: every CUDA test, row c, step_anatomy with the device's waits; on a carried build;
+#                 S18B_BUDGET 540)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1271,7 +1273,7 @@ PYEOF
       stage_begin s18 ${S18_BUDGET:-560} 240
       for cfg in "default" "pivot_block=32" "max_preconditioner_rank=1600" \
                  "pivot_block=32 max_preconditioner_rank=1600" "pivot_block=32 rescale_change=0.3"; do
-        stem="uci_all_c_$(echo "$cfg" | tr ' =.' '_-p')"
+        stem="uci_all_c_$(echo "$cfg" | sed -e 's/ /_/g; s/=/-/g; s/\./p/g')"
         cgargs=(); [ "$cfg" != default ] && cgargs=(--cg $cfg)
         brun 80 "$OUT/s18_uci.log" "${UCI[@]}" --rows gpfast "${cgargs[@]}" --stem "$stem" --out "$res"
         echo "$cfg rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/$stem.md" | cut -d'|' -f2,7,9,10,12,13,23,24
@@ -1279,6 +1281,16 @@ PYEOF
       echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s18_uci.log")"
       anatomy "$OUT/s18_anatomy.log" 130
       stage_end s18 ;;
+    session18b)
+      # The engine's new defaults (32 pivots a block; the rank limit the last doubling within n / 8): every CUDA
+      # test; row c on the seven sets; step_anatomy, with what the device waits for attributed by time to the
+      # host's launches; on a carried build (.gpb/gpb.tgz); at most S18B_BUDGET seconds (default 540). Files:
+      # s18b_*.log, s18b_results.tar.gz.
+      stage_begin s18b ${S18B_BUDGET:-540} 240
+      row_c "$OUT/s18b_uci_c.log" 90
+      anatomy "$OUT/s18b_anatomy.log" 130
+      cuda_tests "$OUT/s18b_tests.log" 200 tests
+      stage_end s18b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

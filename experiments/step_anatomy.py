@@ -46,6 +46,7 @@ Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results).
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import contextlib
 import json
@@ -81,6 +82,8 @@ LAUNCH = (
     "cuLaunchKernelEx",
     "cudaLaunchCooperativeKernel",
 )
+#: Runtime calls that give the device work besides launches (copies and fills).
+ISSUE = ("cudaMemcpyAsync", "cudaMemcpy", "cudaMemsetAsync")
 SYNC = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 
 
@@ -300,28 +303,29 @@ def device_idle(events, top=8) -> dict:
     """How long the device waited inside each step (the ``anatomy::step`` ranges): ``busy_ms`` a step, the union
     of its kernels' and copies' spans on the device's timeline (a replayed graph's kernels each with its own span),
     and ``idle_ms`` the rest of the step's wall time. ``waits`` names the ``top`` largest sources of that wait, per
-    step (``[part, operator, ms]``): each gap goes to the host operator that launched the kernel ending it (its
-    innermost labelled part and outermost operator, as in :func:`launch_sources`), the gap after a step's last
-    kernel to "after the last kernel": the host work the device had to wait for."""
+    step (``[part, operator, ms]``): each gap goes to the last launch (kernel, graph or copy, :data:`LAUNCH` and
+    :data:`ISSUE`) the host made before the gap ended, by that launch's innermost labelled part and outermost
+    operator (as in :func:`launch_sources`): the work the device waited for was that launch's. The gap after a
+    step's last kernel goes to "after the last kernel". By time rather than by the profiler's correlation ids,
+    which leave a replayed graph's kernels without their launch."""
     ranges = _range_names(events)
-    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
-    steps = sorted((e for e in events if e.name == "anatomy::step" and e.device_type == DeviceType.CPU),
-                   key=lambda e: e.time_range.start)  # fmt: skip
-    work = sorted(((e.time_range.start, e.time_range.end, e) for e in events
-                   if e.device_type != DeviceType.CPU and e.name not in ranges), key=lambda w: w[0])  # fmt: skip
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    steps = sorted((e for e in cpu if e.name == "anatomy::step"), key=lambda e: e.time_range.start)
+    issued = sorted((e for e in cpu if e.name in LAUNCH or e.name in ISSUE), key=lambda e: e.time_range.start)
+    starts = [e.time_range.start for e in issued]
+    work = sorted(((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type != DeviceType.CPU and e.name not in ranges))  # fmt: skip
     waits, wall = collections.Counter(), 0.0
     for st in steps:
         a, b = st.time_range.start, st.time_range.end
         wall += b - a
         cursor = a
-        for start, end, e in work:
+        for start, end in work:
             if end <= a or start >= b:
                 continue
             if start > cursor:
-                launcher = cpu.get(getattr(e, "linked_correlation_id", 0))
-                part, op = _part_and_operator(launcher) if launcher is not None else (None, "(no launching operator)")
-                if launcher is not None and launcher.name.startswith("anatomy::"):
-                    op = "(inside a labelled range)"
+                i = bisect.bisect_right(starts, start) - 1
+                part, op = _part_and_operator(issued[i]) if i >= 0 else (None, "(no launch before it)")
                 waits[(part or "rest", op)] += start - cursor
             cursor = max(cursor, min(end, b))
         if b > cursor:

@@ -836,8 +836,9 @@ def test_a_missed_last_solve_warns_only_when_solving_it_changes_the_gradient(opt
 
 
 def test_rank_limit_follows_free_memory():
-    """The accuracy rule's rank limit is max_preconditioner_rank where n / 4 and a tenth of the free memory (28 bytes
-    per point and unit of rank) allow it, lower where they do not, and never below the starting rank."""
+    """The accuracy rule's rank limit is max_preconditioner_rank where n / 8 and a tenth of the free memory (28 bytes
+    per point and unit of rank) allow it, lower where they do not (n / 8 as the last of the rule's doublings within
+    it), and never below the starting rank."""
     from gpfast.train.engine import _rank_top
 
     cfg = CGSettings(preconditioner_rank=100, max_preconditioner_rank=3200)
@@ -846,7 +847,10 @@ def test_rank_limit_follows_free_memory():
     assert _rank_top(cfg, n, 10 * 28 * n * 5000) == 3200
     assert _rank_top(cfg, n, 10 * 28 * n * 1000) == 1000
     assert _rank_top(cfg, n, 10 * 28 * n * 10) == 100
-    assert _rank_top(cfg, 3000, None) == 750
+    assert _rank_top(cfg, 3000, None) == 200  # n / 8 = 375: the doublings 100, 200
+    assert _rank_top(cfg, 13_500, None) == 1600  # pol: n / 8 = 1687
+    assert _rank_top(cfg, 25_600, None) == 3200  # n / 8 exactly the limit
+    assert _rank_top(CGSettings(preconditioner_rank=100, max_preconditioner_rank=3000), n, None) == 3000
     assert _rank_top(cfg, 300, None) == 100
     assert _rank_top(cfg, 50, 1) == 50
 
@@ -928,40 +932,40 @@ def test_step_anatomy_device_split_counts_kernels_not_range_spans():
 def test_step_anatomy_device_idle_names_what_the_device_waited_for():
     """device_idle on events shaped like a GPU profile's: the busy time is the union of the device spans inside each
     step (overlaps counted once, spans clipped to the step, profiler ranges' spans left out); each gap goes to the
-    operator that launched the kernel ending it, the tail to 'after the last kernel'."""
+    last launch before it ended (its part and outermost operator; a graph replay under its own name), the tail to
+    'after the last kernel'."""
     from types import SimpleNamespace as NS
 
     from torch.autograd import DeviceType
 
     from experiments.step_anatomy import device_idle
 
-    ids = iter(range(1, 100))
-
     def cpu(name, start, end, parent=None):
-        return NS(name=name, id=next(ids), device_type=DeviceType.CPU, time_range=NS(start=start, end=end),
-                  cpu_parent=parent, is_user_annotation=name.startswith("anatomy::"),
-                  linked_correlation_id=0)  # fmt: skip
+        return NS(name=name, device_type=DeviceType.CPU, time_range=NS(start=start, end=end), cpu_parent=parent,
+                  is_user_annotation=name.startswith("anatomy::"))  # fmt: skip
 
-    def gpu(name, start, end, launcher):
-        return NS(name=name, id=next(ids), device_type=DeviceType.CUDA, time_range=NS(start=start, end=end),
-                  cpu_parent=None, is_user_annotation=False, linked_correlation_id=launcher.id)  # fmt: skip
+    def gpu(name, start, end):
+        return NS(name=name, device_type=DeviceType.CUDA, time_range=NS(start=start, end=end), cpu_parent=None,
+                  is_user_annotation=False)  # fmt: skip
 
     steps = [cpu("anatomy::step", 0, 100), cpu("anatomy::step", 200, 300)]
     prod = cpu("anatomy::products", 0, 50, steps[0])
     mm = cpu("gpfast::dense_matmul", 5, 6, prod)
     add = cpu("aten::add", 60, 61, steps[0])
     mm2 = cpu("aten::mm", 230, 231, steps[1])
-    events = steps + [prod, mm, add, mm2,
-                      gpu("anatomy::step", 0, 100, steps[0]),  # a range's span: no work
-                      gpu("k1", 10, 40, mm), gpu("k2", 30, 50, mm), gpu("k3", 70, 80, add),
-                      gpu("k4", 190, 240, mm2), gpu("k5", 250, 310, mm2)]  # fmt: skip
+    launches = [cpu("cudaLaunchKernel", 5, 6, mm), cpu("cudaLaunchKernel", 60, 61, add),
+                cpu("cudaMemcpyAsync", 62, 63, add), cpu("cudaGraphLaunch", 245, 246, steps[1])]  # fmt: skip
+    events = steps + [prod, mm, add, mm2] + launches + [
+        gpu("anatomy::step", 0, 100),  # a range's span: no work
+        gpu("k1", 10, 40), gpu("k2", 30, 50), gpu("k3", 65, 80), gpu("k4", 190, 240), gpu("k5", 250, 310)]  # fmt: skip
     out = device_idle(events)
-    # step 1: busy 10-50 and 70-80 (50 us), gaps 0-10 (mm), 50-70 (add), 80-100 (tail); step 2: busy 200-240 and
-    # 250-300 (90 us), gap 240-250 (mm2)
-    assert out["busy_ms"] == pytest.approx(70 / 1e3) and out["idle_ms"] == pytest.approx(30 / 1e3)
+    # step 1: busy 10-50 and 65-80 (55 us); gaps 0-10 (the matmul's launch), 50-65 (the copy's, last before 65),
+    # 80-100 (tail); step 2: busy 200-240 and 250-300 (90 us), gap 240-250 (the graph's replay)
+    assert out["busy_ms"] == pytest.approx(72.5 / 1e3) and out["idle_ms"] == pytest.approx(27.5 / 1e3)
     waits = {(part, op): ms for part, op, ms in out["waits"]}
-    assert waits == pytest.approx({("products", "gpfast::dense_matmul"): 5e-3, ("rest", "aten::add"): 10e-3,
-                                   ("rest", "after the last kernel"): 10e-3, ("rest", "aten::mm"): 5e-3})  # fmt: skip
+    assert waits == pytest.approx({("products", "gpfast::dense_matmul"): 5e-3, ("rest", "aten::add"): 7.5e-3,
+                                   ("rest", "after the last kernel"): 10e-3,
+                                   ("rest", "cudaGraphLaunch"): 5e-3})  # fmt: skip
 
 
 def test_preconditioner_takes_new_scales_when_they_have_moved():

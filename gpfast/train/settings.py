@@ -75,11 +75,16 @@ class CGSettings:
         with all three, the seven sets' 50-step fits took 20.7 s in all by that count (faster only on pol and
         protein), 19.6 s by this rule and 19.6 s at 0, each set's RMSE and NLL the same to three digits (2026-12-04,
         ``experiments/results/h200_2026-12-04_session15``).
-    pivot_block : int, default=16
+    pivot_block : int, default=32
         Pivots the preconditioner's build takes per evaluation of candidate rows (1 to 32; see
-        :func:`gpfast.train.preconditioner.pivoted_cholesky`). 32 builds faster on a GPU (a rank-3200 build at
-        43,945 points replayed in 46 ms against 68 ms on an H200) with no larger trace error there; 16 is the size
-        whose fits have been measured against exact gradients.
+        :func:`gpfast.train.preconditioner.pivoted_cholesky`). 32 builds faster on a GPU than 16 (rank 3200
+        replayed in 46 against 68 ms at 43,945 points and in 27 against 40 ms at pol's 13,500 on an H200) with no
+        larger trace error there. In 50-step fits of the seven UCI sets (H200, 2026-12-04,
+        ``experiments/results/h200_2026-12-04_session18``) every test RMSE and NLL matched 16's to three digits;
+        at the rank limit those fits now reach (1600 on pol, elevators and bike) 32 trained them in 0.90, 0.81
+        and 0.78 s against 1.02, 0.94 and 0.88, and at rank 3200 the four larger sets took 16.2 s against 16.1 in
+        all (keggdirected 3.47 against 3.01, keggundirected 5.43 against 5.66: single runs, in which the cheaper
+        build also moves when the deferral rule lets a rebuild happen).
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
         5.6 ms at rank 3200 on an H200, more than all the products of a step on the smaller UCI sets) at every
@@ -128,13 +133,13 @@ class CGSettings:
         106.8 ms); the same test RMSE and NLL. 1 stops each solve at the first iteration that meets the tolerance
         (tests that count iterations).
     max_preconditioner_rank : int, default 3200
-        When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``)
-        and the preconditioner is rebuilt at the next step, up to this rank (and to n / 4, and to what a tenth of
-        the free memory holds, 24 bytes per point and unit of rank). H200, 50 Adam steps, one run at each limit
-        (3200 / 800): median step pol 16.9 / 21.0 ms, elevators 17.7 / 14.5, bike 15.1 / 16.9, kin40k 38.0 / 56.7,
-        protein 106.8 / 98.6, keggdirected 44.4 / 64.7, keggundirected 75.8 / 94.0; CG iterations a step fell by
-        17-73%; the same test RMSE and NLL; bike's default fit warned at 800 (its last gradient at risk) and no set
-        at 3200. The rebuilds at a high rank cost more than the saved iterations on pol, elevators, protein and
+        When a step's solve misses ``cg_tolerance``, the preconditioner rank doubles (from ``preconditioner_rank``) and
+        the preconditioner is rebuilt at the next step, up to this rank (and to the last doubling within n / 8, and to
+        what a tenth of the free memory holds, 28 bytes per point and unit of rank). H200, 50 Adam steps, one run at
+        each limit (3200 / 800): median step pol 16.9 / 21.0 ms, elevators 17.7 / 14.5, bike 15.1 / 16.9, kin40k 38.0 /
+        56.7, protein 106.8 / 98.6, keggdirected 44.4 / 64.7, keggundirected 75.8 / 94.0; CG iterations a step fell by
+        17-73%; the same test RMSE and NLL; bike's default fit warned at 800 (its last gradient at risk) and no set at
+        3200. The rebuilds at a high rank cost more than the saved iterations on pol, elevators, protein and
         keggundirected: training took 29.4 s on the seven sets at 3200 against 26.0 s at 800.
     cg_iteration_limit : int, default 40
         Once the rank is at its maximum and a solve still misses the tolerance, the CG cap grows by half (from
@@ -161,7 +166,7 @@ class CGSettings:
     rebuild_lengthscale_change: float = 0.2
     rescale_change: float = 0.1
     rebuild_cost_share: float = 1.0
-    pivot_block: int = 16
+    pivot_block: int = 32
     resample_every: int | None = None
     warm_start: bool = True
     product: str = "auto"
