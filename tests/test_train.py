@@ -712,9 +712,9 @@ def test_rebuild_waits_until_the_iterations_since_the_build_cost_a_build():
 
     n, rank = 13_500, 3200
     product = SimpleNamespace(n=n, split=None, x=torch.zeros(n, 26), mode="stored")
-    wait = rebuild_iterations(n, n, rank, 16, 11, 26, True, "cpu")
-    assert wait > 10  # at this rank a build costs many iterations: the rule has something to defer
     cfg = CGSettings(max_preconditioner_rank=rank, preconditioner_rank=rank)
+    wait = rebuild_iterations(n, n, rank, cfg.pivot_block, 11, 26, True, "cpu")
+    assert wait > 10  # at this rank a build costs many iterations: the rule has something to defer
     state = _State(cfg)
     assert state.rebuild_due(cfg, 0, product, 11)  # nothing built yet
     state.pc = SimpleNamespace(k=rank)

@@ -83,8 +83,9 @@ class CGSettings:
         ``experiments/results/h200_2026-12-04_session18``) every test RMSE and NLL matched 16's to three digits;
         at the rank limit those fits now reach (1600 on pol, elevators and bike) 32 trained them in 0.90, 0.81
         and 0.78 s against 1.02, 0.94 and 0.88, and at rank 3200 the four larger sets took 16.2 s against 16.1 in
-        all (keggdirected 3.47 against 3.01, keggundirected 5.43 against 5.66: single runs, in which the cheaper
-        build also moves when the deferral rule lets a rebuild happen).
+        all. keggdirected trained slower at 32, in two calls (3.47 and 3.48 s against 3.01): as many rebuilds, but
+        each added about 65 ms to its step against about 30 at 16, where the build's benchmark replays it faster
+        at 32 (46 against 68 ms); not yet explained.
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
         5.6 ms at rank 3200 on an H200, more than all the products of a step on the smaller UCI sets) at every
