@@ -569,8 +569,9 @@ def write(args, rows, device) -> None:
         + "\n"
         + (
             "\nThe device's waits a step, in the profiled steps with the settings' CUDA graphs (busy: the union of "
-            "its kernels' and copies' spans inside the step; each gap goes to the host operator that launched the "
-            "kernel ending it, with its part, and the gap after the step's last kernel to 'after the last kernel'; "
+            "its kernels' and copies' spans inside the step; each gap goes to the host's last launch before it ended, "
+            "by that launch's part and outermost operator, and the gap after the step's last kernel to 'after the "
+            "last kernel'; "
             "the profiler's own host time lengthens the gaps, so they bound what the host costs):\n\n" + waits + "\n"
             if waits
             else ""

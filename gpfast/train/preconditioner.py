@@ -55,9 +55,9 @@ def pivoted_cholesky(
     GEMMs of the candidates' residual rows run better at 64 rows than at 32), rank 100 0.93 ms against 1.17 ms, and
     tr(K - L L^T) was no larger at any rank there (experiments/bench_preconditioner.py); the training engine builds
     with 32 (:attr:`gpfast.CGSettings.pivot_block`, where its fits are measured). This function's default stays 16
-    for the CG posterior's one build a fit: larger blocks give the order of ties among equal diagonals more say
-    (over 150 orders of the points of a CPU test problem the trace error varied by up to 28% at 32 against 11% at
-    16), and its variance bounds are certified whatever the factor.
+    for the CG posterior's one build a fit, where 32 has not been measured: larger blocks give the order of ties
+    among equal diagonals more say (over 150 orders of the points of a CPU test problem the trace error varied by
+    up to 28% at 32 against 11% at 16).
 
     The pivots of a block depend only on the candidates' c x c residual covariance, so one call of the op
     ``_pivot_block`` takes them all (a single thread block on a GPU) and returns the b x b factor G of the pivots
