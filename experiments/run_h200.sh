@@ -139,11 +139,13 @@ brun() {
   CUDA_VISIBLE_DEVICES=$G timeout "$cap" "$@" >> "$logf" 2>&1
 }
 # Steps that several stages share (each within the stage's budget, results in $res):
-# row_c LOG CAP: row c (gpfast's engine) on the seven UCI sets, its main columns and the ConvergenceWarnings seen.
+# row_c LOG CAP [STEM [ARG...]]: row c (gpfast's engine) on the seven UCI sets (results stem STEM, default
+# uci_all_c; ARG... passed on, e.g. --cg FIELD=VALUE), its main columns and the ConvergenceWarnings seen in LOG.
 row_c() {
-  brun "$2" "$1" "${UCI[@]}" --rows gpfast --stem uci_all_c --out "$res"; echo "uci c rc=$?"
-  grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-  echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$1")"
+  local logf=$1 cap=$2 stem=${3:-uci_all_c}; shift $(( $# < 3 ? $# : 3 ))
+  brun "$cap" "$logf" "${UCI[@]}" --rows gpfast "$@" --stem "$stem" --out "$res"; echo "uci c $stem rc=$?"
+  grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/$stem.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+  echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$logf")"
 }
 # pack_build: the compiled library as OUTDIR/gpb.tgz, for a later call to carry as .gpb/gpb.tgz.
 pack_build() { tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"; }
@@ -1273,12 +1275,9 @@ PYEOF
       stage_begin s18 ${S18_BUDGET:-560} 240
       for cfg in "default" "pivot_block=32" "max_preconditioner_rank=1600" \
                  "pivot_block=32 max_preconditioner_rank=1600" "pivot_block=32 rescale_change=0.3"; do
-        stem="uci_all_c_$(echo "$cfg" | sed -e 's/ /_/g; s/=/-/g; s/\./p/g')"
         cgargs=(); [ "$cfg" != default ] && cgargs=(--cg $cfg)
-        brun 80 "$OUT/s18_uci.log" "${UCI[@]}" --rows gpfast "${cgargs[@]}" --stem "$stem" --out "$res"
-        echo "$cfg rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/$stem.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+        row_c "$OUT/s18_uci.log" 80 "uci_all_c_$(echo "$cfg" | sed -e 's/ /_/g; s/=/-/g; s/\./p/g')" "${cgargs[@]}"
       done
-      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s18_uci.log")"
       anatomy "$OUT/s18_anatomy.log" 130
       stage_end s18 ;;
     session18b)
