@@ -8,7 +8,8 @@ Per set: float32 training inputs on the device, gpfast's model at GPyTorch's ini
 with its defaults (K stored when it fits half the free memory), ``--warmup`` Adam steps (lr 0.1; default 20) to
 leave the cold first solve and the accuracy rule's growth of the preconditioner rank behind (with 3, the steps
 measured still built rank-3200 factors op by op and took 3x the median step of a 50-step fit on pol), then
-``--steps`` profiled steps (the engine's objective plus the Adam update). Columns:
+``--steps`` profiled steps (the engine's objective plus the Adam update, both as ``ExactGP.fit`` runs them: the
+objective's natural path at the hyperparameters on the host, and gpfast's Adam there). Columns:
 
 - rank / cap: the preconditioner rank and CG cap that the engine's accuracy rule had reached;
 - step ms: wall time per step, the median of the timed steps, unprofiled (CG iterations and pivot blocks replayed
@@ -65,6 +66,9 @@ from gpfast.bench.compare import default_init
 from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, today
 from gpfast.datasets.uci import load_uci
+from gpfast.estimator.fitting import loss_and_gradient
+from gpfast.estimator.hyperparameters import HyperparameterSpace
+from gpfast.estimator.optimize import Adam
 from gpfast.estimator.solver import free_memory_bytes
 from gpfast.models import ExactGPModel
 from gpfast.train import Engine, CGSettings
@@ -194,38 +198,35 @@ def anatomy(name, X, y, device, steps, warmup, bw, options, symmetric_forward=Tr
     closure = engine.objective(model)
     engine.product.symmetric_forward = symmetric_forward
     engine.product.symmetric_product = symmetric_product
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
     model.train()
+    step = adam_steps(closure, model)
     for _ in range(warmup):
-        closure()
-        opt.step()
+        step()
     reads = []
     for _ in range(2):
         seen = []
         with count_host_reads(seen):
-            closure()
-        opt.step()
+            step()
         reads.append(len(seen))
     first = len(engine.record.cg_iterations)
     walls = []
     for _ in range(steps):
         _sync(device)
         t0 = time.perf_counter()
-        closure()
-        opt.step()
+        step()
         _sync(device)
         walls.append(time.perf_counter() - t0)
     wall = float(np.median(walls))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with labels(engine), profile(activities=activities) as prof:  # the runtime calls, CUDA graphs as the settings say
-        graphed_ms = 1e3 * _steps(closure, opt, steps, device)
+        graphed_ms = 1e3 * _steps(step, steps, device)
     counts = _runtime_counts(prof, steps)
     counts.update(launch_sources(prof.events(), LAUNCH, steps))
     if device.type == "cuda":
         counts.update(device_idle(prof.events()), profiled_ms=graphed_ms)
     graphs, engine._state.graphs = engine._state.graphs, None  # kernels replayed in a graph escape the labels
     with labels(engine), profile(activities=activities) as prof:
-        profiled = _steps(closure, opt, steps, device)
+        profiled = _steps(step, steps, device)
     engine._state.graphs = graphs
     shares = _split(prof, device, steps)
     rec = engine.record
@@ -353,14 +354,27 @@ def launch_sources(events, names, steps, top=10) -> dict:
     return out
 
 
-def _steps(closure, opt, steps, device) -> float:
+def adam_steps(closure, model):
+    """A function that takes one Adam step (lr 0.1) as ``ExactGP.fit`` takes it: the closure's natural path at the
+    log hyperparameters on the host, then gpfast's Adam there (no bounds: the steps stay far from them)."""
+    space = HyperparameterSpace.unbounded(model)
+    fun = loss_and_gradient(closure, model, space, "step_anatomy")
+    opt, theta = Adam(space.size, 0.1), [space.get(model)]
+
+    def step() -> None:
+        _, grad = fun(theta[0])
+        theta[0] = opt.step(theta[0], grad)
+
+    return step
+
+
+def _steps(step, steps, device) -> float:
     """Seconds per step of ``steps`` steps, each in the profiler range ``anatomy::step``."""
     _sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         with record_function("anatomy::step"):
-            closure()
-            opt.step()
+            step()
     _sync(device)
     return (time.perf_counter() - t0) / steps
 

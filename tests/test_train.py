@@ -1012,3 +1012,43 @@ def test_stale_preconditioner_scales_change_only_the_iterations(monkeypatch):
     assert counts[1] < counts[0]  # updated at the rebuilds only
     assert np.allclose(fits[0].history_, fits[1].history_, rtol=1e-6, atol=0)
     assert np.allclose(fits[0].lengthscale_, fits[1].lengthscale_, rtol=1e-5, atol=0)
+
+
+def test_the_natural_path_matches_the_models_and_reads_the_device_at_most_three_times(monkeypatch):
+    """The estimator's optimisers call the engine's ``closure.natural`` with the hyperparameters on the host, not the
+    model's parameters: over six Adam steps (rebuilds, rescales, warm starts) it gives the loss and the gradient in
+    theta that the model's path gives through the constraints and autograd, reads the device at most three times
+    a step, and leaves a frozen parameter's gradient zero."""
+    from gpfast.estimator.fitting import loss_and_gradient
+    from gpfast.estimator.hyperparameters import HyperparameterSpace
+    from gpfast.estimator.optimize import Adam
+
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    runs = []
+    for path in ("model", "natural"):
+        model = _problem(n=500, d=3, seed=seed)
+        model.mean_module.raw_constant.requires_grad_(False)
+        space = HyperparameterSpace.unbounded(model)
+        engine = Engine(CGSettings(product="stored", rebuild_every=2, preconditioner_rank=10))
+        torch.manual_seed(seed)
+        closure = engine.objective(model)
+        if path == "model":
+            closure.natural = None  # loss_and_gradient then writes theta into the model and reads its .grad
+        fun = loss_and_gradient(closure, model, space, "test")
+        theta, opt, out, reads = space.get(model), Adam(space.size, 0.1), [], []
+        for _ in range(6):
+            with monkeypatch.context() as m:
+                seen = _count_host_reads(m)
+                loss, grad = fun(theta)
+            reads.append(list(seen))
+            out.append((loss, grad))
+            theta = opt.step(theta, grad)
+        engine.finish()
+        runs.append((out, reads))
+    (model_out, _), (natural_out, natural_reads) = runs
+    assert max(map(len, natural_reads)) <= 3, natural_reads
+    for (loss_m, grad_m), (loss_n, grad_n) in zip(model_out, natural_out):
+        assert grad_n[-1] == 0.0 and grad_m[-1] == 0.0
+        # float64 throughout; the paths differ by the constraints' round trip (softplus and its inverse)
+        assert abs(loss_n - loss_m) <= 1e-9 * max(abs(loss_m), 1.0), (loss_n, loss_m)
+        np.testing.assert_allclose(grad_n, grad_m, rtol=1e-7, atol=1e-10)

@@ -44,6 +44,7 @@ __all__ = [
     "engine_attributes",
     "fit_hyperparameters",
     "gpytorch_objective",
+    "loss_and_gradient",
     "mll_estimate",
     "run_plan",
     "seeded",
@@ -53,7 +54,12 @@ __all__ = [
 #: A training objective: called with no arguments, it sets ``.grad`` of every trainable parameter of the model to
 #: the gradient of the loss (the negative marginal log likelihood per data point, or an estimate of it) and
 #: returns the loss as a 0-dim tensor. It zeroes the old gradients itself, so it can serve as an L-BFGS closure.
-#: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields.
+#: It may carry a ``postfix`` attribute: a function returning a dict of extra progress-bar fields, and a ``natural``
+#: one: ``natural(values) -> (loss, gradient)`` at the hyperparameters ``values`` = (lengthscales, outputscale,
+#: noise, mean) without the model's parameters, the gradient per data point with respect to those values, both on
+#: the host in float64. The optimisers then call that instead, sparing each step the writes into the model, the
+#: constraints' transforms and the autograd pass back through them (a dozen small device operations and a read
+#: each on a GPU).
 Objective = Callable[[], torch.Tensor]
 
 
@@ -210,7 +216,7 @@ def fit_hyperparameters(
     model.likelihood.train()
     closure = (objective or default_objective(solver))(model)
     n = model.train_targets.shape[-1]
-    fun = _loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
+    fun = loss_and_gradient(closure, model, space, f"{desc}, dtype={dtype}")
     fun = recorder.wrap(fun) if recorder is not None else fun
     # disable=None: tqdm draws the bar only when stderr is a terminal, so that a log file gets no bars
     bar = tqdm(total=n_steps, desc=desc, disable=None if verbose else True, leave=False, file=sys.stderr)
@@ -233,14 +239,23 @@ def fit_hyperparameters(
     return FitResult(res.history, res.n_iter, res.converged, res.message, res.loss, res.theta)
 
 
-def _loss_and_gradient(closure: Objective, model: ExactGPModel, space: HyperparameterSpace, where: str):
-    """``fun(theta) -> (loss, gradient)`` in the log hyperparameters for the optimisers, from the closure; a
-    covariance that stops being positive definite raises NotPSDError with advice, naming ``where`` it happened."""
+def loss_and_gradient(closure: Objective, model: ExactGPModel, space: HyperparameterSpace, where: str):
+    """``fun(theta) -> (loss, gradient)`` in the log hyperparameters of ``space`` for the optimisers, from the
+    closure (by its ``natural`` path when it has one, :data:`Objective`); a covariance that stops being positive
+    definite raises NotPSDError with advice, naming ``where`` it happened."""
     calls = [0]
+    natural = getattr(closure, "natural", None)
+    k = space.n_lengthscales
 
     def fun(theta: np.ndarray) -> tuple[float, np.ndarray]:
-        space.set(model, theta)
         try:
+            if natural is not None:  # theta = log of the values but the mean's: no constraint chain, no autograd
+                theta = np.asarray(theta, dtype=np.float64)
+                values = np.concatenate([np.exp(theta[: k + 2]), theta[k + 2 :]])
+                loss, grad = natural(values)
+                calls[0] += 1
+                return float(loss), grad * np.concatenate([values[: k + 2], np.ones(theta.size - k - 2)])
+            space.set(model, theta)
             loss = closure()
         except NotPSDError as exc:
             raise NotPSDError(

@@ -21,7 +21,7 @@ from gpfast.estimator import params as _params
 from gpfast.estimator import prediction
 from gpfast.estimator import solver as _solver
 from gpfast.estimator.fitting import (
-    _loss_and_gradient,
+    loss_and_gradient,
     engine_attributes,
     fitted_log_marginal_likelihood,
     initial_model,
@@ -158,7 +158,7 @@ def _train(est, plan: _solver.FitPlan, Xs: torch.Tensor, Ys: torch.Tensor, inits
     closures = batch.objectives(models)
     where = f"dtype={plan.dtype}"
     funs = [
-        _loss_and_gradient(c, m, s, f"output {j}, {where}") for j, (c, m, s) in enumerate(zip(closures, models, spaces))
+        loss_and_gradient(c, m, s, f"output {j}, {where}") for j, (c, m, s) in enumerate(zip(closures, models, spaces))
     ]
 
     training = set(range(k))

@@ -61,14 +61,18 @@ class BatchedEngine:
     def _in_own_stream(self, j: int, closure):
         devices = [self._device] if self._device.type == "cuda" else []
 
-        def step() -> torch.Tensor:
-            with torch.random.fork_rng(devices=devices):
-                set_generator_state(self._streams[j], self._device)
-                loss = closure()
-                self._streams[j] = generator_state(self._device)
-            return loss
+        def own(fn):
+            def in_stream(*args):
+                with torch.random.fork_rng(devices=devices):
+                    set_generator_state(self._streams[j], self._device)
+                    out = fn(*args)
+                    self._streams[j] = generator_state(self._device)
+                return out
 
-        step.postfix = closure.postfix
+            return in_stream
+
+        step = own(closure)
+        step.postfix, step.natural = closure.postfix, own(closure.natural)
         return step
 
     def finish_output(self, j: int, steps: int | None = None) -> EngineRecord:

@@ -20,7 +20,9 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
    and its gradient are then per point and output (the data-fit terms averaged, the shared log-determinant once),
    so that k equal outputs train as one.
 5. Gradient: one fused bilinear backward plus closed forms (:mod:`.gradient`), set as ``.grad`` of the model's raw
-   parameters through their constraints. A non-finite gradient raises FloatingPointError.
+   parameters through their constraints, or, through the closure's ``natural`` (what gpfast's optimisers call),
+   handed back on the host with respect to the hyperparameters' values. A non-finite gradient raises
+   FloatingPointError.
 6. Loss shown: the data-fit term 1/2 r^T K̂^{-1} r from the solve (``r^T x + x^T res``, whose error is second
    order in the CG error) plus a log-determinant *estimate*: stochastic Lanczos quadrature on the first step's
    P-distributed probes (:mod:`.logdet`), carried to later steps by integrating the estimated gradient along the
@@ -158,9 +160,15 @@ class Engine:
     # ------------------------------------------------------------------------------------------------------------
     def objective(self, model):
         """The closure: sets ``.grad`` of the model's raw hyperparameters to the estimated gradient of the negative
-        log marginal likelihood per data point and returns the loss (data fit + log-determinant estimate)."""
+        log marginal likelihood per data point and returns the loss (data fit + log-determinant estimate).
+
+        Its attribute ``natural(values) -> (loss, gradient)`` takes the same step at ``values`` = (lengthscales...,
+        outputscale, noise, mean) given on the host instead of the model's parameters, and returns the loss and the
+        gradient per point with respect to those values as a float and a float64 array (a frozen parameter's entry
+        zero). It leaves the model alone: one copy to the device and none of the constraints' operations or autograd
+        a step (:data:`gpfast.estimator.fitting.Objective`)."""
         cfg = self.settings
-        _parameters(model)  # type check before any work
+        start = _parameters(model)  # type check before any work
         X, y = model.train_inputs[0], model.train_targets
         if X.dim() != 2 or y.dim() not in (1, 2) or y.shape[-1] != X.shape[0]:
             raise ValueError(
@@ -194,20 +202,35 @@ class Engine:
 
         def closure() -> torch.Tensor:
             model.zero_grad(set_to_none=True)
-            return self._step(model, product, state, X, y)
+            t0 = time.perf_counter()
+            tensors = _parameters(model)
+            ls, s, noise, mu = (t.detach().reshape(-1) for t in tensors)
+            loss, grad, _ = self._step(product, state, X, y, ls, s[0], noise[0], mu[0], t0)
+            _set_grads(tensors, grad, n)
+            return torch.tensor(loss, dtype=torch.float64)
+
+        # a parameter the caller froze gets a zero gradient, as its .grad stays unset on the model's path
+        trainable = np.repeat([t.requires_grad for t in start], [start[0].numel(), 1, 1, 1])
+
+        def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
+            t0 = time.perf_counter()
+            v = torch.tensor(np.asarray(values, dtype=np.float64), dtype=X.dtype, device=X.device)  # one copy
+            p = v.numel() - 3
+            loss, _, g = self._step(product, state, X, y, v[:p], v[p], v[p + 1], v[p + 2], t0)
+            return loss, np.where(trainable, g, 0.0)
 
         closure.postfix = lambda: state.postfix
+        closure.natural = natural
         return closure
 
-    def _step(self, model, product: CovarianceProduct, state: _State, X, y) -> torch.Tensor:
-        """One objective evaluation. It reads the device at most three times: twice inside CG (its convergence
-        checks, :mod:`.checks`) and once at the end (the gradient, the loss terms and the records, one vector)."""
-        t0 = time.perf_counter()
+    def _step(self, product: CovarianceProduct, state: _State, X, y, ls, s, noise, mu, t0: float):
+        """One objective evaluation at the hyperparameters ``ls`` (p,), ``s``, ``noise``, ``mu`` (0-dim), on the
+        device in the working dtype: ``(loss, gradient, gradient on the host)``, the loss a float, the gradient a
+        :class:`NaturalGradient` (of the summed loss) and on the host that gradient per point, float64, in the
+        order (ls, s, noise, mu). It reads the device at most three times: twice inside CG (its convergence checks,
+        :mod:`.checks`) and once at the end (the gradient, the loss terms and the records, one vector)."""
         cfg, rec = self.settings, self.record
         n, step = X.shape[0], len(rec.cg_iterations)
-        ls_t, os_t, noise_t, mean_t = _parameters(model)
-        ls, s, noise, mu = (t.detach().reshape(-1) for t in (ls_t, os_t, noise_t, mean_t))
-        s, noise, mu = s[0], noise[0], mu[0]
         product.update(ls, s, noise)
         k = 1 if y.dim() == 1 else y.shape[0]  # outputs: the first k columns of the solve
         rebuild = state.rebuild_due(cfg, step, product, k + state.s)
@@ -265,7 +288,6 @@ class Engine:
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res, checks, max_res, estimate is not None)
         state.track_scales(cfg, hyper[p - 3 : p - 1], rescale)
 
-        _set_grads((ls_t, os_t, noise_t, mean_t), grad, n)
         rec.cg_iterations.append(res.iterations)
         rec.products.append(res.products)
         rec.cg_residuals.append(max_res)
@@ -278,7 +300,7 @@ class Engine:
         rec.broke_down |= broke > 0
         state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
                          "res": f"{max_res:.1e}"}  # fmt: skip
-        return torch.tensor(data_fit + log_det + _HALF_LOG_2PI, dtype=torch.float64)
+        return data_fit + log_det + _HALF_LOG_2PI, grad, np.asarray(g_host)
 
     def _right_hand_sides(self, state: _State, pc: Preconditioner, R: torch.Tensor, first: bool, resample: bool):
         """(B, x0, warm) of the step's solve: [R, Z] for the k data columns R (n, k) (and on the first step s probes

@@ -19,7 +19,7 @@ from gpfast.train.product import CovarianceProduct
 from gpfast.train.settings import CGSettings
 
 #: The second-moment decay of Adam's estimate of the squared gradients, which scales the engine's at-risk test:
-#: torch.optim.Adam's default (the optimiser the engine serves).
+#: the default of Adam (gpfast.estimator.optimize.Adam, as torch.optim.Adam), the optimiser the engine serves.
 ADAM_BETA2 = 0.999
 
 
