@@ -1,0 +1,120 @@
+"""What a CG solve's CUDA graph costs the host: a solve of m iterations as the training engine runs it (the first
+iteration op by op, then a fresh capture replayed m - 1 times) against the same solve replaying a graph captured
+before (what keeping one graph across the steps of a fit would cost), and against all m iterations op by op.
+
+    python -m experiments.cg_graph_cost --n 13500 36000 --iterations 8 24
+
+The system is a stored float32 K (an RBF covariance of n Gaussian points in d = 8, plus noise 0.01) times
+t = 1 + CGSettings().probes_for(n) columns, with a diagonal preconditioner, so that the iteration is the engine's
+own (:class:`gpfast.train.cg._Iteration`: the product, about 25 small kernels of vector work, one preconditioner
+apply) with a cheaper preconditioner than the engine's low-rank one. Times are wall milliseconds per solve from the
+call to the device's end (synchronised: the host's capture, instantiation and launches count, as they do in a
+training step), the median of ``--reps`` solves after warm-up. "capture overhead" is the engine's solve less the
+replay-only solve: the host cost a persistent graph would save per step. Writes
+experiments/results/cg_graph_cost.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from experiments import RESULTS
+from gpfast import ops
+from gpfast.bench.report import md_table, write_results
+from gpfast.train.cg import CUDAGraphs, _Iteration, pcg
+from gpfast.train.product import stored_matmul
+from gpfast.train.settings import CGSettings
+
+
+def _wall_ms(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure(n: int, iterations: int, reps: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    X = torch.randn(n, 8, device="cuda", generator=gen)
+    K = ops.rbf_covariance(X, X, torch.full((8,), 1.5, device="cuda"), 1.0)
+    K.diagonal().add_(0.01)
+    t = 1 + CGSettings().probes_for(n)
+    B = torch.randn(n, t, device="cuda", generator=gen)
+    scale = 1.0 / K.diagonal().unsqueeze(1)
+
+    def matmul(V):
+        return stored_matmul(K, V)
+
+    def precond(R):
+        return R * scale
+
+    graphs = CUDAGraphs(torch.device("cuda"))
+    check = []  # no host read inside the solve: the times are the iterations' and the graph's alone
+
+    def engine_solve():
+        pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check, graph=graphs)
+
+    def op_by_op():
+        pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check)
+
+    # one graph kept: the iteration's tensors made once, captured once; a solve copies its right-hand sides in,
+    # sets up the iteration's start as _Iteration does, and replays
+    X0, R0 = torch.zeros_like(B), B.clone()
+    b_norm = torch.linalg.vector_norm(B, dim=0)
+    rel = torch.ones(t, device="cuda")
+    broke = torch.zeros(t, dtype=torch.bool, device="cuda")
+    with graphs.stream():
+        it = _Iteration(matmul, precond, X0, R0, rel, b_norm, broke, 1e-8, iterations + 1)
+        it.step()
+        kept = graphs.capture_alone(it.step)  # its own pool: the engine solves below capture into the shared one
+
+    def replay_solve():
+        with graphs.stream():
+            X0.zero_()
+            R0.copy_(B)
+            it.P.copy_(precond(R0))
+            it.rz.copy_((R0 * it.P).sum(0))
+            it.count.zero_()
+            it.active.fill_(True)
+            for _ in range(iterations):
+                kept.replay()
+
+    engine = _wall_ms(engine_solve, reps)
+    replay = _wall_ms(replay_solve, reps)
+    plain = _wall_ms(op_by_op, reps)
+    product = _wall_ms(lambda: matmul(B), reps)
+    return {"n": n, "t": t, "iterations": iterations, "engine_ms": engine, "kept_graph_ms": replay,
+            "op_by_op_ms": plain, "capture_overhead_ms": engine - replay, "product_ms": product,
+            "products_floor_ms": iterations * product}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[13500, 36000])
+    parser.add_argument("--iterations", type=int, nargs="+", default=[8, 24])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--stem", default="cg_graph_cost")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("cg_graph_cost measures CUDA graphs: it needs a GPU")
+    rows = [measure(n, m, args.reps) for n in args.n for m in args.iterations]
+    cols = ["n", "t", "iterations", "engine_ms", "kept_graph_ms", "op_by_op_ms", "capture_overhead_ms",
+            "product_ms", "products_floor_ms"]  # fmt: skip
+    table = md_table(cols, [[r[c] for c in cols] for r in rows])
+    text = write_results(args.out, args.stem, "A CG solve's CUDA graph: captured per solve, kept, or none", table,
+                         rows)  # fmt: skip
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
