@@ -10,7 +10,8 @@ own (:class:`gpfast.train.cg._Iteration`: the product, about 25 small kernels of
 apply) with a cheaper preconditioner than the engine's low-rank one. Times are wall milliseconds per solve from the
 call to the device's end (synchronised: the host's capture, instantiation and launches count, as they do in a
 training step), the median of ``--reps`` solves after warm-up. "capture overhead" is the engine's solve less the
-replay-only solve: the host cost a persistent graph would save per step. Writes
+replay-only solve: the host cost a persistent graph would save per step; "kept vs engine" the largest difference of
+the two solves' solutions relative to the largest entry (the same arithmetic: it should be zero or rounding). Writes
 experiments/results/cg_graph_cost.{md,json}.
 """
 
@@ -61,7 +62,7 @@ def measure(n: int, iterations: int, reps: int) -> dict:
     check = []  # no host read inside the solve: the times are the iterations' and the graph's alone
 
     def engine_solve():
-        pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check, graph=graphs)
+        return pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check, graph=graphs)
 
     def op_by_op():
         pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check)
@@ -85,6 +86,7 @@ def measure(n: int, iterations: int, reps: int) -> dict:
             it.rz.copy_((R0 * it.P).sum(0))
             it.count.zero_()
             it.active.fill_(True)
+            broke.zero_()
             for _ in range(iterations):
                 kept.replay()
 
@@ -92,9 +94,14 @@ def measure(n: int, iterations: int, reps: int) -> dict:
     replay = _wall_ms(replay_solve, reps)
     plain = _wall_ms(op_by_op, reps)
     product = _wall_ms(lambda: matmul(B), reps)
+    # the kept graph runs the engine's arithmetic: its solution against the engine solve's, relative to the largest
+    x = engine_solve().x
+    replay_solve()
+    torch.cuda.synchronize()
+    diff = float((X0 - x).abs().max() / x.abs().max())
     return {"n": n, "t": t, "iterations": iterations, "engine_ms": engine, "kept_graph_ms": replay,
             "op_by_op_ms": plain, "capture_overhead_ms": engine - replay, "product_ms": product,
-            "products_floor_ms": iterations * product}  # fmt: skip
+            "products_floor_ms": iterations * product, "kept_vs_engine": diff}  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -109,7 +116,7 @@ def main(argv=None) -> None:
         raise SystemExit("cg_graph_cost measures CUDA graphs: it needs a GPU")
     rows = [measure(n, m, args.reps) for n in args.n for m in args.iterations]
     cols = ["n", "t", "iterations", "engine_ms", "kept_graph_ms", "op_by_op_ms", "capture_overhead_ms",
-            "product_ms", "products_floor_ms"]  # fmt: skip
+            "product_ms", "products_floor_ms", "kept_vs_engine"]  # fmt: skip
     table = md_table(cols, [[r[c] for c in cols] for r in rows])
     text = write_results(args.out, args.stem, "A CG solve's CUDA graph: captured per solve, kept, or none", table,
                          rows)  # fmt: skip

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from experiments import uci_table
 
@@ -259,3 +260,29 @@ def test_bench_preconditioner_runs_on_the_cpu(tmp_path):
         assert 0 <= r["trace_error"] < 1
     assert rows[2]["trace_error"] < rows[0]["trace_error"]
     assert "| synthetic-600-3 |" in (tmp_path / "bench_preconditioner.md").read_text()
+
+
+def test_fit_overhead_writes_both_paths(tmp_path):
+    """fit_overhead at a tiny size: a row per path, its steps inside its training time, and the first fit's time
+    outside its steps measured in a fresh process."""
+    import json
+
+    from experiments import fit_overhead
+
+    fit_overhead.main(["--n", "150", "--iters", "4", "--reps", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "fit_overhead_cpu.json").read_text())["rows"]
+    assert [r["path"] for r in rows] == ["natural", "model"]
+    for r in rows:
+        assert r["evaluations"] == 5 and 0 < r["steps_s"] <= r["train_s"]
+    assert rows[0]["first_fit_outside_s"] >= 0 and rows[0]["torch_adam_first_s"] > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_cg_graph_cost_kept_graph_solves_as_the_engine():
+    """cg_graph_cost's kept graph, set up afresh and replayed, gives the engine's solve (to rounding)."""
+    from experiments import cg_graph_cost
+
+    row = cg_graph_cost.measure(2048, 6, reps=2)
+    assert row["kept_vs_engine"] <= 1e-5, row
+    assert row["engine_ms"] > 0 and row["kept_graph_ms"] > 0
