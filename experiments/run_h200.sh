@@ -92,7 +92,8 @@
 #                 S18_BUDGET 560), session18b (the engine's new defaults, 32 pivots a block and the rank limit
 #                 within n / 8: every CUDA test, row c, step_anatomy with the device's waits; on a carried build;
 #                 S18B_BUDGET 540), session19 (the fit's steps by the engine's natural path with gpfast's Adam:
-#                 row c, step_anatomy, cg_graph_cost, every CUDA test; on a carried build; S19_BUDGET 560)
+#                 row c, the kept CG graph's tests and its row c (cuda_graph_reuse), cg_graph_cost,
+#                 step_anatomy, every CUDA test; on a carried build; S19_BUDGET 580)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1293,16 +1294,18 @@ PYEOF
       stage_end s18b ;;
     session19)
       # ExactGP's fit stepping by the engine's natural path (the hyperparameters to the device in one copy, no
-      # constraints or autograd) with gpfast's numpy Adam: row c on the seven sets; step_anatomy stepping as the
-      # fit does; cg_graph_cost (a CG solve's graph captured per solve against one kept); every CUDA test; on a
-      # carried build (.gpb/gpb.tgz); at most S19_BUDGET seconds (default 560). Files: s19_*.log,
-      # s19_results.tar.gz.
-      stage_begin s19 ${S19_BUDGET:-560} 240
+      # constraints or autograd) with gpfast's numpy Adam: row c on the seven sets; the kept CG graph's tests;
+      # row c with the CG graph kept across steps (cuda_graph_reuse); cg_graph_cost (a CG solve's graph captured
+      # per solve against one kept); step_anatomy stepping as the fit does; every CUDA test; on a carried build
+      # (.gpb/gpb.tgz); at most S19_BUDGET seconds (default 580). Files: s19_*.log, s19_results.tar.gz.
+      stage_begin s19 ${S19_BUDGET:-580} 240
       row_c "$OUT/s19_uci_c.log" 90
-      anatomy "$OUT/s19_anatomy.log" 130
+      cuda_tests "$OUT/s19_kept_tests.log" 60 tests/test_cuda_graphs.py
+      row_c "$OUT/s19_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
       brun 60 "$OUT/s19_graph_cost.log" python -m experiments.cg_graph_cost --out "$res"
       echo "cg_graph_cost rc=$?"; grep -E "^\|" "$res/cg_graph_cost.md"
-      cuda_tests "$OUT/s19_tests.log" 220 tests
+      anatomy "$OUT/s19_anatomy.log" 120
+      cuda_tests "$OUT/s19_tests.log" 200 tests
       stage_end s19 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac

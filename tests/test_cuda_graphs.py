@@ -5,6 +5,7 @@ op, which replay, what the results hold); on a GPU the real graphs are compared 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from conftest import HAS_CUDA, rel_err
 from gpfast import ExactGP
 from gpfast import _reference as ref
 from gpfast.train import CGSettings
-from gpfast.train.cg import CUDAGraphs, pcg
+from gpfast.train.cg import CUDAGraphs, KeptIteration, pcg
 from gpfast.train.state import _State
 from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
 from gpfast.train.product import CovarianceProduct
@@ -91,6 +92,73 @@ def test_replayed_pcg_matches_op_by_op(checks):
 def test_cuda_graph_setting_is_checked():
     with pytest.raises(ValueError, match="cuda_graph"):
         CGSettings(cuda_graph="yes")
+    with pytest.raises(ValueError, match="cuda_graph_reuse"):
+        CGSettings(cuda_graph_reuse="yes")
+
+
+def _kept_solves(device, dtype, graphs):
+    """Four solves of one shape through one KeptIteration, each against a plain solve of the same system: a cold
+    one, a warm one from the kept solution itself (its tensors are the next solve's), one after the preconditioner
+    took new scales (new tensors: a capture again), and one after the product took new hyperparameters."""
+    prod, pc, B = _system(device, dtype)
+    kept = KeptIteration()
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    x0 = None
+    out = []
+    for i in range(4):
+        if i == 2:
+            pc.set_scales(torch.tensor(1.2, dtype=dtype, device=device), torch.tensor(2e-3, dtype=dtype, device=device))
+        if i == 3:
+            ls = torch.tensor([0.8, 1.0, 1.0], dtype=dtype, device=device)
+            prod.update(
+                ls, torch.tensor(1.4, dtype=dtype, device=device), torch.tensor(1.5e-3, dtype=dtype, device=device)
+            )
+        B = torch.randn(B.shape, generator=gen, dtype=F64).to(device=device, dtype=dtype)
+        plain = pcg(prod.matmul, B, pc.solve, None if x0 is None else x0.clone(), None, 1e-6, 60, check_at=[10, 20])
+        reads = prod.graph_reads() + pc.graph_reads()
+        before = kept.captures
+        res = pcg(prod.matmul, B, pc.solve, x0, None, 1e-6, 60, check_at=[10, 20], graph=graphs, kept=kept,
+                  reads=reads)  # fmt: skip
+        x0 = res.x  # the kept solution: the next solve copies its start from the tensor it overwrites
+        out.append((plain, _snapshot(res), kept.captures - before))  # the next solve overwrites res's tensors
+    return out
+
+
+def _snapshot(res):
+    """A CGResult whose tensors are copies (a kept solve's are the next one's)."""
+    return replace(res, x=res.x.clone(), residual=res.residual.clone(), rel_residual=res.rel_residual.clone(),
+                   alphas=[a.clone() for a in res.alphas], betas=[b.clone() for b in res.betas],
+                   broke_down=res.broke_down.clone())  # fmt: skip
+
+
+def test_kept_iteration_replays_while_its_reads_stay():
+    """On the CPU with the stand-in graphs: each kept solve does what a plain one does, the first captures, the
+    second replays from its first iteration (no capture), and new preconditioner scales capture again."""
+    fake = _ReplayByCall()
+    solves = _kept_solves("cpu", F64, fake)
+    for plain, res, _ in solves:
+        _same_solve(plain, res, 0.0)
+        assert res.graphed
+    assert [c for *_, c in solves][:3] == [1, 0, 1]
+    assert fake.replays == sum(r.iterations for _, r, _ in solves) - sum(c for *_, c in solves)
+    # without graphs (the CPU engine's way) the kept tensors alone, the same solves
+    for plain, res, captured in _kept_solves("cpu", F64, None):
+        _same_solve(plain, res, 0.0)
+        assert captured == 0 and not res.graphed
+
+
+@pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=CUDA)])
+def test_kept_cuda_graph_matches_op_by_op(device, dtype, tol):
+    """Real graphs kept across solves: a replay without capture reads the new right-hand sides and warm start, a
+    rescaled preconditioner is captured again, and the product's new K and noise are read (captured again if K
+    moved, replayed from its own noise tensor if not)."""
+    graphs = CUDAGraphs(torch.device(device))
+    solves = _kept_solves(device, dtype, graphs)
+    for plain, res, _ in solves:
+        _same_solve(plain, res, tol)
+        assert res.graphed
+    assert [c for *_, c in solves][:3] == [1, 0, 1]
 
 
 @pytest.mark.parametrize("dtype, tol", [(F64, 1e-12), (torch.float32, 1e-5)])
@@ -128,12 +196,29 @@ def test_cuda_graph_engine_takes_the_same_steps(device, n, steps, extra):
     y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=n)
     fits = [
         ExactGP(solver="cg", dtype="float64", max_iter=steps, verbose=False, random_state=0, device=device,
-                cg={"cuda_graph": g, "num_probes": 10, **extra}).fit(X, y)
-        for g in (False, True)
+                cg={"cuda_graph": g, "cuda_graph_reuse": reuse, "num_probes": 10, **extra}).fit(X, y)
+        for g, reuse in ((False, False), (True, False), (True, True))
+    ]  # fmt: skip
+    for other in fits[1:]:
+        assert fits[0].cg_iterations_ == other.cg_iterations_
+        assert np.allclose(fits[0].history_, other.history_, rtol=1e-9, atol=0)
+        assert rel_err(torch.as_tensor(fits[0].lengthscale_), torch.as_tensor(other.lengthscale_)) < 1e-8
+
+
+def test_the_engine_takes_the_same_steps_with_its_cg_tensors_kept():
+    """On the CPU, cuda_graph_reuse keeps the solve's tensors from step to step (warm starts read from the tensors
+    the next solve overwrites, rebuilds and resampled probes included): the same arithmetic, bit for bit."""
+    rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())))
+    X = rng.normal(size=(700, 3))
+    y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=700)
+    fits = [
+        ExactGP(solver="cg", max_iter=12, tol=0, verbose=False, random_state=0,
+                cg={"cuda_graph_reuse": reuse, "rebuild_every": 3, "resample_every": 5}).fit(X, y)
+        for reuse in (False, True)
     ]  # fmt: skip
     assert fits[0].cg_iterations_ == fits[1].cg_iterations_
-    assert np.allclose(fits[0].history_, fits[1].history_, rtol=1e-9, atol=0)
-    assert rel_err(torch.as_tensor(fits[0].lengthscale_), torch.as_tensor(fits[1].lengthscale_)) < 1e-8
+    assert fits[0].history_ == fits[1].history_
+    assert fits[0].cg_residuals_ == fits[1].cg_residuals_
 
 
 def _build_problem(device, dtype, n=400, seed=None):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["CGResult", "CUDAGraphs", "pcg"]
+__all__ = ["CGResult", "CUDAGraphs", "KeptIteration", "pcg"]
 
 
 @dataclass
@@ -63,6 +63,8 @@ def pcg(
     check_at: Sequence[int] | None = None,
     graph: CUDAGraphs | None = None,
     after_miss: Callable[[int, float], int] | None = None,
+    kept: KeptIteration | None = None,
+    reads: Sequence[torch.Tensor | None] = (),
 ) -> CGResult:
     """Solve ``A X = B`` column by column with preconditioner ``precond`` (applies P^{-1}).
 
@@ -96,37 +98,55 @@ def pcg(
         ``after_miss(i, r)`` names the one iteration to read next, in place of the later ``check_at`` entries (the
         caller's estimate of where the solve will converge; one at or past ``max_iter`` leaves no read), or None
         to keep them. It is asked once, so a solve reads at most once more after that miss.
+    kept, reads : KeptIteration or None, sequence of Tensor or None
+        Solve in kept tensors and (with ``graph``) replay the kept graph while ``reads``, every tensor that
+        ``matmul`` and ``precond`` read besides their argument (None for one absent), are where they were at its
+        capture (:class:`KeptIteration`). The result's tensors are then the kept ones, which the next solve overwrites.
 
     Returns
     -------
     CGResult
     """
     measure = measure or (lambda rel: rel.max())
-    eps = torch.finfo(B.dtype).eps
-    freeze = max(1e-3 * tol, 100 * eps) if freeze_rtol is None else freeze_rtol
-    b_norm = torch.linalg.vector_norm(B, dim=0).clamp_min(torch.finfo(B.dtype).tiny)
-    products = 0
-    X = torch.zeros_like(B) if x0 is None else x0.clone()
-    R = B.clone()
-    if x0 is not None:
-        cols = list(range(B.shape[1])) if warm is None else list(warm)
-        if cols:
-            idx = torch.tensor(cols, device=B.device)
-            R[:, cols] -= matmul(X.index_select(1, idx))
-            products += 1
-    rel = torch.linalg.vector_norm(R, dim=0) / b_norm
-    broke = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)
+    freeze = max(1e-3 * tol, 100 * torch.finfo(B.dtype).eps) if freeze_rtol is None else freeze_rtol
+    it = kept.iteration(B, max_iter, freeze) if kept is not None and max_iter > 0 else None
+    X, R, rel, b_norm, broke = _start(B, x0, it)
+    cols = [] if x0 is None else list(range(B.shape[1])) if warm is None else list(warm)
+    if cols:  # the warm columns' initial residual
+        R[:, cols] -= matmul(X.index_select(1, torch.tensor(cols, device=B.device)))
+    products = 1 if cols else 0
+    torch.div(torch.linalg.vector_norm(R, dim=0), b_norm, out=rel)
     checks = set(range(max_iter)) if check_at is None else set(check_at)
-    reads = _Reads(checks, lambda: float(measure(rel)), tol, after_miss)
-    if max_iter <= 0 or (0 in checks and reads.converged(0)):
-        return CGResult(X, R, rel, 0, products, [], [], broke, False, reads.checked)
-    it = _Iteration(matmul, precond, X, R, rel, b_norm, broke, freeze, max_iter)
-    iterations, graphed = _run(it, graph if max_iter > 1 else None, max_iter, reads.converged, checks)
-    products += iterations
+    host = _Reads(checks, lambda: float(measure(rel)), tol, after_miss)
+    if max_iter <= 0 or (0 in checks and host.converged(0)):
+        return CGResult(X, R, rel, 0, products, [], [], broke, False, host.checked)
+    if it is None:
+        it = _Iteration(matmul, precond, X, R, rel, b_norm, broke, freeze, max_iter)
+        graph = graph if max_iter > 1 else None
+        iterations, graphed = _run(it, graph, max_iter, host.converged, checks)
+    else:
+        iterations, graphed = kept.run(it, matmul, precond, graph, reads, max_iter, host.converged, checks)
     it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
-    alphas = list(it.alphas[:iterations].unbind(0))
-    betas = list(it.betas[:iterations].unbind(0))
-    return CGResult(X, R, rel, iterations, products, alphas, betas, broke, graphed, reads.checked)
+    alphas, betas = list(it.alphas[:iterations].unbind(0)), list(it.betas[:iterations].unbind(0))
+    return CGResult(X, R, rel, iterations, products + iterations, alphas, betas, broke, graphed, host.checked)
+
+
+def _start(B: torch.Tensor, x0: torch.Tensor | None, it: _Iteration | None) -> tuple:
+    """A solve's (X, R, rel, b_norm, broke) before the warm start's product: new tensors, or the kept iteration's
+    ``it`` overwritten with the same values (x0 may be a view of its X)."""
+    tiny = torch.finfo(B.dtype).tiny
+    if it is None:
+        X = torch.zeros_like(B) if x0 is None else x0.clone()
+        broke = torch.zeros(B.shape[1], dtype=torch.bool, device=B.device)
+        return X, B.clone(), X.new_empty(B.shape[1]), torch.linalg.vector_norm(B, dim=0).clamp_min(tiny), broke
+    torch.linalg.vector_norm(B, dim=0, out=it.b_norm).clamp_min_(tiny)
+    if x0 is None:
+        it.X.zero_()
+    else:
+        it.X.copy_(x0)
+    it.R.copy_(B)
+    it.broke.zero_()
+    return it.X, it.R, it.rel, it.b_norm, it.broke
 
 
 class _Reads:
@@ -178,13 +198,23 @@ class _Iteration:
         self.matmul, self.precond = matmul, precond
         self.X, self.R, self.rel, self.b_norm, self.broke, self.freeze = X, R, rel, b_norm, broke, freeze
         t = X.shape[1]
-        self.active = rel > freeze
-        Zp = precond(R)
-        self.P = Zp.clone()
-        self.rz = (R * Zp).sum(0)
-        self.alphas = X.new_zeros(max_iter, t)
-        self.betas = X.new_zeros(max_iter, t)
+        self.active = torch.empty(t, dtype=torch.bool, device=X.device)
+        self.P = torch.empty_like(R)
+        self.rz = X.new_empty(t)
+        self.alphas = X.new_empty(max_iter, t)
+        self.betas = X.new_empty(max_iter, t)
         self.count = torch.zeros(1, dtype=torch.long, device=X.device)  # the iteration's row of alphas and betas
+        self.restart()
+
+    def restart(self) -> None:
+        """Start from the current X and R (and rel): the first direction, the coefficients' rows cleared."""
+        torch.gt(self.rel, self.freeze, out=self.active)
+        Zp = self.precond(self.R)
+        self.P.copy_(Zp)
+        torch.sum(self.R * Zp, 0, out=self.rz)
+        self.alphas.zero_()
+        self.betas.zero_()
+        self.count.zero_()
 
     def step(self) -> None:
         P, active = self.P, self.active
@@ -205,6 +235,69 @@ class _Iteration:
         torch.addcmul(Zp, P, beta, out=P)  # Zp + P * beta elementwise: each entry reads P before writing it
         torch.where(active, rz_new, self.rz, out=self.rz)
         self.count += 1
+
+
+def _addresses(tensors: Sequence[torch.Tensor | None]) -> tuple:
+    """What a captured graph baked in of these tensors: address, shape, strides and dtype (None for an absent one)."""
+    return tuple(None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device) for t in tensors)
+
+
+class KeptIteration:
+    """A CG iteration's tensors, and on CUDA its captured graph, kept from solve to solve of one shape.
+
+    Why: :func:`pcg` with a graph alone captures each solve's iteration afresh, because its tensors are new each
+    time, and pays the capture, the graph's instantiation and its first upload once a solve, with the first
+    iteration run op by op. Kept, a solve of the same (n, t) and cap writes its start into the same tensors, and
+    when every tensor that the product and the preconditioner read is where it was at the capture (same address,
+    shape, strides: the caller lists them as ``reads``), it replays the kept graph from the first iteration on.
+    Otherwise (a rebuilt preconditioner or new scales in new tensors, a stored K allocated elsewhere) it runs the
+    first iteration op by op and captures again. Without a graph (the CPU) it only keeps the tensors.
+    """
+
+    def __init__(self):
+        self._it: _Iteration | None = None
+        self._key: tuple | None = None
+        self._graph = None
+        self._addresses: tuple | None = None
+        self.captures = 0  # graphs captured so far (a benchmark's and a test's count)
+
+    def iteration(self, B: torch.Tensor, max_iter: int, freeze: float) -> _Iteration:
+        """The kept iteration for right-hand sides like B (new tensors, and no graph, for another shape or cap)."""
+        key = (tuple(B.shape), B.dtype, B.device, max_iter, freeze)
+        if key != self._key:
+            self._key, self._graph, self._addresses = key, None, None
+            t = B.shape[1]
+            zeros = torch.zeros_like(B)
+            ones = B.new_ones(t)
+            broke = torch.zeros(t, dtype=torch.bool, device=B.device)
+            self._it = _Iteration(lambda V: V, lambda V: V, zeros, zeros.clone(), ones, ones.clone(), broke, freeze,
+                                  max_iter)  # fmt: skip
+        return self._it
+
+    def run(self, it: _Iteration, matmul, precond, graph: CUDAGraphs | None, reads, max_iter: int, converged, checks):
+        """:func:`_run` on the kept iteration from the start written into its tensors, replaying the kept graph when
+        the ``reads`` are where they were at its capture."""
+        it.matmul, it.precond = matmul, precond  # for the iterations run op by op
+        it.restart()
+        addresses = _addresses(reads)
+        if graph is None:
+            return _run(it, None, max_iter, converged, checks)
+        with graph.stream():
+            if self._graph is None or addresses != self._addresses:
+                self._graph = None  # released before the new capture, so that the pool can reuse its memory
+                it.step()
+                iterations = 1
+                if iterations == max_iter or (iterations in checks and converged(iterations)):
+                    return iterations, False
+                self._graph, self._addresses = graph.capture(it.step), addresses
+                self.captures += 1
+            else:
+                iterations = 0
+            while True:
+                self._graph.replay()
+                iterations += 1
+                if iterations == max_iter or (iterations in checks and converged(iterations)):
+                    return iterations, True
 
 
 class CUDAGraphs:

@@ -63,7 +63,7 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from gpfast.train.cg import CUDAGraphs, pcg
+from gpfast.train.cg import CUDAGraphs, KeptIteration, pcg
 from gpfast.train.checks import checks_for, read_after_miss
 from gpfast.train.gradient import NaturalGradient, hutchinson_gradient
 from gpfast.train.logdet import slq_log_det
@@ -193,6 +193,7 @@ class Engine:
         rec.preconditioner_rank = min(cfg.preconditioner_rank, n)
         state = _State(cfg)
         state.graphs = graphs
+        state.kept = KeptIteration() if cfg.cuda_graph_reuse else None
         state.s = rec.num_probes = cfg.probes_for(n)
         state.rank_top = _rank_top(cfg, n, self.free_memory)
         if self._restore is not None:
@@ -253,8 +254,9 @@ class Engine:
         checks = checks_for(estimate, cap, cfg.cg_check_every)
         measure = functools.partial(_measure, k=k)
         after_miss = read_after_miss(None if estimate is None else state.rate, cfg.cg_tolerance, cfg.cg_check_every)
+        reads = product.graph_reads() + pc.graph_reads() if state.kept is not None else ()
         res = pcg(product.matmul, B, pc.solve, x0, warm, cfg.cg_tolerance, cap, measure=measure, check_at=checks,
-                  graph=state.graphs, after_miss=after_miss)  # fmt: skip
+                  graph=state.graphs, after_miss=after_miss, kept=state.kept, reads=reads)  # fmt: skip
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
         alpha = _data_solutions(res.x, k)
         grad = hutchinson_gradient(product, alpha, U, Z)
@@ -377,7 +379,7 @@ class Engine:
         if self.product is not None:
             self.product.release()
         if state is not None:
-            state.graphs = state.build_graph = None  # their graphs hold memory pools
+            state.graphs = state.build_graph = state.kept = None  # their graphs hold memory pools
         if rec.final_step_error > STEP_ERROR_LIMIT:  # nan (met, or nothing to re-solve) compares False
             missed = sum(r > cfg.cg_tolerance for r in rec.cg_residuals)
             warnings.warn(

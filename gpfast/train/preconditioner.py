@@ -226,6 +226,11 @@ class Preconditioner:
             self.M = c * _inverse_by_trsm(R)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
+    def graph_reads(self) -> tuple:
+        """The tensors :meth:`solve` reads besides its argument, None where absent (for
+        :class:`gpfast.train.cg.KeptIteration`); which of them exist also fixes which branch of it runs."""
+        return tuple(getattr(self, name, None) for name in ("noise", "M", "Q", "L_work", "L_work_t"))
+
     def solve(self, V: torch.Tensor) -> torch.Tensor:
         """P^{-1} V for V (n, t)."""
         if self.k == 0:

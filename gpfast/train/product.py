@@ -126,6 +126,7 @@ class CovarianceProduct:
         self.rows = slice(r0, r1)
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
+        self._noise: torch.Tensor | None = None
         self.products = 0
         #: "stored" (the gradient from the stored K, in stored mode) or "points" (from the points)
         self.backward_from = "points"
@@ -158,6 +159,13 @@ class CovarianceProduct:
         """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form
         this rank's rows of K anew (the old block is released first, so the allocator reuses its memory)."""
         self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
+        # the products read the noise from a tensor of their own, which keeps its address from step to step, so
+        # that a CG graph kept across steps (gpfast.train.cg.KeptIteration) reads each step's value
+        kept = self._noise
+        if kept is None or kept.shape != noise.shape or kept.dtype != noise.dtype or kept.device != noise.device:
+            self._noise = noise.detach().clone()
+        else:
+            kept.copy_(noise)
         if self.mode == "stored":
             self.K = None
             if self.symmetric_forward and self.x.is_cuda and self.split is None:
@@ -180,8 +188,14 @@ class CovarianceProduct:
             local = ops.symmetric_matmul(self.K, V) if whole else stored_matmul(self.K, V)
         else:
             local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
-        local = local.addcmul_(V[self.rows], self.noise)  # one kernel, no (n, t) temporary
+        local = local.addcmul_(V[self.rows], self._noise)  # one kernel, no (n, t) temporary
         return local if self.split is None else _dist.all_gather_rows(local, self.n)
+
+    def graph_reads(self) -> tuple:
+        """The tensors :meth:`matmul` reads besides its argument (for :class:`gpfast.train.cg.KeptIteration`)."""
+        if self.mode == "stored":
+            return (self.K, self._noise)
+        return (self.x_local, self.x, self.lengthscale, self.outputscale, self._noise)
 
     def kernel_rows(self, index: torch.Tensor, lengthscale=None, outputscale=None) -> torch.Tensor:
         """Rows ``K[index, :]`` (len(index), n) of the noise-free kernel, by the fused forward (every rank

@@ -150,6 +150,13 @@ class CGSettings:
         (:class:`gpfast.train.cg.CUDAGraphs`): the same arithmetic with one launch instead of ~25 small ones, whose
         launch cost otherwise exceeds the products' time at n ~ 10^4. False runs them op by op (to profile single
         kernels). Not used on the CPU or when the rows are split over several GPUs.
+    cuda_graph_reuse : bool, default False
+        Keep the CG iteration's tensors and its graph from step to step (:class:`gpfast.train.cg.KeptIteration`):
+        a solve of an unchanged shape and cap replays the graph from its first iteration, without a capture, as
+        long as the stored K, the noise and the preconditioner's tensors are where they were at the capture (a
+        rebuild or a rescale that moves them captures again). The same arithmetic as without. Off until measured
+        on a GPU: ``experiments/cg_graph_cost.py`` measures what a capture costs a solve. On the CPU it only
+        keeps the solve's tensors.
     backward : {"auto", "stored", "points"}, default "auto"
         Where the lengthscale and outputscale gradient reads K from. ``"stored"``: the stored K, when the product
         stores one (:func:`gpfast.ops.stored_backward`: no exponential recomputed, so about one read of K and the
@@ -180,6 +187,7 @@ class CGSettings:
     max_preconditioner_rank: int = 3200
     cg_iteration_limit: int = 40
     cuda_graph: bool = True
+    cuda_graph_reuse: bool = False
     backward: str = "auto"
 
     def __post_init__(self) -> None:
@@ -268,7 +276,7 @@ class CGSettings:
                 raise bad(name, "a float >= 0")
         if self.resample_every is not None and (not is_int(self.resample_every) or self.resample_every < 1):
             raise bad("resample_every", "None or an int >= 1")
-        for name in ("warm_start", "cuda_graph"):
+        for name in ("warm_start", "cuda_graph", "cuda_graph_reuse"):
             if getattr(self, name) not in (True, False):
                 raise bad(name, "True or False")
         if self.product not in PRODUCTS:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from gpfast.kernels import distributed as _dist
-from gpfast.train.cg import CUDAGraphs
+from gpfast.train.cg import CUDAGraphs, KeptIteration
 from gpfast.train.checks import estimate_count, solve_rate
 from gpfast.train.costs import rebuild_iterations
 from gpfast.train.preconditioner import BuildGraph, Preconditioner, pivoted_cholesky
@@ -59,6 +59,7 @@ class _State:
         self.postfix: dict = {}
         self.graphs: CUDAGraphs | None = None  # set by the engine on a single GPU
         self.build_graph: BuildGraph | None = None  # the preconditioner's build as a graph, with graphs
+        self.kept: KeptIteration | None = None  # the CG iteration kept across steps (CGSettings.cuda_graph_reuse)
         self.eager_rank: int | None = None  # the rank of the last build made op by op
         self.B: torch.Tensor | None = None  # the last step's right-hand sides [r, Z], for the final re-solve
         self.g2: list | None = None  # Adam's moving average of the squared gradients per point (host list)
