@@ -205,7 +205,8 @@ def test_cuda_graph_engine_takes_the_same_steps(device, n, steps, extra):
         assert rel_err(torch.as_tensor(fits[0].lengthscale_), torch.as_tensor(other.lengthscale_)) < 1e-8
 
 
-def test_the_engine_takes_the_same_steps_with_its_cg_tensors_kept():
+@pytest.mark.parametrize("product", ["stored", "matrix_free"])
+def test_the_engine_takes_the_same_steps_with_its_cg_tensors_kept(product):
     """On the CPU, cuda_graph_reuse keeps the solve's tensors from step to step (warm starts read from the tensors
     the next solve overwrites, rebuilds and resampled probes included): the same arithmetic, bit for bit."""
     rng = np.random.default_rng(int(torch.randint(0, 2**31 - 1, ())))
@@ -213,7 +214,7 @@ def test_the_engine_takes_the_same_steps_with_its_cg_tensors_kept():
     y = np.sin(2 * X[:, 0]) + 0.3 * X[:, 1] * X[:, 2] + 0.05 * rng.normal(size=700)
     fits = [
         ExactGP(solver="cg", max_iter=12, tol=0, verbose=False, random_state=0,
-                cg={"cuda_graph_reuse": reuse, "rebuild_every": 3, "resample_every": 5}).fit(X, y)
+                cg={"cuda_graph_reuse": reuse, "rebuild_every": 3, "resample_every": 5, "product": product}).fit(X, y)
         for reuse in (False, True)
     ]  # fmt: skip
     assert fits[0].cg_iterations_ == fits[1].cg_iterations_

@@ -78,6 +78,12 @@ def default_layout(K: torch.Tensor, V: torch.Tensor) -> str:
     return "kernel" if K.is_cuda and t <= KERNEL_MAX_RHS else STORED_LAYOUT
 
 
+def _own(kept: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """``value`` copied into ``kept`` when it has value's shape, dtype and device, else into a new tensor."""
+    same = kept is not None and (kept.shape, kept.dtype, kept.device) == (value.shape, value.dtype, value.device)
+    return kept.copy_(value) if same else value.detach().clone()
+
+
 def stored_matmul(K: torch.Tensor, V: torch.Tensor, layout: str | None = None) -> torch.Tensor:
     """``K @ V`` for a stored (rows, n) block of K and V (n, t), by ``layout`` (default :func:`default_layout`)."""
     layout = layout or default_layout(K, V)
@@ -126,7 +132,7 @@ class CovarianceProduct:
         self.rows = slice(r0, r1)
         self.x_local = self.x[r0:r1]
         self.K: torch.Tensor | None = None
-        self._noise: torch.Tensor | None = None
+        self._noise = self._ls = self._s = None
         self.products = 0
         #: "stored" (the gradient from the stored K, in stored mode) or "points" (from the points)
         self.backward_from = "points"
@@ -159,13 +165,10 @@ class CovarianceProduct:
         """Set the hyperparameters (0-dim outputscale and noise, lengthscale (d,) or (1,)); in stored mode, form
         this rank's rows of K anew (the old block is released first, so the allocator reuses its memory)."""
         self.lengthscale, self.outputscale, self.noise = lengthscale, outputscale, noise
-        # the products read the noise from a tensor of their own, which keeps its address from step to step, so
-        # that a CG graph kept across steps (gpfast.train.cg.KeptIteration) reads each step's value
-        kept = self._noise
-        if kept is None or kept.shape != noise.shape or kept.dtype != noise.dtype or kept.device != noise.device:
-            self._noise = noise.detach().clone()
-        else:
-            kept.copy_(noise)
+        # the products read the hyperparameters from tensors of their own, which keep their addresses from step to
+        # step, so that a CG graph kept across steps (gpfast.train.cg.KeptIteration) reads each step's values
+        self._noise, self._ls, self._s = (_own(self._noise, noise), _own(self._ls, lengthscale),
+                                          _own(self._s, outputscale))  # fmt: skip
         if self.mode == "stored":
             self.K = None
             if self.symmetric_forward and self.x.is_cuda and self.split is None:
@@ -187,7 +190,7 @@ class CovarianceProduct:
             whole = self.split is None and self.K.is_cuda and half
             local = ops.symmetric_matmul(self.K, V) if whole else stored_matmul(self.K, V)
         else:
-            local = ops.rbf_matmul(self.x_local, self.x, self.lengthscale, self.outputscale, V, check_values=False)
+            local = ops.rbf_matmul(self.x_local, self.x, self._ls, self._s, V, check_values=False)
         local = local.addcmul_(V[self.rows], self._noise)  # one kernel, no (n, t) temporary
         return local if self.split is None else _dist.all_gather_rows(local, self.n)
 
@@ -195,7 +198,7 @@ class CovarianceProduct:
         """The tensors :meth:`matmul` reads besides its argument (for :class:`gpfast.train.cg.KeptIteration`)."""
         if self.mode == "stored":
             return (self.K, self._noise)
-        return (self.x_local, self.x, self.lengthscale, self.outputscale, self._noise)
+        return (self.x_local, self.x, self._ls, self._s, self._noise)
 
     def kernel_rows(self, index: torch.Tensor, lengthscale=None, outputscale=None) -> torch.Tensor:
         """Rows ``K[index, :]`` (len(index), n) of the noise-free kernel, by the fused forward (every rank
