@@ -26,7 +26,7 @@ import torch
 from experiments import RESULTS
 from gpfast import ops
 from gpfast.bench.report import md_table, write_results
-from gpfast.train.cg import CUDAGraphs, _Iteration, pcg
+from gpfast.train.cg import CUDAGraphs, KeptIteration, pcg
 from gpfast.train.product import stored_matmul
 from gpfast.train.settings import CGSettings
 
@@ -67,41 +67,22 @@ def measure(n: int, iterations: int, reps: int) -> dict:
     def op_by_op():
         pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check)
 
-    # one graph kept: the iteration's tensors made once, captured once; a solve copies its right-hand sides in,
-    # sets up the iteration's start as _Iteration does, and replays
-    X0, R0 = torch.zeros_like(B), B.clone()
-    b_norm = torch.linalg.vector_norm(B, dim=0)
-    rel = torch.ones(t, device="cuda")
-    broke = torch.zeros(t, dtype=torch.bool, device="cuda")
-    with graphs.stream():
-        it = _Iteration(matmul, precond, X0, R0, rel, b_norm, broke, 1e-8, iterations + 1)
-        it.step()
-        kept = graphs.capture_alone(it.step)  # its own pool: the engine solves below capture into the shared one
+    kept = KeptIteration()  # the engine's CGSettings(cuda_graph_reuse=True): captured once, then replayed
 
-    def replay_solve():
-        with graphs.stream():
-            X0.zero_()
-            R0.copy_(B)
-            it.P.copy_(precond(R0))
-            it.rz.copy_((R0 * it.P).sum(0))
-            it.count.zero_()
-            it.active.fill_(True)
-            broke.zero_()
-            for _ in range(iterations):
-                kept.replay()
+    def kept_solve():
+        return pcg(matmul, B, precond, tol=0.0, max_iter=iterations, check_at=check, graph=graphs, kept=kept,
+                   reads=(K, scale))  # fmt: skip
 
     engine = _wall_ms(engine_solve, reps)
-    replay = _wall_ms(replay_solve, reps)
+    replay = _wall_ms(kept_solve, reps)
     plain = _wall_ms(op_by_op, reps)
     product = _wall_ms(lambda: matmul(B), reps)
     # the kept graph runs the engine's arithmetic: its solution against the engine solve's, relative to the largest
     x = engine_solve().x
-    replay_solve()
-    torch.cuda.synchronize()
-    diff = float((X0 - x).abs().max() / x.abs().max())
+    diff = float((kept_solve().x - x).abs().max() / x.abs().max())
     return {"n": n, "t": t, "iterations": iterations, "engine_ms": engine, "kept_graph_ms": replay,
-            "op_by_op_ms": plain, "capture_overhead_ms": engine - replay, "product_ms": product,
-            "products_floor_ms": iterations * product, "kept_vs_engine": diff}  # fmt: skip
+            "kept_captures": kept.captures, "op_by_op_ms": plain, "capture_overhead_ms": engine - replay,
+            "product_ms": product, "products_floor_ms": iterations * product, "kept_vs_engine": diff}  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -116,7 +97,7 @@ def main(argv=None) -> None:
         raise SystemExit("cg_graph_cost measures CUDA graphs: it needs a GPU")
     rows = [measure(n, m, args.reps) for n in args.n for m in args.iterations]
     cols = ["n", "t", "iterations", "engine_ms", "kept_graph_ms", "op_by_op_ms", "capture_overhead_ms",
-            "product_ms", "products_floor_ms", "kept_vs_engine"]  # fmt: skip
+            "product_ms", "products_floor_ms", "kept_vs_engine", "kept_captures"]  # fmt: skip
     table = md_table(cols, [[r[c] for c in cols] for r in rows])
     text = write_results(args.out, args.stem, "A CG solve's CUDA graph: captured per solve, kept, or none", table,
                          rows)  # fmt: skip
