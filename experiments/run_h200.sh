@@ -93,8 +93,10 @@
 #                 within n / 8: every CUDA test, row c, step_anatomy with the device's waits; on a carried build;
 #                 S18B_BUDGET 540), session19 (the fit's steps by the engine's natural path with gpfast's Adam:
 #                 row c, the kept CG graph's tests and its row c (cuda_graph_reuse), cg_graph_cost,
-#                 step_anatomy, every CUDA test; on a carried build; S19_BUDGET 580), session20a (session19's measurements,
-#                 step_anatomy with the kept graph too, and the library packed; S20A_BUDGET 560)
+#                 step_anatomy, every CUDA test; on a carried build; S19_BUDGET 580), session20 (no synchronous
+#                 host-to-device copies inside a step: row c before and after, and with the kept CG graph;
+#                 step_anatomy with and without it; the kept graph's tests, cg_graph_cost, every CUDA test;
+#                 S20_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1308,22 +1310,31 @@ PYEOF
       anatomy "$OUT/s19_anatomy.log" 120
       cuda_tests "$OUT/s19_tests.log" 200 tests
       stage_end s19 ;;
-    session20a)
-      # session19's measurements with the library packed for later calls: build (packed as OUTDIR/gpb.tgz); row c
-      # on the seven sets; the kept CG graph's tests; row c with the CG graph kept across steps; cg_graph_cost;
-      # step_anatomy with the defaults and with the kept graph; every CUDA test; at most S20A_BUDGET seconds
-      # (default 560). Files: s20a_*.log, s20a_results.tar.gz, gpb.tgz.
-      stage_begin s20a ${S20A_BUDGET:-560} 240
+    session20)
+      # No synchronous host-to-device copies inside a step (the warm residual's column index, the natural path's
+      # values), against the tree before that change (b25df09, unpacked beforehand into .gpb/old with
+      # `git archive b25df09 gpfast experiments | tar x -C .gpb/old`; the same CUDA sources, so the same build):
+      # build (packed as OUTDIR/gpb.tgz); row c on the seven sets before, after, and after with the CG graph kept
+      # across steps (cuda_graph_reuse); step_anatomy after, with and without the kept graph; the kept graph's
+      # tests; cg_graph_cost; every CUDA test; at most S20_BUDGET seconds (default 560). Files: s20_*.log,
+      # s20_results.tar.gz, gpb.tgz.
+      stage_begin s20 ${S20_BUDGET:-560} 240
       pack_build
-      row_c "$OUT/s20a_uci_c.log" 90
-      cuda_tests "$OUT/s20a_kept_tests.log" 60 tests/test_cuda_graphs.py
-      row_c "$OUT/s20a_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
-      brun 60 "$OUT/s20a_graph_cost.log" python -m experiments.cg_graph_cost --out "$res"
+      if [ -d .gpb/old/gpfast ]; then
+        (cd .gpb/old && PYTHONPATH=$PWD brun 90 "$OUT/s20_uci_c_before.log" python -m experiments.uci_table \
+          --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast \
+          --stem uci_all_c_before --out "$res"); echo "uci c before rc=$?"
+        grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_before.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      fi
+      row_c "$OUT/s20_uci_c.log" 90
+      row_c "$OUT/s20_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
+      anatomy "$OUT/s20_anatomy.log" 100
+      ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
+      cuda_tests "$OUT/s20_kept_tests.log" 60 tests/test_cuda_graphs.py
+      brun 60 "$OUT/s20_graph_cost.log" python -m experiments.cg_graph_cost --out "$res"
       echo "cg_graph_cost rc=$?"; grep -E "^\|" "$res/cg_graph_cost.md"
-      anatomy "$OUT/s20a_anatomy.log" 100
-      ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20a_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
-      cuda_tests "$OUT/s20a_tests.log" 150 tests
-      stage_end s20a ;;
+      cuda_tests "$OUT/s20_tests.log" 150 tests
+      stage_end s20 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

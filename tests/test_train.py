@@ -226,6 +226,30 @@ def test_pcg_solves_warm_starts_and_lanczos_log_det():
     assert [i for i, _ in plain.checked] == [3, 8] and all(r > 1e-10 for _, r in plain.checked)
 
 
+def test_pcg_warm_residual_sends_no_index_to_the_device_for_leading_columns(monkeypatch):
+    """The warm start's initial residual B - A X0 over all columns, the first few (the engine's warm starts after
+    new probes) or any others gives the same residual as the plain formula; for all or leading columns it makes no
+    index tensor (on a GPU a list index is a synchronous host-to-device copy in the middle of the step)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    n, t = 60, 5
+    A = torch.randn(n, n, generator=gen, dtype=F64)
+    A = A @ A.t() / n + torch.eye(n, dtype=F64)
+    B, X0 = torch.randn(n, t, generator=gen, dtype=F64), torch.randn(n, t, generator=gen, dtype=F64)
+    real_tensor, made = torch.tensor, []
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real_tensor(*a, **k))
+    for warm, sends_index in ((None, False), ([0, 1], False), ([0], False), ([1, 3], True)):
+        made.clear()
+        res = pcg(lambda V: A @ V, B, lambda V: V, x0=X0, warm=warm, tol=1e30, max_iter=1, check_at=[0])
+        cols = list(range(t)) if warm is None else warm
+        start = B.clone()
+        start[:, cols] -= A @ X0[:, cols]
+        expected = torch.linalg.vector_norm(start, dim=0) / torch.linalg.vector_norm(B, dim=0)
+        assert res.iterations == 0 and res.products == 1, warm
+        torch.testing.assert_close(res.rel_residual, expected, rtol=1e-12, atol=0)
+        torch.testing.assert_close(res.residual, start, rtol=1e-12, atol=1e-12)
+        assert bool(made) == sends_index, (warm, made)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_stored_and_matrix_free_products_agree(device):
     for dtype, tol in ((F64, 1e-12), (torch.float32, 1e-5)):

@@ -113,7 +113,7 @@ def pcg(
     X, R, rel, b_norm, broke = _start(B, x0, it)
     cols = [] if x0 is None else list(range(B.shape[1])) if warm is None else list(warm)
     if cols:  # the warm columns' initial residual
-        R[:, cols] -= matmul(X.index_select(1, torch.tensor(cols, device=B.device)))
+        _subtract_product(R, X, cols, matmul)
     products = 1 if cols else 0
     torch.div(torch.linalg.vector_norm(R, dim=0), b_norm, out=rel)
     checks = set(range(max_iter)) if check_at is None else set(check_at)
@@ -129,6 +129,21 @@ def pcg(
     it.betas[iterations - 1].zero_()  # the Lanczos matrix ends with the last step
     alphas, betas = list(it.alphas[:iterations].unbind(0)), list(it.betas[:iterations].unbind(0))
     return CGResult(X, R, rel, iterations, products + iterations, alphas, betas, broke, graphed, host.checked)
+
+
+def _subtract_product(R: torch.Tensor, X: torch.Tensor, cols: list[int], matmul) -> None:
+    """``R[:, cols] -= matmul(X[:, cols])`` in place. All columns, or the first few (the engine's warm starts), are
+    slices, so no index goes to the device: a list index is a host-to-device copy from pageable memory, which torch
+    makes synchronously, so on a GPU each one waited for every kernel queued before it, in the middle of a step."""
+    c = len(cols)
+    if cols == list(range(c)):
+        if c == R.shape[1]:
+            R.sub_(matmul(X))
+        else:
+            R[:, :c] -= matmul(X[:, :c].contiguous())
+        return
+    index = torch.tensor(cols, device=R.device)
+    R.index_copy_(1, index, R.index_select(1, index) - matmul(X.index_select(1, index)))
 
 
 def _start(B: torch.Tensor, x0: torch.Tensor | None, it: _Iteration | None) -> tuple:

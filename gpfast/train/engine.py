@@ -213,9 +213,19 @@ class Engine:
         # a parameter the caller froze gets a zero gradient, as its .grad stays unset on the model's path
         trainable = np.repeat([t.requires_grad for t in start], [start[0].numel(), 1, 1, 1])
 
+        # On a GPU the values go through a pinned buffer without a wait: torch copies pageable memory to the device
+        # synchronously, a round trip before the step's first kernel. The buffer is rewritten only at the next call,
+        # after this step's read has waited for the copy.
+        pinned = torch.empty(trainable.size, dtype=X.dtype, pin_memory=True) if X.is_cuda else None
+
         def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
             t0 = time.perf_counter()
-            v = torch.tensor(np.asarray(values, dtype=np.float64), dtype=X.dtype, device=X.device)  # one copy
+            values = np.asarray(values, dtype=np.float64)
+            if pinned is None or values.size != pinned.numel():
+                v = torch.tensor(values, dtype=X.dtype, device=X.device)  # one copy
+            else:
+                pinned.copy_(torch.from_numpy(values))
+                v = pinned.to(X.device, non_blocking=True)
             p = v.numel() - 3
             loss, _, g = self._step(product, state, X, y, v[:p], v[p], v[p + 1], v[p + 2], t0)
             return loss, np.where(trainable, g, 0.0)
