@@ -278,7 +278,8 @@ class Engine:
         if first:  # the stochastic-Lanczos inputs ride along in the same read
             ZP = B[:, k + state.s :]
             parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]
-        host = torch.cat([t.reshape(-1).to(torch.float64) for t in parts]).tolist()  # the step's one read
+        # the step's one read; cat promotes the dtypes itself (float32 values are exact as Python floats)
+        host = torch.cat([t.reshape(-1) for t in parts]).tolist()
         p = ls.numel() + 3
         hyper, g_host, (data_fit, max_res, broke) = host[:p], host[p : 2 * p], host[2 * p : 2 * p + 3]
         if not all(math.isfinite(v) for v in host[p : 2 * p + 2]):
