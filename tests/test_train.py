@@ -193,6 +193,14 @@ def test_preconditioner_is_woodbury_of_pivoted_cholesky():
     W1, W2 = torch.randn(20, 20000, dtype=F64), torch.randn(300, 20000, dtype=F64)
     Z = pc.sample(W1, W2)  # covariance P
     assert rel_err(Z @ Z.t() / 20000, P) < 0.05
+    # new scales land in the same tensors (a kept CG graph reads them by address), and never in the caller's
+    pc, noise_t = Preconditioner(L, 1.3, F64), torch.tensor(0.2, dtype=F64)
+    pc.set_scales(torch.tensor(1.3, dtype=F64), noise_t)
+    reads = pc.graph_reads()
+    pc.set_scales(0.65, 0.1)
+    assert [t is u for t, u in zip(pc.graph_reads(), reads)] == [True] * 5 and float(noise_t) == 0.2
+    P = 0.5 * L @ L.t() + 0.1 * torch.eye(300, dtype=F64)
+    assert rel_err(pc.solve(V), torch.linalg.solve(P, V)) < 1e-10
 
 
 def test_pcg_solves_warm_starts_and_lanczos_log_det():

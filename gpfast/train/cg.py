@@ -265,8 +265,8 @@ class KeptIteration:
     iteration run op by op. Kept, a solve of the same (n, t) and cap writes its start into the same tensors, and
     when every tensor that the product and the preconditioner read is where it was at the capture (same address,
     shape, strides: the caller lists them as ``reads``), it replays the kept graph from the first iteration on.
-    Otherwise (a rebuilt preconditioner or new scales in new tensors, a stored K allocated elsewhere) it runs the
-    first iteration op by op and captures again. Without a graph (the CPU) it only keeps the tensors.
+    Otherwise (a rebuilt preconditioner, a stored K allocated elsewhere) it runs the first iteration op by op and
+    captures again. Without a graph (the CPU) it only keeps the tensors.
     """
 
     def __init__(self):

@@ -153,10 +153,10 @@ class CGSettings:
     cuda_graph_reuse : bool, default False
         Keep the CG iteration's tensors and its graph from step to step (:class:`gpfast.train.cg.KeptIteration`):
         a solve of an unchanged shape and cap replays the graph from its first iteration, without a capture, as
-        long as the stored K, the noise and the preconditioner's tensors are where they were at the capture (a
-        rebuild or a rescale that moves them captures again). The same arithmetic as without. Off until measured
-        on a GPU: ``experiments/cg_graph_cost.py`` measures what a capture costs a solve. On the CPU it only
-        keeps the solve's tensors.
+        long as the stored K, the noise and the preconditioner's tensors are where they were at the capture (new
+        scales are written into the preconditioner's tensors; a rebuild or a new K elsewhere captures again). The
+        same arithmetic as without. Off until measured on a GPU: ``experiments/cg_graph_cost.py`` measures what a
+        capture costs a solve. On the CPU it only keeps the solve's tensors.
     backward : {"auto", "stored", "points"}, default "auto"
         Where the lengthscale and outputscale gradient reads K from. ``"stored"``: the stored K, when the product
         stores one (:func:`gpfast.ops.stored_backward`: no exponential recomputed, so about one read of K and the
