@@ -1313,11 +1313,12 @@ PYEOF
     session20)
       # No synchronous host-to-device copies inside a step (the warm residual's column index, the natural path's
       # values), against the tree before that change (b25df09, unpacked beforehand into .gpb/old with
-      # `git archive b25df09 gpfast experiments | tar x -C .gpb/old`; the same CUDA sources, so the same build):
+      # `git archive b25df09 gpfast experiments ':!experiments/results' | tar x -C .gpb/old`; the same CUDA
+      # sources, so the same build):
       # build (packed as OUTDIR/gpb.tgz); row c on the seven sets before, after, and after with the CG graph kept
-      # across steps (cuda_graph_reuse); step_anatomy after, with and without the kept graph; the kept graph's
-      # tests; cg_graph_cost; every CUDA test; at most S20_BUDGET seconds (default 560). Files: s20_*.log,
-      # s20_results.tar.gz, gpb.tgz.
+      # across steps (cuda_graph_reuse); row c on pol, elevators and bike with the rank limit 800 (n / 16 there);
+      # step_anatomy after, with and without the kept graph; the kept graph's tests; cg_graph_cost; every CUDA
+      # test; at most S20_BUDGET seconds (default 560). Files: s20_*.log, s20_results.tar.gz, gpb.tgz.
       stage_begin s20 ${S20_BUDGET:-560} 240
       pack_build
       if [ -d .gpb/old/gpfast ]; then
@@ -1328,6 +1329,8 @@ PYEOF
       fi
       row_c "$OUT/s20_uci_c.log" 90
       row_c "$OUT/s20_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
+      row_c "$OUT/s20_uci_c_rank800.log" 40 uci_small_c_rank800 --datasets pol elevators bike \
+        --cg max_preconditioner_rank=800
       anatomy "$OUT/s20_anatomy.log" 100
       ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
       cuda_tests "$OUT/s20_kept_tests.log" 60 tests/test_cuda_graphs.py
