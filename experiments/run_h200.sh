@@ -175,9 +175,12 @@ cuda_tests() {
 }
 # anatomy LOG CAP [ARG...]: step_anatomy on the UCI sets (ARG... passed on, e.g. --datasets or --steps; results
 # stem $ANATOMY_STEM, default step_anatomy), then its table, its launches by part and its kernels.
+# On an H100 (the device tool may lend one for an H200) the floor takes the H100's measured copy rate, 3.0 TB/s.
 anatomy() {
-  local logf=$1 cap=$2 stem=${ANATOMY_STEM:-step_anatomy}; shift 2
-  brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" --stem "$stem" "$@"
+  local logf=$1 cap=$2 stem=${ANATOMY_STEM:-step_anatomy} bw=(); shift 2
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && bw=(--bandwidth 3.0e12)
+  brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" --stem "$stem" \
+    "${bw[@]}" "$@"
   echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/$stem.md" | tail -24
 }
 # exact_row LOG SET CAP: row exact (50 Adam steps with float64 Cholesky gradients) on one UCI set.
