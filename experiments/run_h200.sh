@@ -180,7 +180,7 @@ anatomy() {
   local logf=$1 cap=$2 stem=${ANATOMY_STEM:-step_anatomy} bw=(); shift 2
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && bw=(--bandwidth 3.0e12)
   brun "$cap" "$logf" python -m experiments.step_anatomy --device cuda --data-dir .data/uci --out "$res" --stem "$stem" \
-    "${bw[@]}" "$@"
+    ${bw[@]+"${bw[@]}"} "$@"
   echo "step_anatomy rc=$?"; grep -E "^(\| |- )" "$res/$stem.md" | tail -24
 }
 # exact_row LOG SET CAP: row exact (50 Adam steps with float64 Cholesky gradients) on one UCI set.
