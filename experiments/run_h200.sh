@@ -1315,31 +1315,33 @@ PYEOF
       stage_end s19 ;;
     session20)
       # No synchronous host-to-device copies inside a step (the warm residual's column index, the natural path's
-      # values), against the tree before that change (b25df09, unpacked beforehand into .gpb/old with
-      # `git archive b25df09 gpfast experiments ':!experiments/results' | tar x -C .gpb/old`; the same CUDA
-      # sources, so the same build):
-      # build (packed as OUTDIR/gpb.tgz); row c on the seven sets before, after, and after with the CG graph kept
-      # across steps (cuda_graph_reuse); row c on pol, elevators and bike with the rank limit 800 (n / 16 there);
-      # step_anatomy after, with and without the kept graph; the kept graph's tests; cg_graph_cost; every CUDA
-      # test; at most S20_BUDGET seconds (default 560). Files: s20_*.log, s20_results.tar.gz, gpb.tgz.
+      # values), new scales written into the preconditioner's tensors, against the tree before (b25df09, unpacked
+      # beforehand into .gpb/old with `git archive b25df09 gpfast experiments ':!experiments/results' | tar x -C
+      # .gpb/old`; the same CUDA sources, so the same build), in value order: build (packed as OUTDIR/gpb.tgz);
+      # row c on the seven sets after, and after with the CG graph kept across steps (cuda_graph_reuse); the kept
+      # graph's tests; row c before; step_anatomy with and without the kept graph; row c on pol, elevators and
+      # bike at the rank limit 800 (n / 16 there); every CUDA test; cg_graph_cost; at most S20_BUDGET seconds
+      # (default 560). Files: s20_logs.tar.gz, s20_results.tar.gz, gpb.tgz.
       stage_begin s20 ${S20_BUDGET:-560} 240
       pack_build
+      row_c "$OUT/s20_uci_c.log" 90
+      row_c "$OUT/s20_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
+      cuda_tests "$OUT/s20_kept_tests.log" 60 tests/test_cuda_graphs.py
       if [ -d .gpb/old/gpfast ]; then
         (cd .gpb/old && PYTHONPATH=$PWD brun 90 "$OUT/s20_uci_c_before.log" python -m experiments.uci_table \
           --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast \
           --stem uci_all_c_before --out "$res"); echo "uci c before rc=$?"
         grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_before.md" | cut -d'|' -f2,7,9,10,12,13,23,24
       fi
-      row_c "$OUT/s20_uci_c.log" 90
-      row_c "$OUT/s20_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
+      ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
+      anatomy "$OUT/s20_anatomy.log" 100
       row_c "$OUT/s20_uci_c_rank800.log" 40 uci_small_c_rank800 --datasets pol elevators bike \
         --cg max_preconditioner_rank=800
-      anatomy "$OUT/s20_anatomy.log" 100
-      ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
-      cuda_tests "$OUT/s20_kept_tests.log" 60 tests/test_cuda_graphs.py
+      cuda_tests "$OUT/s20_tests.log" 150 tests
       brun 60 "$OUT/s20_graph_cost.log" python -m experiments.cg_graph_cost --out "$res"
       echo "cg_graph_cost rc=$?"; grep -E "^\|" "$res/cg_graph_cost.md"
-      cuda_tests "$OUT/s20_tests.log" 150 tests
+      # the logs in one file too: the device tool brings back at most 8 files
+      tar czf "$OUT/s20_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s20_*.log) && rm -f "$OUT"/s20_*.log
       stage_end s20 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
