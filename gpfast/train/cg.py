@@ -222,13 +222,12 @@ class _Iteration:
         self.restart()
 
     def restart(self) -> None:
-        """Start from the current X and R (and rel): the first direction, the coefficients' rows cleared."""
+        """Start from the current X and R (and rel): the first direction, and the coefficients' row count back to
+        zero (each iteration writes its row, and a solve reads only the rows its iterations wrote)."""
         torch.gt(self.rel, self.freeze, out=self.active)
         Zp = self.precond(self.R)
         self.P.copy_(Zp)
         torch.sum(self.R * Zp, 0, out=self.rz)
-        self.alphas.zero_()
-        self.betas.zero_()
         self.count.zero_()
 
     def step(self) -> None:

@@ -270,24 +270,29 @@ class Engine:
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
         alpha = _data_solutions(res.x, k)
         grad = hutchinson_gradient(product, alpha, U, Z)
+        # 2 r^T x + x^T res per output (r^T K̂^{-1} r to second order in the CG error); the halving, the average per
+        # point and output (so that the loss of k equal outputs is that of one), the gradient per point, the
+        # convergence measure and the breakdown flag are taken on the host from the read, not by small kernels
         if k == 1:
-            data_fit_t = 0.5 * (B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])) / n
-        else:  # per point and output, so that the loss of k equal outputs is that of one
-            data_fit_t = 0.5 * ((B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()) / (n * k)
-        parts = [ls, s, noise, mu, grad.vector() / n, data_fit_t, measure(res.rel_residual), res.broke_down.any()]
+            data_fit_t = B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])
+        else:
+            data_fit_t = (B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()
+        parts = [ls, s, noise, mu, grad.vector(), data_fit_t, res.rel_residual, res.broke_down]
         if first:  # the stochastic-Lanczos inputs ride along in the same read
             ZP = B[:, k + state.s :]
             parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]
         # the step's one read; cat promotes the dtypes itself (float32 values are exact as Python floats)
         host = torch.cat([t.reshape(-1) for t in parts]).tolist()
-        p = ls.numel() + 3
-        hyper, g_host, (data_fit, max_res, broke) = host[:p], host[p : 2 * p], host[2 * p : 2 * p + 3]
-        if not all(math.isfinite(v) for v in host[p : 2 * p + 2]):
+        p, t = ls.numel() + 3, B.shape[1]
+        hyper, g_host, data_fit = host[:p], [g / n for g in host[p : 2 * p]], 0.5 * host[2 * p] / (n * k)
+        max_res = float(_measure(np.asarray(host[2 * p + 1 : 2 * p + 1 + t]), k))
+        broke = any(host[2 * p + 1 + t : 2 * p + 1 + 2 * t])
+        if not all(math.isfinite(v) for v in g_host + [data_fit, max_res]):
             raise FloatingPointError(_non_finite_message(step, hyper, g_host, max_res))
         if first:
-            cols = list(range(k + state.s, B.shape[1]))
-            it, t = res.iterations, B.shape[1]
-            lanczos = np.asarray(host[2 * p + 3 :], dtype=np.float64)
+            cols = list(range(k + state.s, t))
+            it = res.iterations
+            lanczos = np.asarray(host[2 * p + 1 + 2 * t :], dtype=np.float64)
             alphas, betas = lanczos[: it * t].reshape(it, t), lanczos[it * t : 2 * it * t].reshape(it, t)
             norms, log_det_p = lanczos[2 * it * t : -1], float(lanczos[-1])
             log_det, se = slq_log_det(alphas, betas, cols, norms, log_det_p)
@@ -310,7 +315,7 @@ class Engine:
         rec.rebuilt.append(bool(rebuild))
         rec.graphed.append(res.graphed)
         rec.resampled.append(bool(resample))
-        rec.broke_down |= broke > 0
+        rec.broke_down |= broke
         state.postfix = {"fit": f"{data_fit:.4f}", "logdet~": f"{log_det:.4f}", "cg": res.iterations,
                          "res": f"{max_res:.1e}"}  # fmt: skip
         return data_fit + log_det + _HALF_LOG_2PI, grad, np.asarray(g_host)
@@ -482,13 +487,16 @@ def _data_solutions(x: torch.Tensor, k: int) -> torch.Tensor:
     return x[:, 0] if k == 1 else x[:, :k]
 
 
-def _measure(rel: torch.Tensor, k: int = 1) -> torch.Tensor:
+def _measure(rel, k: int = 1):
     """The residual compared with ``cg_tolerance``: the largest relative residual of the k data columns or the
     probe columns' mean one (as GPyTorch's mBCG averages over columns), whichever is larger. The data columns
     carry the data-fit term and its gradient; a probe's solve error only adds to the Hutchinson noise, which
-    averages over probes."""
+    averages over probes. ``rel`` is a tensor (a 0-dim tensor back, no host read) or, read already, a numpy
+    array."""
     data = rel[0] if k == 1 else rel[:k].max()
-    return torch.maximum(data, rel[k:].mean()) if rel.numel() > k else data
+    if rel.shape[0] <= k:
+        return data
+    return (torch if isinstance(rel, torch.Tensor) else np).maximum(data, rel[k:].mean())
 
 
 def _set_grads(tensors, grad: NaturalGradient, n: int) -> None:
