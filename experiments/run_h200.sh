@@ -1318,7 +1318,8 @@ PYEOF
       # No synchronous host-to-device copies inside a step (the warm residual's column index, the natural path's
       # values), new scales written into the preconditioner's tensors, against the tree before (b25df09, unpacked
       # beforehand into .gpb/old with `git archive b25df09 gpfast experiments ':!experiments/results' | tar x -C
-      # .gpb/old`; the same CUDA sources, so the same build), in value order: build (packed as OUTDIR/gpb.tgz);
+      # .gpb/old` and `echo b25df09 > .gpb/old/COMMIT`, which its tables name; the same CUDA sources, so the same
+      # build), in value order: build (packed as OUTDIR/gpb.tgz);
       # row c on the seven sets after, and after with the CG graph kept across steps (cuda_graph_reuse); the kept
       # graph's tests; row c before; step_anatomy with and without the kept graph; row c on pol, elevators and
       # bike at the rank limit 800 (n / 16 there); every CUDA test; cg_graph_cost; at most S20_BUDGET seconds
