@@ -320,9 +320,9 @@ class CUDAGraphs:
 
     Why: a PCG iteration is ~25 small kernels around one product; launched one by one from Python, their launch
     cost exceeds the product's time at the training engine's sizes (n ~ 10^4). One graph replay launches them all
-    at once. A solve captures its iteration afresh (its tensors are new each time), after running the first
-    iteration op by op on the same side stream, which makes every lazy initialisation (cuBLAS workspaces, kernel
-    attributes, allocator blocks) happen outside the capture.
+    at once. A capture follows a first iteration run op by op on the same side stream, which makes every lazy
+    initialisation (cuBLAS workspaces, kernel attributes, allocator blocks) happen outside it: once a solve when the
+    solve's tensors are new, once in many solves with a :class:`KeptIteration` (the engine's default).
     """
 
     def __init__(self, device: torch.device):

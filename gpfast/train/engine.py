@@ -44,8 +44,9 @@ One step (one call of the objective) for the model ``y ~ N(mean, K + noise I)``:
 
 A step hands numbers to the host three times at most (the two convergence checks and one read of the gradient,
 the loss terms and the records together), so on a GPU it waits for the device only there. On one GPU the CG
-iterations after a solve's first run as CUDA-graph replays (:class:`~gpfast.train.cg.CUDAGraphs`,
-``CGSettings.cuda_graph``): one launch each instead of ~25 small ones.
+iterations run as CUDA-graph replays (:class:`~gpfast.train.cg.CUDAGraphs`, ``CGSettings.cuda_graph``): one launch
+each instead of ~25 small ones, the graph kept from step to step and captured again only when what it reads has
+moved (a rebuild; ``CGSettings.cuda_graph_reuse``).
 
 Why these defaults: :class:`~gpfast.train.settings.CGSettings`.
 """
@@ -214,9 +215,10 @@ class Engine:
         trainable = np.repeat([t.requires_grad for t in start], [start[0].numel(), 1, 1, 1])
 
         # On a GPU the values go through a pinned buffer without a wait: torch copies pageable memory to the device
-        # synchronously, a round trip before the step's first kernel. The buffer is rewritten only at the next call,
-        # after this step's read has waited for the copy.
+        # synchronously, a round trip before the step's first kernel. The buffer is rewritten only once the last
+        # copy from it is done (the event: done already when that step reached its read, which waits for it).
         pinned = torch.empty(trainable.size, dtype=X.dtype, pin_memory=True) if X.is_cuda else None
+        copied = torch.cuda.Event() if X.is_cuda else None
 
         def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
             t0 = time.perf_counter()
@@ -224,8 +226,10 @@ class Engine:
             if pinned is None or values.size != pinned.numel():
                 v = torch.tensor(values, dtype=X.dtype, device=X.device)  # one copy
             else:
-                pinned.copy_(torch.from_numpy(values))
+                copied.synchronize()
+                pinned.numpy()[:] = values
                 v = pinned.to(X.device, non_blocking=True)
+                copied.record()
             p = v.numel() - 3
             loss, _, g = self._step(product, state, X, y, v[:p], v[p], v[p + 1], v[p + 2], t0)
             return loss, np.where(trainable, g, 0.0)
@@ -270,29 +274,23 @@ class Engine:
         A, U, Z = res.x[:, :k], res.x[:, k : k + state.s], state.Z
         alpha = _data_solutions(res.x, k)
         grad = hutchinson_gradient(product, alpha, U, Z)
-        # 2 r^T x + x^T res per output (r^T K̂^{-1} r to second order in the CG error); the halving, the average per
-        # point and output (so that the loss of k equal outputs is that of one), the gradient per point, the
-        # convergence measure and the breakdown flag are taken on the host from the read, not by small kernels
-        if k == 1:
-            data_fit_t = B[:, 0].dot(alpha) + alpha.dot(res.residual[:, 0])
-        else:
-            data_fit_t = (B[:, :k] * A).sum() + (A * res.residual[:, :k]).sum()
+        data_fit_t = _data_fit_sum(B, A, res.residual, k)
         parts = [ls, s, noise, mu, grad.vector(), data_fit_t, res.rel_residual, res.broke_down]
         if first:  # the stochastic-Lanczos inputs ride along in the same read
             ZP = B[:, k + state.s :]
             parts += [torch.stack(res.alphas), torch.stack(res.betas), (ZP * pc.solve(ZP)).sum(0), pc.log_det]
         # the step's one read; cat promotes the dtypes itself (float32 values are exact as Python floats)
         host = torch.cat([t.reshape(-1) for t in parts]).tolist()
-        p, t = ls.numel() + 3, B.shape[1]
-        hyper, g_host, data_fit = host[:p], [g / n for g in host[p : 2 * p]], 0.5 * host[2 * p] / (n * k)
-        max_res = float(_measure(np.asarray(host[2 * p + 1 : 2 * p + 1 + t]), k))
-        broke = any(host[2 * p + 1 + t : 2 * p + 1 + 2 * t])
+        t = B.shape[1]
+        hyper, g_host, data_fit, max_res, broke, lanczos = _split_read(host, ls.numel() + 3, t, n, k)
+        if res.checked and res.checked[-1][0] == res.iterations:  # the solve's own reading, which stopped it
+            max_res = res.checked[-1][1]
         if not all(math.isfinite(v) for v in g_host + [data_fit, max_res]):
             raise FloatingPointError(_non_finite_message(step, hyper, g_host, max_res))
         if first:
             cols = list(range(k + state.s, t))
             it = res.iterations
-            lanczos = np.asarray(host[2 * p + 1 + 2 * t :], dtype=np.float64)
+            lanczos = np.asarray(lanczos, dtype=np.float64)
             alphas, betas = lanczos[: it * t].reshape(it, t), lanczos[it * t : 2 * it * t].reshape(it, t)
             norms, log_det_p = lanczos[2 * it * t : -1], float(lanczos[-1])
             log_det, se = slq_log_det(alphas, betas, cols, norms, log_det_p)
@@ -304,7 +302,7 @@ class Engine:
         state.g, state.hyper, state.data_fit, state.log_det = g_host, hyper, data_fit, log_det
         state.track_second_moment(g_host)
         state.after_step(cfg, rebuild, hyper[: ls.numel()], res, checks, max_res, estimate is not None)
-        state.track_scales(cfg, hyper[p - 3 : p - 1], rescale)
+        state.track_scales(cfg, hyper[-3:-1], rescale)  # (outputscale, noise)
 
         rec.cg_iterations.append(res.iterations)
         rec.products.append(res.products)
@@ -479,6 +477,26 @@ def _non_finite_message(step: int, hyper: list, g: list, max_res: float) -> str:
         f"residual {max_res:.3g}). Try dtype='float64', a smaller lr or a larger noise_init. The estimator "
         f"was not modified."
     )
+
+
+def _data_fit_sum(B: torch.Tensor, A: torch.Tensor, residual: torch.Tensor, k: int) -> torch.Tensor:
+    """``r^T x + x^T res`` summed over the k data columns (each r^T K̂^{-1} r to second order in the CG error), a
+    0-dim tensor: the data-fit term's halving and average per point and output are taken on the host
+    (:func:`_split_read`)."""
+    if k == 1:
+        return B[:, 0].dot(A[:, 0]) + A[:, 0].dot(residual[:, 0])
+    return (B[:, :k] * A).sum() + (A * residual[:, :k]).sum()
+
+
+def _split_read(host: list, p: int, t: int, n: int, k: int) -> tuple:
+    """A step's read (p hyperparameters, their p gradient sums, the data-fit sum, the t relative residuals and the t
+    breakdown flags, then what rides along) as (hyperparameters, gradient per point, data-fit term per point and
+    output (so that the loss of k equal outputs is that of one), convergence measure, whether CG broke down, the
+    rest): the divisions, the measure and the flags' ``any`` on the host rather than as small kernels."""
+    end = 2 * p + 1  # where the residuals start
+    gradient, data_fit = [g / n for g in host[p : 2 * p]], 0.5 * host[2 * p] / (n * k)
+    measure = float(_measure(np.asarray(host[end : end + t]), k))
+    return host[:p], gradient, data_fit, measure, any(host[end + t : end + 2 * t]), host[end + 2 * t :]
 
 
 def _data_solutions(x: torch.Tensor, k: int) -> torch.Tensor:

@@ -97,16 +97,6 @@ def pivoted_cholesky(
     return L
 
 
-def _overwrite(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """``new``'s values in ``old``'s memory when their shapes match, else ``new`` (a tensor of the caller's own).
-    What :meth:`Preconditioner.solve` reads keeps its address across :meth:`Preconditioner.set_scales`, so that a CG
-    graph kept from step to step (:class:`gpfast.train.cg.KeptIteration`) replays after new scales instead of being
-    captured again."""
-    if old is None or old.shape != new.shape or old.dtype != new.dtype:
-        return new
-    return old.copy_(new)
-
-
 def _inverse_by_trsm(R: torch.Tensor) -> torch.Tensor:
     """C^-1 = R^-T R^-1 from C's lower Cholesky factor R by one triangular solve against the identity and one GEMM."""
     R_inv = torch.linalg.solve_triangular(R, torch.eye(R.shape[0], dtype=R.dtype, device=R.device), upper=False)
@@ -208,7 +198,8 @@ class Preconditioner:
 
     def set_scales(self, outputscale, noise) -> None:
         """Woodbury factor for the current outputscale and noise (floats or 0-dim tensors; float64): O(k^3), or
-        O(n k^2) with ``fold``. ``log_det`` is then a 0-dim float64 tensor on L's device.
+        O(n k^2) with ``fold``. ``log_det`` is then a 0-dim float64 tensor on L's device. ``noise`` and ``M`` are
+        updated in place after the first call: whoever holds them sees the new values.
 
         With ``c = s / s_build`` and ``C = c L^T L + noise I`` (k, k), ``P^{-1} = (I - c L C^{-1} L^T) / noise``.
         Unfolded, only the k x k matrix changes with the scales, so a step costs O(k^3) here whatever n is; the
@@ -218,8 +209,13 @@ class Preconditioner:
         as64 = dict(dtype=torch.float64, device=self.L.device)
         c = torch.as_tensor(outputscale, **as64) / self.s_build
         noise64 = torch.as_tensor(noise, **as64)
-        # a copy: with float64 scales ``to`` would hand back the caller's tensor, which the next call overwrites
-        self.noise = _overwrite(getattr(self, "noise", None), noise64.to(self.dtype, copy=True))
+        # What solve reads keeps its address (the noise and M written in place once they exist), so that a CG graph
+        # kept from step to step (gpfast.train.cg.KeptIteration) replays after new scales instead of capturing
+        # again. The first noise is a copy: with float64 scales ``to`` would hand back the caller's tensor.
+        if getattr(self, "noise", None) is None:
+            self.noise = noise64.to(self.dtype, copy=True)
+        else:
+            self.noise.copy_(noise64)
         self.scale = c.sqrt()
         if self.k == 0:
             self.log_det = self.n * noise64.log()
@@ -234,7 +230,11 @@ class Preconditioner:
             # GEMM rate). C^-1 = R^-T R^-1 from one triangular solve against the identity and one GEMM: at k = 3200
             # on the H200 5.6 ms with the Cholesky against 6.9 ms for torch.cholesky_inverse (cuSOLVER's potri, some
             # 120 small kernels), equal to 7e-15 of the largest element (experiments/bench_preconditioner.py)
-            self.M = _overwrite(getattr(self, "M", None), c * _inverse_by_trsm(R))
+            inverse = _inverse_by_trsm(R)
+            if getattr(self, "M", None) is None:
+                self.M = c * inverse
+            else:
+                torch.mul(inverse, c, out=self.M)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def graph_reads(self) -> tuple:
