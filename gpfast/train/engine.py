@@ -223,11 +223,11 @@ class Engine:
         def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
             t0 = time.perf_counter()
             values = np.asarray(values, dtype=np.float64)
-            if pinned is None or values.size != pinned.numel():
+            if pinned is None:
                 v = torch.tensor(values, dtype=X.dtype, device=X.device)  # one copy
             else:
                 copied.synchronize()
-                pinned.numpy()[:] = values
+                pinned.numpy()[:] = values  # a clear error for values of another size
                 v = pinned.to(X.device, non_blocking=True)
                 copied.record()
             p = v.numel() - 3
