@@ -97,7 +97,7 @@
 #                 host-to-device copies inside a step: row c before and after, and with the kept CG graph;
 #                 step_anatomy with and without it; the kept graph's tests, cg_graph_cost, every CUDA test;
 #                 S20_BUDGET 560), session20b (every CUDA test with the kept CG graph the default;
-#                 S20B_BUDGET 320)
+#                 S20B_BUDGET 320), session21 (row c, step_anatomy and every CUDA test; S21_BUDGET 460)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1352,6 +1352,17 @@ PYEOF
       stage_begin s20b ${S20B_BUDGET:-320} 200
       cuda_tests "$OUT/s20b_tests.log" 170 tests
       stage_end s20b ;;
+    session21)
+      # The kept CG graph the default, on the H200: row c on the seven sets, step_anatomy, every CUDA test, on a
+      # carried build (.gpb/gpb.tgz) or a fresh one; at most S21_BUDGET seconds (default 460).
+      # Files: s21_logs.tar.gz, s21_results.tar.gz (gpb.tgz when built here).
+      stage_begin s21 ${S21_BUDGET:-460} 200
+      [ -s .gpb/gpb.tgz ] || pack_build
+      row_c "$OUT/s21_uci_c.log" 80
+      anatomy "$OUT/s21_anatomy.log" 100
+      cuda_tests "$OUT/s21_tests.log" 180 tests
+      tar czf "$OUT/s21_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21_*.log) && rm -f "$OUT"/s21_*.log
+      stage_end s21 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
