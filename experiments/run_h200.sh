@@ -97,7 +97,9 @@
 #                 host-to-device copies inside a step: row c before and after, and with the kept CG graph;
 #                 step_anatomy with and without it; the kept graph's tests, cg_graph_cost, every CUDA test;
 #                 S20_BUDGET 560), session20b (every CUDA test with the kept CG graph the default;
-#                 S20B_BUDGET 320), session21 (row c, step_anatomy and every CUDA test; S21_BUDGET 460)
+#                 S20B_BUDGET 320), session21 (row c, step_anatomy and every CUDA test; S21_BUDGET 460),
+#                 session21b (the gram and the posterior's Cholesky by blocks, against the tree before; S21B_BUDGET
+#                 420)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1363,6 +1365,29 @@ PYEOF
       cuda_tests "$OUT/s21_tests.log" 180 tests
       tar czf "$OUT/s21_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21_*.log) && rm -f "$OUT"/s21_*.log
       stage_end s21 ;;
+    session21b)
+      # The preconditioner's gram by its upper triangle's blocks and the posterior's Cholesky by blocks, against the
+      # tree before (unpacked beforehand into .gpb/old with `git archive SHA gpfast experiments ':!experiments/results'
+      # | tar x -C .gpb/old` and `echo SHA > .gpb/old/COMMIT`; the same CUDA sources, so the same build), in value
+      # order: bench_cholesky (both factorisations, every variant); row c after; row c before; step_anatomy after;
+      # the CUDA tests of the files touched; at most S21B_BUDGET seconds (default 420).
+      # Files: s21b_logs.tar.gz, s21b_results.tar.gz (gpb.tgz when built here).
+      stage_begin s21b ${S21B_BUDGET:-420} 200
+      [ -s .gpb/gpb.tgz ] || pack_build
+      brun 90 "$OUT/s21b_cholesky.log" python -m experiments.bench_cholesky --out "$res"
+      echo "bench_cholesky rc=$?"; grep -E "^\|" "$res/bench_cholesky.md"
+      row_c "$OUT/s21b_uci_c.log" 80
+      if [ -d .gpb/old/gpfast ]; then
+        (cd .gpb/old && PYTHONPATH=$PWD brun 80 "$OUT/s21b_uci_c_before.log" python -m experiments.uci_table \
+          --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast \
+          --stem uci_all_c_before --out "$res"); echo "uci c before rc=$?"
+        grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_before.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+      fi
+      anatomy "$OUT/s21b_anatomy.log" 80
+      cuda_tests "$OUT/s21b_tests.log" 60 tests/test_models.py tests/test_pivoted_cholesky.py tests/test_train.py \
+        tests/test_cuda_graphs.py
+      tar czf "$OUT/s21b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21b_*.log) && rm -f "$OUT"/s21b_*.log
+      stage_end s21b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

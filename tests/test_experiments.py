@@ -262,6 +262,24 @@ def test_bench_preconditioner_runs_on_the_cpu(tmp_path):
     assert "| synthetic-600-3 |" in (tmp_path / "bench_preconditioner.md").read_text()
 
 
+def test_bench_cholesky_runs_on_the_cpu(tmp_path):
+    """bench_cholesky at a tiny CPU size: a factor row per variant (a block as large as n skipped), each factor's
+    residual at rounding, and a gram row per (rank, block count) equal to the one GEMM's to rounding."""
+    import json
+
+    from experiments import bench_cholesky
+
+    args = ["--n", "300", "--blocks", "64", "300", "--gram-n", "500", "--ranks", "64", "200", "--gram-blocks", "1", "4"]
+    bench_cholesky.main([*args, "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "bench_cholesky.json").read_text())["rows"]
+    factor = [r for r in rows if "variant" in r]
+    assert [r["variant"] for r in factor] == ["cholesky_ex", "blocked 64"]
+    assert all(r["ms"] > 0 and r["residual"] < 1e-13 for r in factor)
+    grams = [r for r in rows if "blocks" in r]
+    assert [(r["k"], r["blocks"]) for r in grams] == [(64, 1), (64, 4), (200, 1), (200, 4)]
+    assert all(r["ms"] > 0 and r["vs_one_gemm"] < 1e-13 for r in grams)
+
+
 def test_fit_overhead_writes_both_paths(tmp_path):
     """fit_overhead at a tiny size: a row per path, its steps inside its training time, and the first fit's time
     outside its steps measured in a fresh process."""

@@ -196,6 +196,78 @@ def test_robust_cholesky_raises_when_not_positive_definite():
         robust_cholesky(torch.full((2, 2), float("nan"), dtype=F64))
 
 
+def _spd(n, cond, device):
+    """A fresh symmetric positive definite (n, n) float64 matrix with eigenvalues spread over [1, cond]."""
+    Q, _ = torch.linalg.qr(torch.randn(n, n, dtype=F64, device=device))
+    eig = torch.logspace(0, math.log10(cond), n, dtype=F64, device=device)[torch.randperm(n, device=device)]
+    A = (Q * eig) @ Q.T
+    return 0.5 * (A + A.T)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [257, 600])
+def test_cholesky_by_blocks_is_a_backward_stable_factor(device, n):
+    """cholesky_blocked on fresh SPD matrices (condition number 1e6), blocks of 16, 64 and 100 (a short last block),
+    n and more than n (one block: cuSOLVER or LAPACK alone): |L L^T - A| within Cholesky's backward error bound
+    (n + 1) eps |L| |L|^T element for element, the strict upper triangle zero, info 0, A untouched; and within
+    cond x eps of torch's factor (1e-8 of its largest element holds with room at 1e6)."""
+    seed = _seed()
+    A = _spd(n, 1e6, device)
+    A0 = A.clone()
+    L0 = torch.linalg.cholesky(A)
+    for block in (16, 64, 100, n, 2 * n):
+        poison_allocator(device, n * n * 8)
+        L, info = chol.cholesky_blocked(A, block)
+        assert info == 0, (seed, block)
+        assert torch.equal(A, A0), (seed, block)
+        assert torch.count_nonzero(torch.triu(L, 1)) == 0, (seed, block)
+        bound = (n + 1) * torch.finfo(F64).eps * (L.abs() @ L.abs().T)
+        assert bool(((L @ L.T - A).abs() <= bound).all()), (seed, block)
+        err = ((L - L0).abs().max() / L0.abs().max()).item()
+        assert err < 1e-8, (seed, block, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [0, 5, 63, 64, 150])
+def test_cholesky_by_blocks_reports_the_first_failing_minor(device, bad):
+    """A matrix whose leading minor of order bad + 1 is the first not positive definite: info is bad + 1, as
+    torch.linalg.cholesky_ex says, whether the failure is in the first block, at a block's edge or later."""
+    A = _spd(200, 10.0, device)
+    A[bad, :] = 0.0
+    A[:, bad] = 0.0
+    A[bad, bad] = -1.0
+    _, info0 = torch.linalg.cholesky_ex(A)
+    assert int(info0) == bad + 1
+    for block in (16, 64):
+        _, info = chol.cholesky_blocked(A, block)
+        assert info == bad + 1, block
+
+
+def test_cholesky_by_blocks_checks_its_arguments():
+    with pytest.raises(ValueError, match=r"A must be a square matrix \(n, n\), got shape \(3, 2\)"):
+        chol.cholesky_blocked(torch.zeros(3, 2, dtype=F64))
+    with pytest.raises(ValueError, match="block must be at least 1, got 0"):
+        chol.cholesky_blocked(torch.eye(3, dtype=F64), 0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_robust_cholesky_factors_by_blocks_on_a_gpu(monkeypatch):
+    """From BLOCKED_CHOLESKY_MIN on, a CUDA matrix goes through cholesky_blocked, its jitter retries too: a rank-one
+    matrix (singular) factored after a jitter, with blocks of 4 on order 10."""
+    calls = []
+    real = chol.cholesky_blocked
+    monkeypatch.setattr(chol, "BLOCKED_CHOLESKY_MIN", 8)
+    monkeypatch.setattr(chol, "CHOLESKY_BLOCK", 4)
+    monkeypatch.setattr(chol, "cholesky_blocked", lambda A, block: calls.append(block) or real(A, block))
+    v = torch.randn(10, 1, dtype=F64, device="cuda")
+    A = v @ v.T
+    with pytest.warns(CholeskyJitterWarning):
+        L, jitter = robust_cholesky(A)
+    assert calls and set(calls) == {4} and len(calls) >= 2
+    torch.testing.assert_close(L @ L.T, A + jitter * torch.eye(10, dtype=F64, device="cuda"), rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", [257, 1000])
 def test_inverse_from_cholesky_by_blocks_equals_the_inverse(device, n):

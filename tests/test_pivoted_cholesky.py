@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DEVICES, rel_err
+from conftest import DEVICES, poison_allocator, rel_err
 from gpfast import _reference as ref
-from gpfast.train.preconditioner import pivoted_cholesky
+from gpfast.train.preconditioner import gram, pivoted_cholesky
 
 F64 = torch.float64
 
@@ -253,3 +253,23 @@ def test_selection_network_keeps_the_best_64_in_order(real, decimals):
     order = torch.randperm(2048, generator=gen).tolist()
     got = _select_network([keys[i] for i in order])
     assert got == sorted(keys, key=lambda k: (-k[0], k[1]))[:64]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "n, k, blocks", [(300, 257, 4), (50, 640, 4), (200, 512, 8), (100, 300, 3), (40, 63, 4), (9, 0, 4)]
+)
+def test_gram_by_blocks_is_the_whole_product(device, n, k, blocks):
+    """L^T L from the upper triangle's blocks: on small integers (every product and sum exact in float64) equal to
+    the exact gram element for element, so that a block written wrong or not at all shows; on fresh normal draws
+    within the GEMM error bound n eps |L|^T |L| of the float64 product; exactly symmetric in both."""
+    poison_allocator(device, 8 * k * k)
+    L_int = torch.randint(-8, 9, (n, k), dtype=F64).to(device)
+    exact = (L_int.t().cpu().to(torch.int64) @ L_int.cpu().to(torch.int64)).to(F64)
+    G = gram(L_int, blocks).cpu()
+    assert torch.equal(G, exact)
+    L = torch.randn(n, k, dtype=F64).to(device)
+    G = gram(L, blocks)
+    assert torch.equal(G, G.t())
+    bound = n * torch.finfo(F64).eps * (L.abs().t() @ L.abs())
+    assert bool(((G - L.t() @ L).abs() <= bound).all())
