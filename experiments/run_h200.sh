@@ -1369,13 +1369,15 @@ PYEOF
       # The preconditioner's gram by its upper triangle's blocks and the posterior's Cholesky by blocks, against the
       # tree before (unpacked beforehand into .gpb/old with `git archive SHA gpfast experiments ':!experiments/results'
       # | tar x -C .gpb/old` and `echo SHA > .gpb/old/COMMIT`; the same CUDA sources, so the same build), in value
-      # order: bench_cholesky (both factorisations, every variant); row c after; row c before; step_anatomy after;
-      # the CUDA tests of the files touched; at most S21B_BUDGET seconds (default 420).
+      # order: bench_cholesky (both factorisations, every variant); bench_cg_vectors; row c after; row c before;
+      # step_anatomy after; the CUDA tests of the files touched; at most S21B_BUDGET seconds (default 420).
       # Files: s21b_logs.tar.gz, s21b_results.tar.gz (gpb.tgz when built here).
       stage_begin s21b ${S21B_BUDGET:-420} 200
       [ -s .gpb/gpb.tgz ] || pack_build
       brun 90 "$OUT/s21b_cholesky.log" python -m experiments.bench_cholesky --out "$res"
       echo "bench_cholesky rc=$?"; grep -E "^\|" "$res/bench_cholesky.md"
+      brun 40 "$OUT/s21b_cg_vectors.log" python -m experiments.bench_cg_vectors --out "$res"
+      echo "bench_cg_vectors rc=$?"; grep -E "^\|" "$res/bench_cg_vectors.md"
       row_c "$OUT/s21b_uci_c.log" 80
       if [ -d .gpb/old/gpfast ]; then
         (cd .gpb/old && PYTHONPATH=$PWD brun 80 "$OUT/s21b_uci_c_before.log" python -m experiments.uci_table \

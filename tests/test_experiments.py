@@ -280,6 +280,18 @@ def test_bench_cholesky_runs_on_the_cpu(tmp_path):
     assert all(r["ms"] > 0 and r["vs_one_gemm"] < 1e-13 for r in grams)
 
 
+def test_bench_cg_vectors_runs_on_the_cpu(tmp_path):
+    """bench_cg_vectors at a tiny CPU size: a row per variant, each within float32's reach of float64."""
+    import json
+
+    from experiments import bench_cg_vectors
+
+    bench_cg_vectors.main(["--n", "500", "--device", "cpu", "--reps", "2", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "bench_cg_vectors.json").read_text())["rows"]
+    assert [r["variant"] for r in rows] == list(bench_cg_vectors.VARIANTS)
+    assert all(r["us"] > 0 and r["rel_err"] < 1e-4 for r in rows)
+
+
 def test_fit_overhead_writes_both_paths(tmp_path):
     """fit_overhead at a tiny size: a row per path, its steps inside its training time, and the first fit's time
     outside its steps measured in a fresh process."""
