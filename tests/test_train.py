@@ -1046,6 +1046,30 @@ def test_stale_preconditioner_scales_change_only_the_iterations(monkeypatch):
     assert np.allclose(fits[0].lengthscale_, fits[1].lengthscale_, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_natural_path_reads_at_most_three_times_and_refuses_values_of_another_size(monkeypatch, device):
+    """``closure.natural`` on either device: at most three host reads a step (on a GPU the values go through a
+    pinned buffer, written from a tensor view and guarded by an event that is queried, so neither counts), and
+    values of another size than the hyperparameters' refused by name."""
+    model = _problem(n=300, d=3, dtype=torch.float32, seed=5, device=device)
+    engine = Engine(CGSettings(product="stored", rebuild_every=2, preconditioner_rank=10))
+    closure = engine.objective(model)
+    values = np.array([0.8, 0.9, 1.1, 1.3, 0.05, 0.1])  # three lengthscales, outputscale, noise, mean
+    reads = []
+    for i in range(4):
+        with monkeypatch.context() as m:
+            seen = _count_host_reads(m)
+            if device == "cuda":
+                m.setattr(torch.cuda.Event, "synchronize", lambda self: seen.append("event.synchronize"))
+            loss, g = closure.natural(values * (1 + 0.05 * i))
+        reads.append(list(seen))
+        assert np.isfinite(loss) and np.all(np.isfinite(g)) and g.shape == values.shape
+    engine.finish()
+    assert max(map(len, reads)) <= 3, reads
+    with pytest.raises(ValueError, match=r"natural: expected 6 values, got shape \(5,\)"):
+        closure.natural(values[:5])
+
+
 def test_the_natural_path_matches_the_models_and_reads_the_device_at_most_three_times(monkeypatch):
     """The estimator's optimisers call the engine's ``closure.natural`` with the hyperparameters on the host, not the
     model's parameters: at six Adam iterates (rebuilds, rescales, warm starts) it gives the loss and the gradient in

@@ -216,18 +216,23 @@ class Engine:
 
         # On a GPU the values go through a pinned buffer without a wait: torch copies pageable memory to the device
         # synchronously, a round trip before the step's first kernel. The buffer is rewritten only once the last
-        # copy from it is done (the event: done already when that step reached its read, which waits for it).
+        # copy from it is done (the event: done already when that step reached its read, which waits for it, so
+        # it is queried, and waited on only if a step raised before its read). The buffer is written from a tensor
+        # view of the values, not through its own numpy view, so that nothing in a step hands a tensor to numpy.
         pinned = torch.empty(trainable.size, dtype=X.dtype, pin_memory=True) if X.is_cuda else None
         copied = torch.cuda.Event() if X.is_cuda else None
 
         def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
             t0 = time.perf_counter()
             values = np.asarray(values, dtype=np.float64)
+            if values.shape != trainable.shape:
+                raise ValueError(f"natural: expected {trainable.size} values, got shape {values.shape}")
             if pinned is None:
                 v = torch.tensor(values, dtype=X.dtype, device=X.device)  # one copy
             else:
-                copied.synchronize()
-                pinned.numpy()[:] = values  # a clear error for values of another size
+                if not copied.query():
+                    copied.synchronize()
+                pinned.copy_(torch.from_numpy(values))
                 v = pinned.to(X.device, non_blocking=True)
                 copied.record()
             p = v.numel() - 3
