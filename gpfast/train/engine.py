@@ -214,11 +214,8 @@ class Engine:
         # a parameter the caller froze gets a zero gradient, as its .grad stays unset on the model's path
         trainable = np.repeat([t.requires_grad for t in start], [start[0].numel(), 1, 1, 1])
 
-        # On a GPU the values go through a pinned buffer without a wait: torch copies pageable memory to the device
-        # synchronously, a round trip before the step's first kernel. The buffer is rewritten only once the last
-        # copy from it is done (the event: done already when that step reached its read, which waits for it, so
-        # it is queried, and waited on only if a step raised before its read). The buffer is written from a tensor
-        # view of the values, not through its own numpy view, so that nothing in a step hands a tensor to numpy.
+        # On a GPU the values go through a pinned buffer (a pageable copy waits for the device), rewritten once the
+        # last copy from it is done: the event, done by that step's read unless the step raised before it.
         pinned = torch.empty(trainable.size, dtype=X.dtype, pin_memory=True) if X.is_cuda else None
         copied = torch.cuda.Event() if X.is_cuda else None
 
