@@ -273,3 +273,19 @@ def test_gram_by_blocks_is_the_whole_product(device, n, k, blocks):
     assert torch.equal(G, G.t())
     bound = n * torch.finfo(F64).eps * (L.abs().t() @ L.abs())
     assert bool(((G - L.t() @ L).abs() <= bound).all())
+
+
+def test_gram_uses_blocks_from_its_rank_on(monkeypatch):
+    """By default one GEMM below GRAM_BLOCKS_FROM (bit for bit L^T L) and GRAM_BLOCKS row blocks from it on (one
+    torch.mm a block, exact on small integers)."""
+    import gpfast.train.preconditioner as pre
+
+    monkeypatch.setattr(pre, "GRAM_BLOCKS_FROM", 256)
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a, **k: calls.append(1) or real_mm(*a, **k))
+    L = torch.randn(100, 255, dtype=F64)
+    assert torch.equal(pre.gram(L), L.t() @ L) and not calls
+    L_int = torch.randint(-8, 9, (100, 256), dtype=F64)
+    exact = (L_int.t().to(torch.int64) @ L_int.to(torch.int64)).to(F64)
+    assert torch.equal(pre.gram(L_int), exact) and len(calls) == pre.GRAM_BLOCKS

@@ -5,8 +5,7 @@ Algorithm 2.1), written in torch so that they run on the GPU as well as the CPU.
 float64 whatever the dtype of the inputs: the point of this module is an exact reference answer (log marginal
 likelihood, posterior mean and variance) for hyperparameters that may have been trained in float32.
 
-* :func:`robust_cholesky` factors ``A = L L^T`` with ``torch.linalg.cholesky_ex`` (on a GPU from order
-  :data:`BLOCKED_CHOLESKY_MIN` on, by blocks: :func:`cholesky_blocked`) and, when that fails,
+* :func:`robust_cholesky` factors ``A = L L^T`` with ``torch.linalg.cholesky_ex`` and, when that fails,
   retries with a growing jitter on the diagonal (1e-8 .. 1e-4 times the mean diagonal), warning with the
   jitter it used, and raising :class:`CholeskyError` when it still fails.
 * :class:`ExactPosterior` factors ``K + noise I`` once, then gives the exact log marginal likelihood and the
@@ -28,7 +27,6 @@ __all__ = [
     "CholeskyError",
     "CholeskyJitterWarning",
     "ExactPosterior",
-    "cholesky_blocked",
     "inverse_from_cholesky",
     "robust_cholesky",
 ]
@@ -41,11 +39,6 @@ _CHUNK_BYTES = 256 * 2**20
 
 TensorLike = Union[torch.Tensor, float, int]
 
-#: Order from which :func:`robust_cholesky` factors a CUDA matrix by :func:`cholesky_blocked`.
-BLOCKED_CHOLESKY_MIN = 16384
-#: The blocks' order in :func:`cholesky_blocked`.
-CHOLESKY_BLOCK = 2048
-
 
 class CholeskyError(torch.linalg.LinAlgError):
     """The covariance matrix is not positive definite, even after adding the largest jitter."""
@@ -57,47 +50,6 @@ class CholeskyJitterWarning(RuntimeWarning):
 
 def _as_f64(x: TensorLike, device) -> torch.Tensor:
     return torch.as_tensor(x, dtype=torch.float64, device=device)
-
-
-def cholesky_blocked(A: torch.Tensor, block: int = CHOLESKY_BLOCK) -> tuple[torch.Tensor, int]:
-    """``(L, info)`` as ``torch.linalg.cholesky_ex(A)`` for a symmetric A (n, n) (its lower triangle read), by a
-    right-looking blocked factorisation: for each diagonal block, its Cholesky factor D (cuSOLVER on a GPU), the
-    panel below it ``X = A21 D^{-T}`` (a triangular solve) and the trailing lower triangle less ``X X^T``, one GEMM
-    a block column. ``info`` is 0, or the order of the first leading minor found not positive definite (then L is
-    not a factor); the factorisation stops there.
-
-    Why: the same n^3 / 3 flops and the same backward stability as LAPACK's potrf, with nearly all of them in GEMMs
-    of at least ``block`` square, the operation that runs nearest the FP64 tensor cores' rate (against one cuSOLVER
-    call: experiments/bench_cholesky.py). A stays as it was; L is a new n x n matrix, as with ``cholesky_ex``.
-    """
-    if A.dim() != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"cholesky_blocked: A must be a square matrix (n, n), got shape {tuple(A.shape)}")
-    if block < 1:
-        raise ValueError(f"cholesky_blocked: block must be at least 1, got {block}")
-    n = A.shape[0]
-    L = A.clone()
-    for j0 in range(0, n, block):
-        j1 = min(j0 + block, n)
-        D, info = torch.linalg.cholesky_ex(L[j0:j1, j0:j1])
-        if int(info):  # one wait a block, so that nothing after a failed block runs on garbage
-            return L.tril_(), j0 + int(info)
-        L[j0:j1, j0:j1] = D
-        if j1 == n:
-            break
-        X = torch.linalg.solve_triangular(D.mT, L[j1:, j0:j1], upper=True, left=False)
-        L[j1:, j0:j1] = X
-        for i0 in range(j1, n, block):  # the trailing lower triangle, block column by block column
-            i1 = min(i0 + block, n)
-            L[i0:, i0:i1].addmm_(X[i0 - j1 :], X[i0 - j1 : i1 - j1].mT, alpha=-1.0)
-    return L.tril_(), 0
-
-
-def _cholesky_ex(A: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """``(L, info)`` of A: by blocks on a GPU from order BLOCKED_CHOLESKY_MIN on, else ``torch.linalg.cholesky_ex``."""
-    if A.is_cuda and A.shape[0] >= BLOCKED_CHOLESKY_MIN:
-        return cholesky_blocked(A, CHOLESKY_BLOCK)
-    L, info = torch.linalg.cholesky_ex(A)
-    return L, int(info)
 
 
 def robust_cholesky(
@@ -139,8 +91,8 @@ def robust_cholesky(
         A = A.to(torch.float64, copy=True)
     if not bool(torch.isfinite(A.diagonal()).all()):
         raise CholeskyError("cannot factor the covariance matrix: its diagonal contains NaN or inf")
-    L, info = _cholesky_ex(A)
-    if info == 0:
+    L, info = torch.linalg.cholesky_ex(A)
+    if int(info) == 0:
         return L, 0.0
     scale = float(A.diagonal().mean())
     if not math.isfinite(scale) or scale <= 0:
@@ -151,8 +103,8 @@ def robust_cholesky(
         jitter = rel * scale
         diag.add_(jitter - added)  # total jitter on the diagonal is now `jitter`
         added = jitter
-        L, info = _cholesky_ex(A)
-        if info == 0:
+        L, info = torch.linalg.cholesky_ex(A)
+        if int(info) == 0:
             warnings.warn(
                 f"Cholesky factorisation of the {A.shape[0]}x{A.shape[0]} covariance matrix failed without "
                 f"jitter; succeeded after adding {jitter:.3g} to the diagonal ({rel:.0e} x its mean "

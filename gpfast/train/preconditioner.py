@@ -31,8 +31,9 @@ from gpfast import ops
 
 __all__ = ["BuildGraph", "Preconditioner", "gram", "pivoted_cholesky"]
 
-#: Row blocks of :func:`gram` (1: one GEMM of the whole product).
+#: Row blocks of :func:`gram` (1: one GEMM of the whole product), and the rank from which it uses them.
 GRAM_BLOCKS = 4
+GRAM_BLOCKS_FROM = 1600
 
 
 def pivoted_cholesky(
@@ -100,17 +101,22 @@ def pivoted_cholesky(
     return L
 
 
-def gram(L: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
+def gram(L: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
     """``L^T L`` (k, k) for L (n, k), from its upper triangle by blocks, exactly symmetric.
 
     Why: the product's two triangles are equal, so one GEMM of the whole does twice the work needed, and at the
-    engine's ranks it is a large part of a rebuild (k = 3200 on 44k points: 0.9 TFLOP in float64, some 15 ms on an
-    H100). Here the rows are cut into ``blocks`` blocks, and row block a is one GEMM with the columns from its
-    diagonal block on: ``(blocks + 1) / (2 blocks)`` of the work (5/8 at 4) in ``blocks`` GEMMs, each at least
-    ``k / blocks`` square. The lower triangle is then the upper's transpose. ``blocks`` is capped so that a block
-    keeps at least 64 columns.
+    engine's ranks it is a large part of a rebuild (k = 3200 on 44k points: 0.9 TFLOP in float64). Here the rows
+    are cut into ``blocks`` blocks, and row block a is one GEMM with the columns from its diagonal block on:
+    ``(blocks + 1) / (2 blocks)`` of the work (5/8 at 4) in ``blocks`` GEMMs, each at least ``k / blocks`` square.
+    The lower triangle is then the upper's transpose. On an H100 at 44,000 points, 4 blocks took 11.6 ms against
+    17.1 for one GEMM at k = 3200 and 3.2 against 4.3 ms at k = 1600 (8 blocks: 11.6 and 3.8;
+    experiments/bench_cholesky.py). By default (``blocks`` None) the blocks are used from rank
+    :data:`GRAM_BLOCKS_FROM` on, where they were measured; below it the product is one GEMM. A given ``blocks`` is
+    capped so that a block keeps at least 64 columns.
     """
     k = L.shape[1]
+    if blocks is None:
+        blocks = GRAM_BLOCKS if k >= GRAM_BLOCKS_FROM else 1
     q = max(1, min(blocks, k // 64))
     if q == 1:
         return L.t() @ L
