@@ -3,9 +3,9 @@
 - **factor**: the exact posterior's Cholesky of ``K + noise I`` (the largest part of a CG fit's time outside its
   steps on the larger UCI sets): ``torch.linalg.cholesky_ex`` (one cuSOLVER call on a GPU, what gpfast uses)
   against :func:`cholesky_blocked` below, a right-looking blocked factorisation whose flops are nearly all GEMMs,
-  at several block orders. On an H100 (2026-12-05) it was no faster: 687-709 ms against 700 ms at 44,000, 87-90
-  against 75 ms at 20,000, so cuSOLVER's potrf already runs at the rate of the GEMMs it is made of (40 TFLOP/s,
-  61% of the FP64 peak), and gpfast keeps it;
+  at several block orders. On an H100 (2026-12-05) it was no faster: 687-709 ms against 700 ms at 44,000 (cuSOLVER
+  at 40.6 TFLOP/s, 61% of the FP64 peak, where one float64 GEMM of the gram ran at 53), 87-90 against 75 ms at
+  20,000, so gpfast keeps cuSOLVER;
 - **gram**: the preconditioner's ``L^T L`` at each rebuild: one GEMM against
   :func:`gpfast.train.preconditioner.gram` (its upper triangle by row blocks) at several block counts.
 
@@ -105,7 +105,8 @@ def gram_rows(n: int, ranks, counts, reps, device) -> list[dict]:
         for q in counts:
             ms = time_ms(lambda q=q: gram(L, q), device, reps=reps, warmup=2)
             err = float((gram(L, q) - G0).abs().max() / G0.abs().max())
-            rows.append({"n": n, "k": k, "blocks": q, "ms": ms, "tflops": flops / ms / 1e9,
+            used = max(1, min(q, k // 64))  # gram's cap: at least 64 columns a block
+            rows.append({"n": n, "k": k, "blocks": used, "ms": ms, "tflops": flops / ms / 1e9,
                          "of_peak": flops / ms / 1e9 / FP64_PEAK, "vs_one_gemm": err})  # fmt: skip
             print(rows[-1], flush=True)
     return rows

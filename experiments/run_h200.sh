@@ -99,7 +99,8 @@
 #                 S20_BUDGET 560), session20b (every CUDA test with the kept CG graph the default;
 #                 S20B_BUDGET 320), session21 (row c, step_anatomy and every CUDA test; S21_BUDGET 460),
 #                 session21b (the gram and the posterior's Cholesky by blocks, against the tree before; S21B_BUDGET
-#                 420), session21c (every CUDA test, row c, step_anatomy; S21C_BUDGET 400)
+#                 420), session21c (every CUDA test, row c, step_anatomy; S21C_BUDGET 400), session21d (the CUDA
+#                 tests of the review mends' files; S21D_BUDGET 150)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1392,7 +1393,7 @@ PYEOF
       stage_end s21b ;;
     session21c)
       # What lands: the gram by blocks from rank 1600 on, cuSOLVER's Cholesky kept, the natural path's buffer
-      # without a numpy view or an event wait: every CUDA test, row c, step_anatomy; at most S21C_BUDGET seconds
+      # without a numpy view or an unconditional event wait: every CUDA test, row c, step_anatomy; at most S21C_BUDGET seconds
       # (default 400). Files: s21c_logs.tar.gz, s21c_results.tar.gz (gpb.tgz when built here).
       stage_begin s21c ${S21C_BUDGET:-400} 200
       [ -s .gpb/gpb.tgz ] || pack_build
@@ -1401,6 +1402,13 @@ PYEOF
       anatomy "$OUT/s21c_anatomy.log" 80
       tar czf "$OUT/s21c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21c_*.log) && rm -f "$OUT"/s21c_*.log
       stage_end s21c ;;
+    session21d)
+      # The review mends (the gram's in-place symmetrisation and autograd fallback, the natural path's copy of its
+      # values and its test against the values read back): the CUDA tests of the files touched; at most
+      # S21D_BUDGET seconds (default 150). Files: s21d_tests.log.
+      budget_start ${S21D_BUDGET:-150}
+      export TORCH_CUDA_ARCH_LIST=9.0
+      cuda_tests "$OUT/s21d_tests.log" 140 tests/test_pivoted_cholesky.py tests/test_train.py tests/test_cuda_graphs.py ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -269,14 +269,15 @@ def test_bench_cholesky_runs_on_the_cpu(tmp_path):
 
     from experiments import bench_cholesky
 
-    args = ["--n", "300", "--blocks", "64", "300", "--gram-n", "500", "--ranks", "64", "200", "--gram-blocks", "1", "4"]
+    args = ["--n", "300", "--blocks", "64", "300", "--gram-n", "400", "--ranks", "256", "320"]
+    args += ["--gram-blocks", "1", "4"]
     bench_cholesky.main([*args, "--device", "cpu", "--reps", "1", "--out", str(tmp_path)])
     rows = json.loads((tmp_path / "bench_cholesky.json").read_text())["rows"]
     factor = [r for r in rows if "variant" in r]
     assert [r["variant"] for r in factor] == ["cholesky_ex", "blocked 64"]
     assert all(r["ms"] > 0 and r["residual"] < 1e-13 for r in factor)
     grams = [r for r in rows if "blocks" in r]
-    assert [(r["k"], r["blocks"]) for r in grams] == [(64, 1), (64, 4), (200, 1), (200, 4)]
+    assert [(r["k"], r["blocks"]) for r in grams] == [(256, 1), (256, 4), (320, 1), (320, 4)]
     assert all(r["ms"] > 0 and r["vs_one_gemm"] < 1e-13 for r in grams)
 
 

@@ -263,9 +263,9 @@ def test_gram_by_blocks_is_the_whole_product(device, n, k, blocks):
     """L^T L from the upper triangle's blocks: on small integers (every product and sum exact in float64) equal to
     the exact gram element for element, so that a block written wrong or not at all shows; on fresh normal draws
     within the GEMM error bound n eps |L|^T |L| of the float64 product; exactly symmetric in both."""
-    poison_allocator(device, 8 * k * k)
     L_int = torch.randint(-8, 9, (n, k), dtype=F64).to(device)
     exact = (L_int.t().cpu().to(torch.int64) @ L_int.cpu().to(torch.int64)).to(F64)
+    poison_allocator(device, 8 * k * k)
     G = gram(L_int, blocks).cpu()
     assert torch.equal(G, exact)
     L = torch.randn(n, k, dtype=F64).to(device)
@@ -277,7 +277,7 @@ def test_gram_by_blocks_is_the_whole_product(device, n, k, blocks):
 
 def test_gram_uses_blocks_from_its_rank_on(monkeypatch):
     """By default one GEMM below GRAM_BLOCKS_FROM (bit for bit L^T L) and GRAM_BLOCKS row blocks from it on (one
-    torch.mm a block, exact on small integers)."""
+    torch.mm a block, exact on small integers); an L that requires grad gets the one GEMM and its gradient."""
     import gpfast.train.preconditioner as pre
 
     monkeypatch.setattr(pre, "GRAM_BLOCKS_FROM", 256)
@@ -289,3 +289,6 @@ def test_gram_uses_blocks_from_its_rank_on(monkeypatch):
     L_int = torch.randint(-8, 9, (100, 256), dtype=F64)
     exact = (L_int.t().to(torch.int64) @ L_int.to(torch.int64)).to(F64)
     assert torch.equal(pre.gram(L_int), exact) and len(calls) == pre.GRAM_BLOCKS
+    L_grad = L_int.clone().requires_grad_()  # autograd gets the one GEMM, which it can follow
+    pre.gram(L_grad).sum().backward()
+    assert len(calls) == pre.GRAM_BLOCKS and torch.equal(L_grad.grad, 2 * L_int @ torch.ones(256, 256, dtype=F64))

@@ -1048,26 +1048,41 @@ def test_stale_preconditioner_scales_change_only_the_iterations(monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_natural_path_reads_at_most_three_times_and_refuses_values_of_another_size(monkeypatch, device):
-    """``closure.natural`` on either device: at most three host reads a step (on a GPU the values go through a
-    pinned buffer, written from a tensor view and guarded by an event that is queried, so neither counts), and
-    values of another size than the hyperparameters' refused by name."""
+    """``closure.natural`` on either device: the step works at the values given (the hyperparameters it reads back
+    equal them in the working dtype, on a GPU through the pinned buffer, also after a step that raised between the
+    copy and its read), at most three host reads a step (on a GPU the buffer is written from a copy of the values
+    and its event only queried, so neither counts), and values of another size refused by name."""
     model = _problem(n=300, d=3, dtype=torch.float32, seed=5, device=device)
     engine = Engine(CGSettings(product="stored", rebuild_every=2, preconditioner_rank=10))
     closure = engine.objective(model)
     values = np.array([0.8, 0.9, 1.1, 1.3, 0.05, 0.1])  # three lengthscales, outputscale, noise, mean
     reads = []
     for i in range(4):
+        v = values * (1 + 0.05 * i)
         with monkeypatch.context() as m:
             seen = _count_host_reads(m)
             if device == "cuda":
                 m.setattr(torch.cuda.Event, "synchronize", lambda self: seen.append("event.synchronize"))
-            loss, g = closure.natural(values * (1 + 0.05 * i))
+            loss, g = closure.natural(v)
         reads.append(list(seen))
         assert np.isfinite(loss) and np.all(np.isfinite(g)) and g.shape == values.shape
-    engine.finish()
+        np.testing.assert_array_equal(engine._state.hyper, v.astype(np.float32))
     assert max(map(len, reads)) <= 3, reads
+    real_step = Engine._step
+    with monkeypatch.context() as m:  # a step that raises after the copy, before its read
+        m.setattr(Engine, "_step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop")))
+        with pytest.raises(RuntimeError, match="stop"):
+            closure.natural(values * 2)
+    assert Engine._step is real_step
+    closure.natural(values * 0.9)
+    np.testing.assert_array_equal(engine._state.hyper, (values * 0.9).astype(np.float32))
+    reversed_view = (values * 0.8)[::-1].copy()[::-1]  # negative strides, read-only: taken as their values
+    reversed_view.flags.writeable = False
+    closure.natural(reversed_view)
+    np.testing.assert_array_equal(engine._state.hyper, (values * 0.8).astype(np.float32))
     with pytest.raises(ValueError, match=r"natural: expected 6 values, got shape \(5,\)"):
         closure.natural(values[:5])
+    engine.finish()
 
 
 def test_the_natural_path_matches_the_models_and_reads_the_device_at_most_three_times(monkeypatch):

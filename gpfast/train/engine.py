@@ -221,7 +221,7 @@ class Engine:
 
         def natural(values: np.ndarray) -> tuple[float, np.ndarray]:
             t0 = time.perf_counter()
-            values = np.asarray(values, dtype=np.float64)
+            values = np.ascontiguousarray(values, dtype=np.float64)  # torch takes no negative strides
             if values.shape != trainable.shape:
                 raise ValueError(f"natural: expected {trainable.size} values, got shape {values.shape}")
             if pinned is None:
@@ -229,7 +229,7 @@ class Engine:
             else:
                 if not copied.query():
                     copied.synchronize()
-                pinned.copy_(torch.from_numpy(values))
+                pinned.copy_(torch.tensor(values))  # a copy: values may be read-only
                 v = pinned.to(X.device, non_blocking=True)
                 copied.record()
             p = v.numel() - 3

@@ -102,7 +102,7 @@ def pivoted_cholesky(
 
 
 def gram(L: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
-    """``L^T L`` (k, k) for L (n, k), from its upper triangle by blocks, exactly symmetric.
+    """``L^T L`` (k, k) for L (n, k), from its upper triangle by blocks (then exactly symmetric).
 
     Why: the product's two triangles are equal, so one GEMM of the whole does twice the work needed, and at the
     engine's ranks it is a large part of a rebuild (k = 3200 on 44k points: 0.9 TFLOP in float64). Here the rows
@@ -112,13 +112,14 @@ def gram(L: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
     17.1 for one GEMM at k = 3200 and 3.2 against 4.3 ms at k = 1600 (8 blocks: 11.6 and 3.8;
     experiments/bench_cholesky.py). By default (``blocks`` None) the blocks are used from rank
     :data:`GRAM_BLOCKS_FROM` on, where they were measured; below it the product is one GEMM. A given ``blocks`` is
-    capped so that a block keeps at least 64 columns.
+    capped so that a block keeps at least 64 columns. An L that requires grad (with grad enabled) gets the one
+    GEMM, which autograd can follow through.
     """
     k = L.shape[1]
     if blocks is None:
         blocks = GRAM_BLOCKS if k >= GRAM_BLOCKS_FROM else 1
     q = max(1, min(blocks, k // 64))
-    if q == 1:
+    if q == 1 or (L.requires_grad and torch.is_grad_enabled()):
         return L.t() @ L
     edges = [k * a // q for a in range(q + 1)]
     G = L.new_empty(k, k)
@@ -126,8 +127,8 @@ def gram(L: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
         lo, hi = edges[a], edges[a + 1]
         torch.mm(L[:, lo:hi].t(), L[:, lo:], out=G[lo:hi, lo:])
     # below the diagonal blocks nothing was written; within them both triangles were, and only the upper is kept
-    upper = G.triu_()
-    return upper + upper.triu(1).t()
+    G.triu_()
+    return G.add_(G.triu(1).t())
 
 
 def _inverse_by_trsm(R: torch.Tensor) -> torch.Tensor:
