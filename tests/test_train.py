@@ -1082,7 +1082,9 @@ def test_the_natural_path_reads_at_most_three_times_and_refuses_values_of_anothe
     np.testing.assert_array_equal(engine._state.hyper, (values * 0.8).astype(np.float32))
     with pytest.raises(ValueError, match=r"natural: expected 6 values, got shape \(5,\)"):
         closure.natural(values[:5])
-    engine.finish()
+    with warnings.catch_warnings():  # whether the last solves met their tolerance is not what this test is about
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        engine.finish()
 
 
 def test_the_natural_path_matches_the_models_and_reads_the_device_at_most_three_times(monkeypatch):
