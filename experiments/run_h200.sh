@@ -153,8 +153,21 @@ brun() {
 row_c() {
   local logf=$1 cap=$2 stem=${3:-uci_all_c}; shift $(( $# < 3 ? $# : 3 ))
   brun "$cap" "$logf" "${UCI[@]}" --rows gpfast "$@" --stem "$stem" --out "$res"; echo "uci c $stem rc=$?"
-  grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/$stem.md" | cut -d'|' -f2,7,9,10,12,13,23,24
+  row_c_columns "$res/$stem.md"
   echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$logf")"
+}
+# row_c_columns TABLE: a row c table's main columns (set, train s, ms/step, CG it/step, RMSE, NLL, status, outside
+# steps s).
+row_c_columns() { grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$1" | cut -d'|' -f2,7,9,10,12,13,23,24; }
+# row_c_before LOG CAP: row c of the tree before a change (results stem uci_all_c_before), when it was unpacked
+# beforehand into .gpb/old by `git archive SHA gpfast experiments ':!experiments/results' | tar x -C .gpb/old` and
+# `echo SHA > .gpb/old/COMMIT` (which its tables name); nothing without it.
+row_c_before() {
+  [ -d .gpb/old/gpfast ] || return 0
+  (cd .gpb/old && PYTHONPATH=$PWD brun "$2" "$1" python -m experiments.uci_table --data-dir ../../.data/uci \
+    --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast --stem uci_all_c_before --out "$res")
+  echo "uci c before rc=$?"
+  row_c_columns "$res/uci_all_c_before.md"
 }
 # pack_build: the compiled library as OUTDIR/gpb.tgz, for a later call to carry as .gpb/gpb.tgz.
 pack_build() { tar czf "$OUT/gpb.tgz" -C /tmp/gpb --exclude='*.lock' . && ls -la "$OUT/gpb.tgz"; }
@@ -1332,12 +1345,7 @@ PYEOF
       row_c "$OUT/s20_uci_c.log" 90
       row_c "$OUT/s20_uci_c_reuse.log" 90 uci_all_c_cuda_graph_reuse --cg cuda_graph_reuse=True
       cuda_tests "$OUT/s20_kept_tests.log" 60 tests/test_cuda_graphs.py
-      if [ -d .gpb/old/gpfast ]; then
-        (cd .gpb/old && PYTHONPATH=$PWD brun 90 "$OUT/s20_uci_c_before.log" python -m experiments.uci_table \
-          --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast \
-          --stem uci_all_c_before --out "$res"); echo "uci c before rc=$?"
-        grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_before.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      fi
+      row_c_before "$OUT/s20_uci_c_before.log" 90
       ANATOMY_STEM=step_anatomy_reuse anatomy "$OUT/s20_anatomy_reuse.log" 100 --options '{"cuda_graph_reuse": true}'
       anatomy "$OUT/s20_anatomy.log" 100
       row_c "$OUT/s20_uci_c_rank800.log" 40 uci_small_c_rank800 --datasets pol elevators bike \
@@ -1380,12 +1388,7 @@ PYEOF
       brun 40 "$OUT/s21b_cg_vectors.log" python -m experiments.bench_cg_vectors --out "$res"
       echo "bench_cg_vectors rc=$?"; grep -E "^\|" "$res/bench_cg_vectors.md"
       row_c "$OUT/s21b_uci_c.log" 80
-      if [ -d .gpb/old/gpfast ]; then
-        (cd .gpb/old && PYTHONPATH=$PWD brun 80 "$OUT/s21b_uci_c_before.log" python -m experiments.uci_table \
-          --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet --rows gpfast \
-          --stem uci_all_c_before --out "$res"); echo "uci c before rc=$?"
-        grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_c_before.md" | cut -d'|' -f2,7,9,10,12,13,23,24
-      fi
+      row_c_before "$OUT/s21b_uci_c_before.log" 80
       anatomy "$OUT/s21b_anatomy.log" 80
       cuda_tests "$OUT/s21b_tests.log" 60 tests/test_models.py tests/test_pivoted_cholesky.py tests/test_train.py \
         tests/test_cuda_graphs.py

@@ -137,10 +137,7 @@ def _subtract_product(R: torch.Tensor, X: torch.Tensor, cols: list[int], matmul)
     makes synchronously, so on a GPU each one waited for every kernel queued before it, in the middle of a step."""
     c = len(cols)
     if cols == list(range(c)):
-        if c == R.shape[1]:
-            R.sub_(matmul(X))
-        else:
-            R[:, :c] -= matmul(X[:, :c].contiguous())
+        R[:, :c] -= matmul(X[:, :c].contiguous())  # all columns: X itself, no copy
         return
     index = torch.tensor(cols, device=R.device)
     R.index_copy_(1, index, R.index_select(1, index) - matmul(X.index_select(1, index)))

@@ -226,6 +226,8 @@ class Preconditioner:
             pad = (-n) % (16 // self.L_work.element_size())
             self.L_work_t = self.L_work.new_empty(L.shape[1], n + pad)[:, :n]
             self.L_work_t.copy_(self.L_work.t())
+        # set by set_scales: what solve reads (Q with fold, M without), written in place after the first call
+        self.noise = self.M = self.Q = None
         self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
         self.dtype = dtype
         self.n, self.k = L.shape
@@ -246,7 +248,7 @@ class Preconditioner:
         # What solve reads keeps its address (the noise and M written in place once they exist), so that a CG graph
         # kept from step to step (gpfast.train.cg.KeptIteration) replays after new scales instead of capturing
         # again. The first noise is a copy: with float64 scales ``to`` would hand back the caller's tensor.
-        if getattr(self, "noise", None) is None:
+        if self.noise is None:
             self.noise = noise64.to(self.dtype, copy=True)
         else:
             self.noise.copy_(noise64)
@@ -265,7 +267,7 @@ class Preconditioner:
             # on the H200 5.6 ms with the Cholesky against 6.9 ms for torch.cholesky_inverse (cuSOLVER's potri, some
             # 120 small kernels), equal to 7e-15 of the largest element (experiments/bench_preconditioner.py)
             inverse = _inverse_by_trsm(R)
-            if getattr(self, "M", None) is None:
+            if self.M is None:
                 self.M = c * inverse
             else:
                 torch.mul(inverse, c, out=self.M)
@@ -274,7 +276,7 @@ class Preconditioner:
     def graph_reads(self) -> tuple:
         """The tensors :meth:`solve` reads besides its argument, None where absent (for
         :class:`gpfast.train.cg.KeptIteration`); which of them exist also fixes which branch of it runs."""
-        return tuple(getattr(self, name, None) for name in ("noise", "M", "Q", "L_work", "L_work_t"))
+        return self.noise, self.M, self.Q, self.L_work, self.L_work_t
 
     def solve(self, V: torch.Tensor) -> torch.Tensor:
         """P^{-1} V for V (n, t)."""
