@@ -100,7 +100,8 @@
 #                 S20B_BUDGET 320), session21 (row c, step_anatomy and every CUDA test; S21_BUDGET 460),
 #                 session21b (the gram and the posterior's Cholesky by blocks, against the tree before; S21B_BUDGET
 #                 420), session21c (every CUDA test, row c, step_anatomy; S21C_BUDGET 400), session21d (the CUDA
-#                 tests of the review mends' files; S21D_BUDGET 150)
+#                 tests of the review mends' files; S21D_BUDGET 150), session22 (rows a, training only, and c on the
+#                 seven sets; those tests; step_anatomy; S22_BUDGET 480)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1412,6 +1413,20 @@ PYEOF
       budget_start ${S21D_BUDGET:-150}
       export TORCH_CUDA_ARCH_LIST=9.0
       cuda_tests "$OUT/s21d_tests.log" 140 tests/test_pivoted_cholesky.py tests/test_train.py tests/test_cuda_graphs.py ;;
+    session22)
+      # Rows a and c side by side on the seven sets, row a timed for its training only (stock GPyTorch's prediction
+      # takes minutes on the larger sets); the CUDA tests of the last review's files; step_anatomy; on a carried
+      # build (.gpb/gpb.tgz) or a fresh one; at most S22_BUDGET seconds (default 480). Files: s22_logs.tar.gz,
+      # s22_results.tar.gz (gpb.tgz when built here).
+      stage_begin s22 ${S22_BUDGET:-480} 200
+      [ -s .gpb/gpb.tgz ] || pack_build
+      cuda_tests "$OUT/s22_tests.log" 100 tests/test_pivoted_cholesky.py tests/test_train.py tests/test_cuda_graphs.py
+      brun 260 "$OUT/s22_uci_ac.log" "${UCI[@]}" --rows gpytorch gpfast --predict gpfast --stem uci_all_ac --out "$res"
+      echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_ac.md" | cut -d'|' -f2,5,7,9,10,12,13,18
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s22_uci_ac.log")"
+      anatomy "$OUT/s22_anatomy.log" 80
+      tar czf "$OUT/s22_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22_*.log) && rm -f "$OUT"/s22_*.log
+      stage_end s22 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -270,6 +270,15 @@ def main(argv=None) -> int:
         help="gpfast.CGSettings fields for rows gpfast and exact, e.g. max_preconditioner_rank=1600 (recorded in the "
         "rows and named under the table)",
     )
+    ap.add_argument(
+        "--predict",
+        nargs="*",
+        default=None,
+        choices=list(ROWS + REFERENCE_ROWS),
+        help="the rows that predict after training (default: every row run); the others are timed for their "
+        "training only, with '-' for their prediction and metrics (stock GPyTorch's prediction takes minutes on the "
+        "larger sets)",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", action="append", default=[], help="a line of text added under the table (repeatable)")
     ap.add_argument(
@@ -288,6 +297,9 @@ def main(argv=None) -> int:
     all_rows: list[dict] = []
     notes: list[str] = []
     cg = cg_fields(args.cg, "--cg")
+    if args.predict is not None and set(args.rows) - set(args.predict):
+        skipped = ", ".join(r for r in args.rows if r not in args.predict)
+        notes.append(f"Timed for training only, with no prediction (so no metrics or end-to-end time): {skipped}.")
     if cg:
         notes.append("Row gpfast's CG settings (gpfast.CGSettings, the rest default): " + ", ".join(args.cg) + ".")
     if args.merge:
@@ -311,6 +323,7 @@ def main(argv=None) -> int:
                     seed=args.seed,
                     cg=cg,
                     rows=args.rows,
+                    predict=None if args.predict is None else [r for r in args.rows if r in args.predict],
                     verbose=not args.quiet,
                 )
             except (ValueError, FileNotFoundError, TypeError) as exc:

@@ -65,6 +65,31 @@ def test_merge_joins_runs_and_computes_speedups(tmp_path):
     assert "pol: its rows come from runs on different commits (c1, c2)" in md
 
 
+def test_uci_table_times_rows_left_out_of_predict_for_training_only(tmp_path):
+    args = ["--datasets", "yacht", "--device", "cpu", "--iters", "2", "--quiet", "--out", str(tmp_path)]
+    uci_table.main(args + ["--stem", "t", "--rows", "gpytorch", "gpfast", "--predict", "gpfast"])
+    out = json.loads((tmp_path / "t.json").read_text())
+    rows = {r["row"]: r for r in out["rows"]}
+    a, c = rows["gpytorch"], rows["gpfast"]
+    assert a["status"] == c["status"] == "ok"
+    assert not a["predicted"] and c["predicted"]
+    assert a["train_s"] > 0 and a["predict_s"] is None and a["total_s"] is None and a["rmse_std"] is None
+    assert c["predict_s"] > 0 and 0 < c["rmse_std"] < 2
+    summ = {s["row"]: s for s in out["summary"]}
+    assert summ["gpfast"]["speedup_a_over_c_train"] == pytest.approx(a["train_s"] / c["train_s"])
+    assert summ["gpfast"]["speedup_a_over_c_end_to_end"] is None
+    assert "training only" in (tmp_path / "t.md").read_text()
+    with pytest.raises(SystemExit):  # a row that is not one of the table's
+        uci_table.main(args + ["--predict", "nonsense"])
+
+
+def test_compare_refuses_to_predict_rows_it_does_not_run():
+    from gpfast.bench.compare import compare
+
+    with pytest.raises(ValueError, match=r"predict names rows \['gpytorch'\] that are not run"):
+        compare("yacht", iters=1, device="cpu", rows=["gpfast"], predict=["gpytorch"], verbose=False)
+
+
 @pytest.mark.parametrize("key,value", [("lr", 0.01), ("iters", 10), ("seed", 1), ("device", "cpu")])
 def test_merge_refuses_mixed_settings(tmp_path, key, value):
     f1 = _write(tmp_path / "a.json", [_row("pol", "gpytorch", 8.0, 2.0, 0.5)], "c1")

@@ -100,6 +100,9 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
     losses = gpytorch_adam(model, iters, lr, f"{name} fit", verbose)
     sync(device)
     train_s = time.perf_counter() - t0
+    info = {"final_loss": losses[-1] if losses else float("nan"), "solver": "gpytorch defaults"}
+    if Xt is None:
+        return info, train_s, None, None, None
 
     t0 = time.perf_counter()
     model.eval()
@@ -109,7 +112,6 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
         mean, var = pred.mean, pred.variance
     sync(device)
     predict_s = time.perf_counter() - t0
-    info = {"final_loss": losses[-1] if losses else float("nan"), "solver": "gpytorch defaults"}
     return info, train_s, predict_s, mean.double().cpu().numpy(), var.double().cpu().numpy()
 
 
@@ -134,12 +136,14 @@ def _run_gpfast_row(X, y, Xt, iters, lr, seed, device, verbose, init, solver="au
     gp.fit(X, y)
     sync(device)
     train_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    mean, std = gp.predict(Xt, return_std=True)
-    sync(device)
-    predict_s = time.perf_counter() - t0
-    mean = torch.as_tensor(mean).double().cpu().numpy()
-    var = torch.as_tensor(std).double().cpu().numpy() ** 2
+    predict_s = mean = var = None
+    if Xt is not None:
+        t0 = time.perf_counter()
+        mean, std = gp.predict(Xt, return_std=True)
+        sync(device)
+        predict_s = time.perf_counter() - t0
+        mean = torch.as_tensor(mean).double().cpu().numpy()
+        var = torch.as_tensor(std).double().cpu().numpy() ** 2
     info = {
         "final_loss": gp.history_[-1] if gp.history_ else float("nan"),
         "solver": str(gp.solver_),
@@ -192,6 +196,7 @@ def compare(
     warmup: bool = True,
     init: dict[str, object] | None = None,
     cg: dict | None = None,
+    predict: Sequence[str] | None = None,
 ) -> list[dict]:
     """Train and evaluate the rows of :data:`ROWS` on one split of a data set.
 
@@ -220,6 +225,11 @@ def compare(
         ``init_outputscale``, ``init_noise``, ``init_mean``); default :func:`default_init`.
     cg : dict or None
         :class:`gpfast.CGSettings` fields of rows gpfast and exact (``ExactGP(cg=...)``), kept as ``cg_settings``.
+    predict : sequence of str or None
+        The rows that predict on the test points after training (default: all). A row left out is timed for its
+        training only (``predicted`` False, its prediction time and metrics None): stock GPyTorch's prediction
+        takes minutes on the larger sets (70 s on kin40k on an H200), which a training-speed comparison need not
+        spend.
 
     Returns
     -------
@@ -233,6 +243,10 @@ def compare(
         Metrics of a failed row are ``None``.
     """
     _check_arguments(rows, lr)
+    predict = list(rows) if predict is None else list(predict)
+    unknown = sorted(set(predict) - set(rows))
+    if unknown:
+        raise ValueError(f"predict names rows {unknown} that are not run; expected a subset of rows {list(rows)}")
     data, dev, X, y, Xt, y_test = _inputs(dataset, split, data_dir, device)
     init = default_init(X.shape[1]) if init is None else init
     common = {
@@ -250,7 +264,10 @@ def compare(
     results: list[dict] = []
     for name in rows:
         row = dict(common, row=name)
-        row.update(_timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init, cg))
+        row.update(
+            _timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init, cg,
+                       name in predict)
+        )  # fmt: skip
         results.append(row)
         gc.collect()
         if dev.type == "cuda":
@@ -282,11 +299,14 @@ def _inputs(dataset, split, data_dir, device):
     return data, dev, tensor(data.X_train), tensor(np.asarray(data.y_train).reshape(-1)), tensor(data.X_test), y_test
 
 
-def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, init, cg=None) -> dict:
-    """One row's results, or its failure (out of memory, an error) without losing the other rows."""
+def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, init, cg=None, predict=True) -> dict:
+    """One row's results, or its failure (out of memory, an error) without losing the other rows; without
+    ``predict``, its training only."""
     try:
         with PeakMemory(dev) as mem:
-            info, train_s, predict_s, mean, var = _run_row(name, X, y, Xt, iters, lr, seed, dev, verbose, init, cg)
+            info, train_s, predict_s, mean, var = _run_row(
+                name, X, y, Xt if predict else None, iters, lr, seed, dev, verbose, init, cg
+            )
     except torch.OutOfMemoryError as exc:
         if verbose:
             print(f"{name}: out of memory ({str(exc).splitlines()[0]})", file=sys.stderr)
@@ -295,14 +315,19 @@ def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, ini
         if verbose:
             print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return _failed(f"error: {type(exc).__name__}: {exc}", dev)
+    if predict:
+        metrics = regression_metrics(mean, var, y_test, y_std)
+    else:
+        metrics = dict.fromkeys(("rmse_std", "rmse_orig", "nll_std", "nll_orig"))
     return dict(
         info,
         status="ok",
+        predicted=predict,
         train_s=train_s,
         s_per_iter=train_s / iters if iters else float("nan"),
         predict_s=predict_s,
-        total_s=train_s + predict_s,
-        **regression_metrics(mean, var, y_test, y_std),
+        total_s=train_s + predict_s if predict else None,
+        **metrics,
         peak_mem_bytes=mem.peak,
         mem_kind=mem.kind,
     )
