@@ -101,7 +101,8 @@
 #                 session21b (the gram and the posterior's Cholesky by blocks, against the tree before; S21B_BUDGET
 #                 420), session21c (every CUDA test, row c, step_anatomy; S21C_BUDGET 400), session21d (the CUDA
 #                 tests of the review mends' files; S21D_BUDGET 150), session22 (rows a, training only, and c on the
-#                 seven sets; those tests; step_anatomy; S22_BUDGET 480)
+#                 seven sets; those tests; step_anatomy; S22_BUDGET 480), session22b (preconditioner forms on protein
+#                 and kin40k; Nsight Compute over K @ V's tensor-core kernel and the covariance forward; S22B_BUDGET 480)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1427,6 +1428,37 @@ PYEOF
       anatomy "$OUT/s22_anatomy.log" 80
       tar czf "$OUT/s22_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22_*.log) && rm -f "$OUT"/s22_*.log
       stage_end s22 ;;
+    session22b)
+      # Data for the next steps, in value order: preconditioner_forms on all of protein and of kin40k (where the
+      # engine's 20 Adam steps go: its rank-1600 and rank-3200 low-rank form against the diagonal correction,
+      # block-Jacobi and low-rank plus blocks, at blocks of 1024, 2048 and 4096 points); Nsight Compute's full set over
+      # K @ V's tensor-core kernel (kv_tc_kernel, n = 200,000, d = 8, t = 16) and over the covariance forward at
+      # (4, 8192, 8192, 32), each with its details page and its SASS with per-instruction counters; on a carried build
+      # (.gpb/gpb.tgz) or a fresh one; at most S22B_BUDGET seconds (default 480). Files: s22b_logs.tar.gz,
+      # s22b_results.tar.gz (gpb.tgz when built here).
+      stage_begin s22b ${S22B_BUDGET:-480} 200
+      [ -s .gpb/gpb.tgz ] || pack_build
+      for set in protein kin40k; do
+        brun 150 "$OUT/s22b_forms.log" python -m experiments.preconditioner_forms --dataset $set --data-dir .data/uci \
+          --subset 0 --steps 20 --ranks 1600 3200 --blocks 1024 2048 4096 --device cuda --stem preconditioner_forms_$set \
+          --out "$res"
+        echo "preconditioner_forms $set rc=$?"; grep -E "^\| " "$res/preconditioner_forms_$set.md"
+      done
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for op in kv cov_fwd; do
+        brun 120 "$OUT/s22b_ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set full \
+          --import-source no -f -o "$res/ncu_$op" python -m experiments.profile_ops --op $op
+        echo "ncu $op rc=$?"
+        "$ncu_bin" -i "$res/ncu_$op.ncu-rep" --page details > "$res/ncu_${op}_details.txt" 2>&1
+        "$ncu_bin" -i "$res/ncu_$op.ncu-rep" --page source --print-source sass --csv > "$res/ncu_${op}_sass.csv" 2>&1
+        grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|No Eligible|Compute \(SM\) Thr|Memory Thr" \
+          "$res/ncu_${op}_details.txt" | head -12
+        grep -iE "pipe|ALU|FMA|XU|Tensor" "$res/ncu_${op}_details.txt" | head -12
+        ls -la "$res"/ncu_${op}*
+        rm -f "$res/ncu_$op.ncu-rep"  # the text pages carry what is read; the report can be too large to come back
+      done
+      tar czf "$OUT/s22b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22b_*.log) && rm -f "$OUT"/s22b_*.log
+      stage_end s22b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
