@@ -102,7 +102,9 @@
 #                 420), session21c (every CUDA test, row c, step_anatomy; S21C_BUDGET 400), session21d (the CUDA
 #                 tests of the review mends' files; S21D_BUDGET 150), session22 (rows a, training only, and c on the
 #                 seven sets; those tests; step_anatomy; S22_BUDGET 480), session22b (preconditioner forms on protein
-#                 and kin40k; Nsight Compute over K @ V's tensor-core kernel and the covariance forward; S22B_BUDGET 480)
+#                 and kin40k; Nsight Compute over K @ V's tensor-core kernel and the covariance forward; S22B_BUDGET 480),
+#                 session22c (K @ V's tensor-core variants with two row tiles a warp or grouped compensated sums: the
+#                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1459,6 +1461,23 @@ PYEOF
       done
       tar czf "$OUT/s22b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22b_*.log) && rm -f "$OUT"/s22b_*.log
       stage_end s22b ;;
+    session22c)
+      # K @ V's tensor-core kernel with two row tiles a warp and with the compensated addition every two tiles, in
+      # value order: build (ptxas's registers and spills of kv_tc_kernel; packed as OUTDIR/gpb.tgz); bench_matmul's
+      # kernels at 10^6 points (d = 8, t = 16), the default against the five new variants, with their errors; the
+      # K @ V CUDA tests (every variant); memcheck over the K @ V kernels; at most S22C_BUDGET seconds (default 560).
+      # Files: s22c_logs.tar.gz, s22c_results.tar.gz, gpb.tgz.
+      stage_begin s22c ${S22C_BUDGET:-560} 330
+      pack_build
+      grep -A2 "kv_tc_kernel" "$OUT/s22c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
+      brun 150 "$OUT/s22c_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s22 \
+        --kernels tc tc_mt2 tc_mt2w4 tc_mt2w4b3 tc_g2 tc_mt2w4g2
+      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s22_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| " "$res/bench_matmul_s22_kernels.md"
+      cuda_tests "$OUT/s22c_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
+      sanitizer memcheck "$OUT/s22c_sanitize.log" 80 --only matmul
+      tar czf "$OUT/s22c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22c_*.log) && rm -f "$OUT"/s22c_*.log
+      stage_end s22c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -30,7 +30,10 @@ def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, che
 
 
 # The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16).
-MATMUL_KERNELS = ("cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit")
+MATMUL_KERNELS = (
+    "cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit", "tc_mt2", "tc_mt2w4", "tc_mt2w4b3", "tc_g2",
+    "tc_mt2w4g2",
+)  # fmt: skip
 
 
 @torch.no_grad()

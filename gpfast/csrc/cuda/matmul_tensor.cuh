@@ -117,8 +117,11 @@ __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
 }
 
 // KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: t <= 32); kMinBlocks blocks
-// per multiprocessor bound the registers (the sweep's occupancy against registers); kSplit as in split_p.
-template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit>
+// per multiprocessor bound the registers (the sweep's occupancy against registers); kSplit as in split_p; kGroup
+// tiles summed in the fresh accumulators before each compensated addition to the totals (1: every tile). Why
+// kGroup: the addition is four FADDs per accumulator a tile, one instruction a pair at MT = 1 and 64-column tiles,
+// where Nsight Compute counted about 18 a pair in all (H100, n = 200,000, d = 8, t = 16).
+template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit, int kGroup = 1>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const KvTcArgs a) {
   using Tile = TcTile<KD, NT, kTile>;
   constexpr int D = 8 * KD, kThreads = kWarps * 32, kRows = kWarps * 16 * MT;
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
 #pragma unroll
       for (int u = 0; u < 4; ++u) acc[mt][nt][u] = comp[mt][nt][u] = 0.0f;
 
+  float big[MT][NT][4], small[MT][NT][4];  // the current group of tiles: hi x hi and the two cross products
   for (int64_t k = 0; k < ntiles; ++k) {
     if (k + 1 < ntiles) fetch((k + 1) & 1, k + 1);  // into the buffer read in the previous tile (synced below)
     cp_async_commit();
@@ -194,13 +198,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
     const float* nc_s = reinterpret_cast<const float*>(zf_s + Tile::kZ + Tile::kV);
     const int64_t jt = j_begin + k * kTile;
 
-    float big[MT][NT][4], small[MT][NT][4];
+    if (k % kGroup == 0) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
+          for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
+    }
 
 #pragma unroll
     for (int ch = 0; ch < Tile::kChunks; ++ch) {
@@ -249,17 +254,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
           mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
       }
     }
+    if ((k + 1) % kGroup == 0 || k + 1 == ntiles) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
-          const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
-          const float s = __fadd_rn(acc[mt][nt][u], y);
-          comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
-          acc[mt][nt][u] = s;
-        }
+          for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
+            const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
+            const float s = __fadd_rn(acc[mt][nt][u], y);
+            comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
+            acc[mt][nt][u] = s;
+          }
+    }
     __syncthreads();  // every thread is done with buffer k & 1 before the next tile's copy into it
   }
 

@@ -60,7 +60,7 @@ void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   });
 }
 
-template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks, int kSplit>
+template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks, int kSplit, int kGroup = 1>
 void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                const at::Tensor& V, at::Tensor& result) {
   using Tile = TcTile<KD, NT, kTile>;
@@ -99,7 +99,7 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
       <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B)), 128, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks, kSplit><<<grid, W * 32, 0, current_stream()>>>(a);
+  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks, kSplit, kGroup><<<grid, W * 32, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   result = splits == 1 ? part[0] : part.sum(0);
 }
@@ -108,12 +108,20 @@ using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor
                           const at::Tensor&, at::Tensor&);
 
 // The variants a sweep compares with the default (d <= 8, t <= 16 only): more blocks per multiprocessor,
-// 32-column tiles, P split by Veltkamp's method or by the integer round (split_p); null for another name.
+// 32-column tiles, P split by Veltkamp's method or by the integer round (split_p); two row tiles a warp (MT = 2:
+// each staged fragment read from shared memory and each tile's loop overhead serve twice the pairs, and the two
+// tiles' MMAs fill each other's dependency gaps), with 8 warps and one block or 4 warps and two or three blocks per
+// multiprocessor; and the compensated addition every two tiles (kGroup); null for another name.
 KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
   if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
   if (name == "tc_vsplit") return &launch_tc<1, 2, 1, 8, 64, 2, 1>;
   if (name == "tc_isplit") return &launch_tc<1, 2, 1, 8, 64, 2, 2>;
+  if (name == "tc_mt2") return &launch_tc<1, 2, 2, 8, 64, 1, 2>;
+  if (name == "tc_mt2w4") return &launch_tc<1, 2, 2, 4, 64, 2, 2>;
+  if (name == "tc_mt2w4b3") return &launch_tc<1, 2, 2, 4, 64, 3, 2>;
+  if (name == "tc_g2") return &launch_tc<1, 2, 1, 8, 64, 2, 2, 2>;
+  if (name == "tc_mt2w4g2") return &launch_tc<1, 2, 2, 4, 64, 2, 2, 2>;
   return nullptr;
 }
 
@@ -160,7 +168,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
       TORCH_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
-                  "'tc_vsplit' or 'tc_isplit', got '", *forced, "'");
+                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2' or 'tc_mt2w4g2', got '",
+                  *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
                   "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=",
