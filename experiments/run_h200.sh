@@ -104,7 +104,8 @@
 #                 seven sets; those tests; step_anatomy; S22_BUDGET 480), session22b (preconditioner forms on protein
 #                 and kin40k; Nsight Compute over K @ V's tensor-core kernel and the covariance forward; S22B_BUDGET 480),
 #                 session22c (K @ V's tensor-core variants with two row tiles a warp or grouped compensated sums: the
-#                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560)
+#                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560), session22d (the two-tile
+#                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1478,6 +1479,22 @@ PYEOF
       sanitizer memcheck "$OUT/s22c_sanitize.log" 80 --only matmul
       tar czf "$OUT/s22c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22c_*.log) && rm -f "$OUT"/s22c_*.log
       stage_end s22c ;;
+    session22d)
+      # K @ V's tensor-core default at d <= 8, 9 <= t <= 16 with two row tiles a warp (tc_mt2w4b3's instance), in
+      # value order: build (packed as OUTDIR/gpb.tgz); every CUDA test; bench_matmul's kernels at 10^6 points (the
+      # default against tc_isplit, the one-tile form, and tc_mt2w4b3); the 1M engine step (one timed step after the
+      # warm-up); at most S22D_BUDGET seconds (default 580). Files: s22d_logs.tar.gz, s22d_results.tar.gz, gpb.tgz.
+      stage_begin s22d ${S22D_BUDGET:-580} 330
+      pack_build
+      cuda_tests "$OUT/s22d_tests.log" 200 tests
+      brun 60 "$OUT/s22d_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s22d \
+        --kernels tc tc_isplit tc_mt2w4b3
+      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s22d_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| " "$res/bench_matmul_s22d_kernels.md"
+      brun 150 "$OUT/s22d_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
+      echo "engine_step rc=$?"; tail -8 "$OUT/s22d_engine1m.log"
+      tar czf "$OUT/s22d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22d_*.log) && rm -f "$OUT"/s22d_*.log
+      stage_end s22d ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -141,10 +141,16 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
       constexpr int kTile = kKD + kNT <= 5 ? 64 : 32;
       constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : 2;
       // P split by the integer round (split_p<2>) in the bucket where that was timed on the H200, d <= 8 and
-      // 9 <= t <= 16 (the "tc_isplit" instance itself: 1.07 against 1.28 s for cvt.rna at 10^6 points, t = 16,
-      // the same error); cvt.rna in the others, whose timings with either split are not measured
-      constexpr int kSplit = (kKD == 1 && kNT == 2) ? 2 : 0;
-      launch_tc<kKD, kNT, 1, 8, kTile, kMinBlocks, kSplit>(x1, x2, ls, s, V, result);
+      // 9 <= t <= 16 (the "tc_isplit" instance: 1.07 against 1.28 s for cvt.rna at 10^6 points, t = 16, the same
+      // error); cvt.rna in the others, whose timings with either split are not measured. In that bucket also two
+      // row tiles a warp, 4 warps and three blocks per SM (the "tc_mt2w4b3" instance: 0.94 against 1.04 s for
+      // "tc_isplit" at 10^6 points on an H100, the same error; with 8 warps and one block, or 4 warps and two,
+      // slower than "tc_isplit")
+      if constexpr (kKD == 1 && kNT == 2) {
+        launch_tc<1, 2, 2, 4, 64, 3, 2>(x1, x2, ls, s, V, result);
+      } else {
+        launch_tc<kKD, kNT, 1, 8, kTile, kMinBlocks, 0>(x1, x2, ls, s, V, result);
+      }
     });
   });
 }
