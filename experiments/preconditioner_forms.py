@@ -182,7 +182,9 @@ def run(args) -> dict:
         add(f"block-Jacobi {b}", jacobi, block=b, off_diagonal_share_in_blocks=held)
     for k in args.ranks:
         k = min(k, n)
-        L = pivoted_cholesky(lambda ix: K[ix].clone(), torch.full((n,), s, dtype=torch.float64, device=dev), k, block=32)
+        L = pivoted_cholesky(
+            lambda ix: K[ix].clone(), torch.full((n,), s, dtype=torch.float64, device=dev), k, block=32
+        )
         residual = (s - (L * L).sum(1)).clamp_min(0)
         quantiles = torch.quantile(residual / s, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=dev))
         unexplained = dict(residual_over_s_q10_q50_q90=[round(float(v), 4) for v in quantiles])
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
             [
                 r["form"],
                 r["iterations"],
-                ", ".join(f"{v:.3f}" for v in r["residual_over_s_q10_q50_q90"]) if "residual_over_s_q10_q50_q90" in r else "-",
+                ", ".join(f"{v:.3f}" for v in r.get("residual_over_s_q10_q50_q90", [])) or "-",
                 f"{r['off_diagonal_share_in_blocks']:.2f}" if "off_diagonal_share_in_blocks" in r else "-",
             ]
             for r in res["rows"]

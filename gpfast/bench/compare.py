@@ -175,12 +175,18 @@ def _run_row(name, X, y, Xt, iters, lr, seed, device, verbose, init, cg=None):
     return _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init)
 
 
-def _check_arguments(rows: Sequence[str], lr) -> None:
+def _check_arguments(rows: Sequence[str], lr, predict: Sequence[str] | None) -> list[str]:
+    """The rows that predict (all by default), after checking the arguments."""
     unknown = [r for r in rows if r not in ROWS + REFERENCE_ROWS]
     if unknown:
         raise ValueError(f"unknown row(s) {unknown}; known rows: {', '.join(ROWS + REFERENCE_ROWS)}")
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
+    predict = list(rows) if predict is None else list(predict)
+    not_run = sorted(set(predict) - set(rows))
+    if not_run:
+        raise ValueError(f"predict names rows {not_run} that are not run; expected a subset of rows {list(rows)}")
+    return predict
 
 
 def compare(
@@ -226,10 +232,8 @@ def compare(
     cg : dict or None
         :class:`gpfast.CGSettings` fields of rows gpfast and exact (``ExactGP(cg=...)``), kept as ``cg_settings``.
     predict : sequence of str or None
-        The rows that predict on the test points after training (default: all). A row left out is timed for its
-        training only (``predicted`` False, its prediction time and metrics None): stock GPyTorch's prediction
-        takes minutes on the larger sets (70 s on kin40k on an H200), which a training-speed comparison need not
-        spend.
+        The rows that predict after training (default all); the others are timed for their training only
+        (``predicted`` False, no metrics): stock GPyTorch's prediction takes minutes on the larger sets.
 
     Returns
     -------
@@ -242,20 +246,11 @@ def compare(
         initial hyperparameters, ``status`` (``"ok"``, ``"OOM"`` or ``"error: ..."``), the machine and date.
         Metrics of a failed row are ``None``.
     """
-    _check_arguments(rows, lr)
-    predict = list(rows) if predict is None else list(predict)
-    unknown = sorted(set(predict) - set(rows))
-    if unknown:
-        raise ValueError(f"predict names rows {unknown} that are not run; expected a subset of rows {list(rows)}")
+    predict = _check_arguments(rows, lr, predict)
     data, dev, X, y, Xt, y_test = _inputs(dataset, split, data_dir, device)
     init = default_init(X.shape[1]) if init is None else init
-    common = {
-        "dataset": getattr(data, "name", str(dataset)),
-        "split": int(getattr(data, "split", split)),
-        "n_train": int(X.shape[0]),
-        "n_test": int(Xt.shape[0]),
-        "d": int(X.shape[1]),
-    }
+    common = dict(dataset=getattr(data, "name", str(dataset)), split=int(getattr(data, "split", split)))
+    common.update(n_train=int(X.shape[0]), n_test=int(Xt.shape[0]), d=int(X.shape[1]))
     common.update(iters=int(iters), lr=float(lr), seed=int(seed), device=str(dev), dtype="float32")
     common.update(machine=machine(dev), date=now(), cg_settings=dict(cg or {}), **init)
     if warmup:
@@ -263,12 +258,8 @@ def compare(
 
     results: list[dict] = []
     for name in rows:
-        row = dict(common, row=name)
-        row.update(
-            _timed_row(name, X, y, Xt, y_test, float(data.y_std), iters, lr, seed, dev, verbose, init, cg,
-                       name in predict)
-        )  # fmt: skip
-        results.append(row)
+        timed = _timed_row(name, X, y, Xt, y_test, data.y_std, iters, lr, seed, dev, verbose, init, cg, name in predict)
+        results.append(dict(common, row=name, **timed))
         gc.collect()
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -316,7 +307,7 @@ def _timed_row(name, X, y, Xt, y_test, y_std, iters, lr, seed, dev, verbose, ini
             print(f"{name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return _failed(f"error: {type(exc).__name__}: {exc}", dev)
     if predict:
-        metrics = regression_metrics(mean, var, y_test, y_std)
+        metrics = regression_metrics(mean, var, y_test, float(y_std))
     else:
         metrics = dict.fromkeys(("rmse_std", "rmse_orig", "nll_std", "nll_orig"))
     return dict(
