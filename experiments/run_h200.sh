@@ -105,7 +105,8 @@
 #                 and kin40k; Nsight Compute over K @ V's tensor-core kernel and the covariance forward; S22B_BUDGET 480),
 #                 session22c (K @ V's tensor-core variants with two row tiles a warp or grouped compensated sums: the
 #                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560), session22d (the two-tile
-#                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580)
+#                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580), session22e (Nsight
+#                 Compute over the two-tile default; S22E_BUDGET 120)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1495,6 +1496,21 @@ PYEOF
       echo "engine_step rc=$?"; tail -8 "$OUT/s22d_engine1m.log"
       tar czf "$OUT/s22d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22d_*.log) && rm -f "$OUT"/s22d_*.log
       stage_end s22d ;;
+    session22e)
+      # Nsight Compute's full set over K @ V's two-tile default (profile_ops --op kv: n = 200,000, d = 8, t = 16), its
+      # details page and its SASS with per-instruction counters, on a carried build (.gpb/gpb.tgz; the CUDA sources
+      # of call 4); at most S22E_BUDGET seconds (default 120). Files: s22e_results.tar.gz.
+      stage_begin s22e ${S22E_BUDGET:-120} 100
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      brun 80 "$res/ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no \
+        -f -o "$res/ncu_kv2" python -m experiments.profile_ops --op kv
+      echo "ncu rc=$?"
+      "$ncu_bin" -i "$res/ncu_kv2.ncu-rep" --page details > "$res/ncu_kv2_details.txt" 2>&1
+      "$ncu_bin" -i "$res/ncu_kv2.ncu-rep" --page source --print-source sass --csv > "$res/ncu_kv2_sass.csv" 2>&1
+      rm -f "$res/ncu_kv2.ncu-rep"
+      grep -E "kv_tc_kernel|Duration|Issue Slots Busy|Executed Ipc A|Registers Per|Achieved Occupancy" \
+        "$res/ncu_kv2_details.txt" | tail -8
+      stage_end s22e ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
