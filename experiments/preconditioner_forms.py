@@ -84,6 +84,8 @@ def _hyperparameters(args, X, y) -> np.ndarray:
 
 def kd_blocks(Z: torch.Tensor, size: int) -> list[torch.Tensor]:
     """Index blocks of at most ``size`` points: halves at the median of the widest coordinate of Z, recursively."""
+    if size < 1:
+        raise ValueError(f"kd_blocks: size must be at least 1, got {size}")
     out, todo = [], [torch.arange(Z.shape[0], device=Z.device)]
     while todo:
         ix = todo.pop()
@@ -138,6 +140,33 @@ def _woodbury(L: torch.Tensor, solve_d):
     return lambda V: solve_d(V) - DL @ (C_inv @ (DL.t() @ V))
 
 
+def _eye(m: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.eye(m, dtype=like.dtype, device=like.device)
+
+
+# The forms' P^{-1}, each named by its P (the table's forms; K (n, n), L (n, k) with K ~ L L^T, blocks a partition
+# of the points as index tensors):
+def low_rank(K, noise, L):
+    """``P = L L^T + noise I``: the engine's form."""
+    return _woodbury(L, lambda V: V / noise)
+
+
+def low_rank_diagonal(K, noise, L):
+    """``P = L L^T + diag(K - L L^T) + noise I``: FITC's correction."""
+    d_inv = 1.0 / ((K.diagonal() - (L * L).sum(1)).clamp_min(0) + noise)
+    return _woodbury(L, lambda V: d_inv[:, None] * V)
+
+
+def block_jacobi(K, noise, blocks):
+    """``P = blockdiag(K + noise I)`` over the blocks."""
+    return _Blocks(blocks, lambda ix: K[ix][:, ix] + noise * _eye(len(ix), K))
+
+
+def low_rank_blocks(K, noise, L, blocks):
+    """``P = L L^T + blockdiag(K - L L^T) + noise I`` (partially independent conditional)."""
+    return _woodbury(L, _Blocks(blocks, lambda ix: K[ix][:, ix] - L[ix] @ L[ix].t() + noise * _eye(len(ix), K)))
+
+
 def run(args) -> dict:
     name, Xn, yn = _data(args)
     t0 = time.perf_counter()
@@ -157,9 +186,6 @@ def run(args) -> dict:
         torch.exp(blk.mul_(-0.5), out=K[i : i + 4096]).mul_(s)
     K.diagonal().fill_(s)
 
-    def eye(m):
-        return torch.eye(m, dtype=torch.float64, device=dev)
-
     def A(V):
         return K @ V + noise * V
 
@@ -177,9 +203,8 @@ def run(args) -> dict:
     add("none", lambda V: V)
     for b in args.blocks:
         blocks = kd_blocks(Z, b)
-        jacobi = _Blocks(blocks, lambda ix: K[ix][:, ix] + noise * eye(len(ix)))
         held = sum(float(K[ix][:, ix].sum()) - s * len(ix) for ix in blocks) / off_diagonal
-        add(f"block-Jacobi {b}", jacobi, block=b, off_diagonal_share_in_blocks=held)
+        add(f"block-Jacobi {b}", block_jacobi(K, noise, blocks), block=b, off_diagonal_share_in_blocks=held)
     for k in args.ranks:
         k = min(k, n)
         L = pivoted_cholesky(
@@ -188,12 +213,10 @@ def run(args) -> dict:
         residual = (s - (L * L).sum(1)).clamp_min(0)
         quantiles = torch.quantile(residual / s, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=dev))
         unexplained = dict(residual_over_s_q10_q50_q90=[round(float(v), 4) for v in quantiles])
-        add(f"low-rank {k}", _woodbury(L, lambda V: V / noise), rank=k, **unexplained)
-        d_inv = 1.0 / (residual + noise)
-        add(f"low-rank {k} + diagonal", _woodbury(L, lambda V: d_inv[:, None] * V), rank=k)
+        add(f"low-rank {k}", low_rank(K, noise, L), rank=k, **unexplained)
+        add(f"low-rank {k} + diagonal", low_rank_diagonal(K, noise, L), rank=k)
         for b in args.blocks:
-            local = _Blocks(kd_blocks(Z, b), lambda ix: K[ix][:, ix] - L[ix] @ L[ix].t() + noise * eye(len(ix)))
-            add(f"low-rank {k} + blocks {b}", _woodbury(L, local), rank=k, block=b)
+            add(f"low-rank {k} + blocks {b}", low_rank_blocks(K, noise, L, kd_blocks(Z, b)), rank=k, block=b)
     return dict(
         dataset=name, n=n, d=d, theta=[float(v) for v in theta], noise_over_outputscale=noise / s,
         hyperparameters="--theta" if args.theta is not None else f"engine, {args.steps} Adam steps (lr 0.1)",

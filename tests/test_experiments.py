@@ -345,31 +345,45 @@ def test_cg_graph_cost_kept_graph_solves_as_the_engine():
 
 
 def test_preconditioner_forms_apply_what_they_name_and_write_their_table(tmp_path):
-    """preconditioner_forms: its Woodbury applications are the inverses of the matrices they name (against a dense
-    solve), its kd-tree blocks partition the points, CG with the exact inverse takes one iteration, and the script
-    writes a row per form."""
+    """preconditioner_forms: each form's application is the inverse of the matrix it names (against a dense solve
+    on an SPD K), its kd-tree blocks partition the points, its CG converges in as many iterations as the matrix has
+    distinct eigenvalues, and the script writes a row per form."""
     import json
 
     from experiments import preconditioner_forms as pf
 
     torch.manual_seed(0)
-    n, k = 90, 7
-    L = torch.randn(n, k, dtype=torch.float64)
-    Dm = torch.rand(n, n, dtype=torch.float64)
-    Dm = Dm @ Dm.t() / n + torch.eye(n, dtype=torch.float64)
-    blocks = pf.kd_blocks(torch.randn(n, 3, dtype=torch.float64), 16)
+    n, k, noise = 90, 7, 0.3
+    X = torch.randn(n, 3, dtype=torch.float64)
+    K = torch.exp(-0.5 * torch.cdist(X, X) ** 2) + 1e-10 * torch.eye(n, dtype=torch.float64)
+    L = torch.linalg.cholesky(K)[:, :k]  # K - L L^T is then the Schur complement: positive semi-definite
+    blocks = pf.kd_blocks(X, 16)
     assert sorted(torch.cat(blocks).tolist()) == list(range(n)) and max(len(b) for b in blocks) <= 16
-    # the block-diagonal part of Dm, as _Blocks inverts it
-    D_blocks = torch.zeros_like(Dm)
-    for b in blocks:
-        D_blocks[b.unsqueeze(1), b] = Dm[b][:, b]
+    with pytest.raises(ValueError, match="size must be at least 1, got 0"):
+        pf.kd_blocks(X, 0)
+
+    def blockdiag(M):
+        out = torch.zeros_like(M)
+        for b in blocks:
+            out[b.unsqueeze(1), b] = M[b][:, b]
+        return out
+
+    eye, R = torch.eye(n, dtype=torch.float64), K - L @ L.t()
+    named = {
+        "low-rank": (pf.low_rank(K, noise, L), L @ L.t() + noise * eye),
+        "low-rank + diagonal": (pf.low_rank_diagonal(K, noise, L), L @ L.t() + torch.diag(R.diagonal()) + noise * eye),
+        "block-Jacobi": (pf.block_jacobi(K, noise, blocks), blockdiag(K) + noise * eye),
+        "low-rank + blocks": (pf.low_rank_blocks(K, noise, L, blocks), L @ L.t() + blockdiag(R) + noise * eye),
+    }
     V = torch.randn(n, 4, dtype=torch.float64)
-    local = pf._Blocks(blocks, lambda ix: Dm[ix][:, ix])
-    assert torch.allclose(local(V), torch.linalg.solve(D_blocks, V), rtol=0, atol=1e-10)
-    both = pf._woodbury(L, local)
-    assert torch.allclose(both(V), torch.linalg.solve(L @ L.t() + D_blocks, V), rtol=0, atol=1e-10)
-    A = L @ L.t() + D_blocks
-    assert pf.pcg_iterations(lambda W: A @ W, V, lambda W: torch.linalg.solve(A, W), 1e-8, 50) == 1
+    for name, (solve, P) in named.items():
+        assert torch.allclose(solve(V), torch.linalg.solve(P, V), rtol=0, atol=1e-9), name
+    # CG on a matrix with three distinct eigenvalues ends in three iterations (exact arithmetic), with the
+    # identity or an exact preconditioner in one
+    Q, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.float64))
+    A = Q @ torch.diag(torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64).repeat_interleave(30)) @ Q.t()
+    assert pf.pcg_iterations(lambda W: A @ W, V, lambda W: W, 1e-10, 50) == 3
+    assert pf.pcg_iterations(lambda W: A @ W, V, lambda W: torch.linalg.solve(A, W), 1e-10, 50) == 1
 
     pf.main(["--synthetic", "300", "3", "--steps", "2", "--ranks", "20", "--blocks", "64", "--out", str(tmp_path)])
     res = json.loads((tmp_path / "preconditioner_forms.json").read_text())

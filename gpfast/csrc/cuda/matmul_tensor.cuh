@@ -119,8 +119,9 @@ __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
 // KD = features / 8 (rounded up), NT = right-hand sides / 8 (rounded up, at most 4: t <= 32); kMinBlocks blocks
 // per multiprocessor bound the registers (the sweep's occupancy against registers); kSplit as in split_p; kGroup
 // tiles summed in the fresh accumulators before each compensated addition to the totals (1: every tile). Why
-// kGroup: the addition is four FADDs per accumulator a tile, one instruction a pair at MT = 1 and 64-column tiles,
-// where Nsight Compute counted about 18 a pair in all (H100, n = 200,000, d = 8, t = 16).
+// kGroup: the addition is five FADDs per accumulator a tile (the two accumulators' sum and Kahan's four), 1.25
+// instructions a pair at 64-column tiles, where Nsight Compute counted about 18 a pair in all at MT = 1 (H100,
+// n = 200,000, d = 8, t = 16).
 template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit, int kGroup = 1>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const KvTcArgs a) {
   using Tile = TcTile<KD, NT, kTile>;

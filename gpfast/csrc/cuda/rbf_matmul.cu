@@ -125,8 +125,8 @@ KvLaunch tc_variant(const std::string& name) {
   return nullptr;
 }
 
-// out by the tensor-core kernel (float32, d <= 32, t <= 32): one row tile a warp, 8 warps a block, in the
-// instance of its feature and right-hand-side bucket
+// out by the tensor-core kernel (float32, d <= 32, t <= 32), in the instance of its feature and right-hand-side
+// bucket: one row tile a warp and 8 warps a block, except two row tiles and 4 warps at d <= 8, 9 <= t <= 16
 void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                      const at::Tensor& V, at::Tensor& result) {
   // d = 0 (every distance zero) takes the first bucket
@@ -135,9 +135,9 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   with_bucket<1, 2, 3, 4>(KD, "tensor-core feature", [&](auto kd) {
     with_bucket<1, 2, 3, 4>(NT, "tensor-core right-hand-side", [&](auto nt) {
       constexpr int kKD = decltype(kd)::value, kNT = decltype(nt)::value;
-      // 64-column tiles, two blocks per SM; wider buckets: two 64-column tiles would pass the 48 KB of static
-      // shared memory (32-column tiles there), and under that register bound ptxas spills (one block per SM from
-      // d > 16 or d + t > 40; 8 bytes still spill at d <= 16, t <= 16)
+      // 64-column tiles, two blocks per SM (three in the two-tile bucket below); wider buckets: two 64-column
+      // tiles would pass the 48 KB of static shared memory (32-column tiles there), and under that register bound
+      // ptxas spills (one block per SM from d > 16 or d + t > 40; 8 bytes still spill at d <= 16, t <= 16)
       constexpr int kTile = kKD + kNT <= 5 ? 64 : 32;
       constexpr int kMinBlocks = (kKD >= 3 || kKD + kNT > 5) ? 1 : 2;
       // P split by the integer round (split_p<2>) in the bucket where that was timed on the H200, d <= 8 and
