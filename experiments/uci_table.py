@@ -297,9 +297,8 @@ def main(argv=None) -> int:
     all_rows: list[dict] = []
     notes: list[str] = []
     cg = cg_fields(args.cg, "--cg")
-    if args.predict is not None and set(args.rows) - set(args.predict):
-        skipped = ", ".join(r for r in args.rows if r not in args.predict)
-        notes.append(f"Timed for training only, with no prediction (so no metrics or end-to-end time): {skipped}.")
+    if args.predict is not None and set(args.predict) - set(args.rows):
+        ap.error(f"--predict names rows {sorted(set(args.predict) - set(args.rows))} that --rows does not run")
     if cg:
         notes.append("Row gpfast's CG settings (gpfast.CGSettings, the rest default): " + ", ".join(args.cg) + ".")
     if args.merge:
@@ -323,7 +322,7 @@ def main(argv=None) -> int:
                     seed=args.seed,
                     cg=cg,
                     rows=args.rows,
-                    predict=None if args.predict is None else [r for r in args.rows if r in args.predict],
+                    predict=args.predict,
                     verbose=not args.quiet,
                 )
             except (ValueError, FileNotFoundError, TypeError) as exc:
@@ -351,6 +350,10 @@ def main(argv=None) -> int:
     if args.merge:  # the machine and dates the rows were measured on, not this one
         mach = "; ".join(sorted({str(r.get("machine")) for r in all_rows}))
         date = ", ".join(sorted({str(r.get("date", ""))[:10] for r in all_rows}))
+    unpredicted = sorted({r["row"] for r in all_rows if r.get("predicted") is False and r.get("status") == "ok"})
+    if unpredicted:  # from the rows themselves, so that a merged table says it too
+        notes.append("Timed for training only, with no prediction (so no metrics or end-to-end time): "
+                     + ", ".join(unpredicted) + ".")  # fmt: skip
     summary = summarise(all_rows, args.datasets)
     commit = ", ".join(commits) if args.merge else git_rev()
     meta = {

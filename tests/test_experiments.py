@@ -79,8 +79,12 @@ def test_uci_table_times_rows_left_out_of_predict_for_training_only(tmp_path):
     assert summ["gpfast"]["speedup_a_over_c_train"] == pytest.approx(a["train_s"] / c["train_s"])
     assert summ["gpfast"]["speedup_a_over_c_end_to_end"] is None
     assert "training only" in (tmp_path / "t.md").read_text()
-    with pytest.raises(SystemExit):  # a row that is not one of the table's
-        uci_table.main(args + ["--predict", "nonsense"])
+    # a merged table says it too, from the rows
+    uci_table.main(["--merge", str(tmp_path / "t.json"), "--out", str(tmp_path), "--stem", "merged"])
+    assert "Timed for training only, with no prediction" in (tmp_path / "merged.md").read_text()
+    for bad in (["--predict", "nonsense"], ["--rows", "gpfast", "--predict", "gpytorch"]):
+        with pytest.raises(SystemExit):  # not a row of the table, or not a row that runs
+            uci_table.main(args + bad)
 
 
 def test_compare_refuses_to_predict_rows_it_does_not_run():

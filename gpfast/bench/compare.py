@@ -337,6 +337,6 @@ def _failed(status: str, dev: torch.device) -> dict:
         "peak_mem_bytes",
     )
     out = {k: None for k in keys}
-    out["status"] = status
+    out.update(status=status, predicted=False)
     out["mem_kind"] = "cuda_max_allocated" if dev.type == "cuda" else "cpu_rss_peak_increase"
     return out
