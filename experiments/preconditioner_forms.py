@@ -200,9 +200,9 @@ def run(args) -> dict:
         print(f"  {form}: {its} iterations", flush=True)
 
     off_diagonal = float(K.sum() - s * n)
+    partitions = {b: kd_blocks(Z, b) for b in args.blocks}  # the same for every rank
     add("none", lambda V: V)
-    for b in args.blocks:
-        blocks = kd_blocks(Z, b)
+    for b, blocks in partitions.items():
         held = sum(float(K[ix][:, ix].sum()) - s * len(ix) for ix in blocks) / off_diagonal
         add(f"block-Jacobi {b}", block_jacobi(K, noise, blocks), block=b, off_diagonal_share_in_blocks=held)
     for k in args.ranks:
@@ -216,7 +216,7 @@ def run(args) -> dict:
         add(f"low-rank {k}", low_rank(K, noise, L), rank=k, **unexplained)
         add(f"low-rank {k} + diagonal", low_rank_diagonal(K, noise, L), rank=k)
         for b in args.blocks:
-            add(f"low-rank {k} + blocks {b}", low_rank_blocks(K, noise, L, kd_blocks(Z, b)), rank=k, block=b)
+            add(f"low-rank {k} + blocks {b}", low_rank_blocks(K, noise, L, partitions[b]), rank=k, block=b)
     return dict(
         dataset=name, n=n, d=d, theta=[float(v) for v in theta], noise_over_outputscale=noise / s,
         hyperparameters="--theta" if args.theta is not None else f"engine, {args.steps} Adam steps (lr 0.1)",

@@ -216,6 +216,19 @@ cg1m_parts() {
   brun "$2" "$1" python -m experiments.cg_prediction --pieces 1000000 --test 10000 --cg-iters 20 \
     --stem cg_prediction_pieces_1m --out "$res"; echo "cg_prediction pieces rc=$?"; tail -12 "$1"
 }
+# ncu_pages LOG CAP STEM ARG...: Nsight Compute's full set over `python -m experiments.profile_ops ARG...` under CAP,
+# kept as text: $res/STEM_details.txt (every kernel's details page) and $res/STEM_sass.csv (its SASS with
+# per-instruction counters); the report itself is deleted, since it can be too large to come back.
+ncu_pages() {
+  local logf=$1 cap=$2 stem=$3 ncu_bin; shift 3
+  ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  brun "$cap" "$logf" "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no \
+    -f -o "$res/$stem" python -m experiments.profile_ops "$@"
+  echo "ncu $stem rc=$?"
+  "$ncu_bin" -i "$res/$stem.ncu-rep" --page details > "$res/${stem}_details.txt" 2>&1
+  "$ncu_bin" -i "$res/$stem.ncu-rep" --page source --print-source sass --csv > "$res/${stem}_sass.csv" 2>&1
+  rm -f "$res/$stem.ncu-rep"
+}
 for st in "$@"; do
   log "$st"
   case "$st" in
@@ -1448,18 +1461,12 @@ PYEOF
           --out "$res"
         echo "preconditioner_forms $set rc=$?"; grep -E "^\| " "$res/preconditioner_forms_$set.md"
       done
-      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       for op in kv cov_fwd; do
-        brun 120 "$OUT/s22b_ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set full \
-          --import-source no -f -o "$res/ncu_$op" python -m experiments.profile_ops --op $op
-        echo "ncu $op rc=$?"
-        "$ncu_bin" -i "$res/ncu_$op.ncu-rep" --page details > "$res/ncu_${op}_details.txt" 2>&1
-        "$ncu_bin" -i "$res/ncu_$op.ncu-rep" --page source --print-source sass --csv > "$res/ncu_${op}_sass.csv" 2>&1
+        ncu_pages "$OUT/s22b_ncu.log" 120 ncu_$op --op $op
         grep -E "Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|Executed Ipc A|No Eligible|Compute \(SM\) Thr|Memory Thr" \
           "$res/ncu_${op}_details.txt" | head -12
         grep -iE "pipe|ALU|FMA|XU|Tensor" "$res/ncu_${op}_details.txt" | head -12
         ls -la "$res"/ncu_${op}*
-        rm -f "$res/ncu_$op.ncu-rep"  # the text pages carry what is read; the report can be too large to come back
       done
       tar czf "$OUT/s22b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22b_*.log) && rm -f "$OUT"/s22b_*.log
       stage_end s22b ;;
@@ -1501,13 +1508,7 @@ PYEOF
       # details page and its SASS with per-instruction counters, on a carried build (.gpb/gpb.tgz; the CUDA sources
       # of call 4); at most S22E_BUDGET seconds (default 120). Files: s22e_results.tar.gz.
       stage_begin s22e ${S22E_BUDGET:-120} 100
-      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      brun 80 "$res/ncu.log" "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no \
-        -f -o "$res/ncu_kv2" python -m experiments.profile_ops --op kv
-      echo "ncu rc=$?"
-      "$ncu_bin" -i "$res/ncu_kv2.ncu-rep" --page details > "$res/ncu_kv2_details.txt" 2>&1
-      "$ncu_bin" -i "$res/ncu_kv2.ncu-rep" --page source --print-source sass --csv > "$res/ncu_kv2_sass.csv" 2>&1
-      rm -f "$res/ncu_kv2.ncu-rep"
+      ncu_pages "$res/ncu.log" 80 ncu_kv2 --op kv
       grep -E "kv_tc_kernel|Duration|Issue Slots Busy|Executed Ipc A|Registers Per|Achieved Occupancy" \
         "$res/ncu_kv2_details.txt" | tail -8
       stage_end s22e ;;
