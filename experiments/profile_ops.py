@@ -6,8 +6,10 @@
 default or by the named kernel of ``_rbf_covariance_backward_kernel``; ``--op cov_fwd [--fwd-kernel K]``:
 rbf_covariance at (4, 8192, 8192, 32), float32, by default or by the named kernel of ``_rbf_covariance_kernel``;
 ``--op dense_matmul``: the stored-K product at n = 36000, t = 11; ``--op kv --kernel K``: K(x, x) @ V by the named
-kernel of ``_rbf_matmul_kernel`` at n = 200,000, d = 8, t = 16. Inputs are built and the op run once (build, load,
-warm-up) before the profiled call.
+kernel of ``_rbf_matmul_kernel`` at n = 200,000, d = 8, t = 16; ``--op pivot``: the preconditioner's pivoted
+Cholesky (blocks of 32 pivots from 64 candidates, float64) at rank 1600 on n = 13,500 points, d = 26 (pol's shape; an
+RBF kernel on Gaussian points), whose ``_pivot_select`` and ``_pivot_block`` kernels ncu's ``--kernel-name`` picks
+out. Inputs are built and the op run once (build, load, warm-up) before the profiled call.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import argparse
 import torch
 
 from gpfast import ops
+from gpfast.train.preconditioner import pivoted_cholesky
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--op", choices=["cov_bwd", "cov_fwd", "dense_matmul", "kv"], default="cov_bwd")
+    ap.add_argument("--op", choices=["cov_bwd", "cov_fwd", "dense_matmul", "kv", "pivot"], default="cov_bwd")
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--kernel", choices=ops.MATMUL_KERNELS, default="tc", help="--op kv: the kernel")
     ap.add_argument(
@@ -56,6 +59,14 @@ def main(argv=None):
 
         def call():
             return ops._rbf_matmul_kernel(x, x, l, 1.3, V, args.kernel)
+    elif args.op == "pivot":
+        n, d = args.n or 13500, 26
+        x = torch.randn(n, d, device=dev)
+        l = torch.full((d,), 4.0, device=dev)
+        diag = torch.ones(n, dtype=torch.float64, device=dev)
+
+        def call():
+            return pivoted_cholesky(lambda idx: ops.rbf_covariance(x[idx], x, l, 1.0).double(), diag, 1600, block=32)
     else:
         n, t = args.n or 36000, 11
         x = torch.randn(n, 8, device=dev)

@@ -106,7 +106,8 @@
 #                 session22c (K @ V's tensor-core variants with two row tiles a warp or grouped compensated sums: the
 #                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560), session22d (the two-tile
 #                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580), session22e (Nsight
-#                 Compute over the two-tile default; S22E_BUDGET 120)
+#                 Compute over the two-tile default; S22E_BUDGET 120), session23 (the pivoted Cholesky's block
+#                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -218,12 +219,14 @@ cg1m_parts() {
 }
 # ncu_pages LOG CAP STEM ARG...: Nsight Compute's full set over `python -m experiments.profile_ops ARG...` under CAP,
 # kept as text: $res/STEM_details.txt (every kernel's details page) and $res/STEM_sass.csv (its SASS with
-# per-instruction counters); the report itself is deleted, since it can be too large to come back.
+# per-instruction counters); the report itself is deleted, since it can be too large to come back. $NCU_FILTER, when
+# set, adds ncu options (which kernels, how many).
 ncu_pages() {
   local logf=$1 cap=$2 stem=$3 ncu_bin; shift 3
   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  # shellcheck disable=SC2086  # NCU_FILTER: more ncu options (e.g. --kernel-name, --launch-count), word-split
   brun "$cap" "$logf" "$ncu_bin" --profile-from-start off --clock-control none --set full --import-source no \
-    -f -o "$res/$stem" python -m experiments.profile_ops "$@"
+    ${NCU_FILTER:-} -f -o "$res/$stem" python -m experiments.profile_ops "$@"
   echo "ncu $stem rc=$?"
   "$ncu_bin" -i "$res/$stem.ncu-rep" --page details > "$res/${stem}_details.txt" 2>&1
   "$ncu_bin" -i "$res/$stem.ncu-rep" --page source --print-source sass --csv > "$res/${stem}_sass.csv" 2>&1
@@ -1512,6 +1515,25 @@ PYEOF
       grep -E "kv_tc_kernel|Duration|Issue Slots Busy|Executed Ipc A|Registers Per|Achieved Occupancy" \
         "$res/ncu_kv2_details.txt" | tail -8
       stage_end s22e ;;
+    session23)
+      # The pivoted Cholesky's block kernels (_pivot_block over 256 threads with one barrier a pivot; _pivot_select
+      # loading four rows of Lb at a time): their CUDA tests with the engine's and the graphs', the sanitizers over
+      # them, Nsight Compute over one call of each at pol's shape, row c of the tree before (.gpb/old, whose sources
+      # are the carried build's) and after on the seven sets, then step_anatomy; a fresh build, packed for the next
+      # call; at most S23_BUDGET seconds (default 560). Files: s23_logs.tar.gz, s23_results.tar.gz, gpb.tgz.
+      stage_begin s23 ${S23_BUDGET:-560} 240
+      pack_build
+      cuda_tests "$OUT/s23_tests.log" 150 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py
+      sanitizers "$OUT/s23_sanitize.log" 60 --only pivot
+      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 40 --launch-count 2" ncu_pages "$OUT/s23_ncu.log" 90 \
+        ncu_pivot --op pivot
+      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Achieved Occupancy" \
+        "$res/ncu_pivot_details.txt" | head -16
+      row_c_before "$OUT/s23_uci_c_before.log" 150
+      row_c "$OUT/s23_uci_c.log" 150
+      anatomy "$OUT/s23_anatomy.log" 100
+      tar czf "$OUT/s23_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23_*.log) && rm -f "$OUT"/s23_*.log
+      stage_end s23 ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

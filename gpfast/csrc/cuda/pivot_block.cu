@@ -40,8 +40,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cuda(const at::Tensor
   at::Tensor G = at::empty({b, b}, rows.options());
   at::Tensor Ginv = at::empty({b, b}, rows.options());
   const int64_t c = rc.size(0);
-  auto* launch = c <= 32 ? pivot_block_kernel<32> : pivot_block_kernel<64>;  // one warp when c fits one
-  launch<<<1, c <= 32 ? 32 : 64, 0, current_stream()>>>(
+  auto* launch = c <= 32 ? pivot_block_kernel<32> : pivot_block_kernel<64>;  // fewer values a thread at c <= 32
+  launch<<<1, kPivotThreads, 0, current_stream()>>>(
       rc.data_ptr<double>(), rc.stride(0), cc.data_ptr<int64_t>(), dc.data_ptr<double>(), fc.data_ptr<double>(),
       static_cast<int>(c), static_cast<int>(b), piv.data_ptr<int64_t>(), G.data_ptr<double>(),
       Ginv.data_ptr<double>());

@@ -3,7 +3,7 @@
 //   pivot_select_kernel  the previous block's update of the remaining diagonal and the next block's candidates (the
 //                        c largest), in one launch over all n points;
 //   pivot_block_kernel   the greedy pivots among the candidates, the b x b factor G of the pivots and its inverse,
-//                        one thread block on the c x c residual.
+//                        one thread block of 256 on the c x c residual.
 // As torch operations a block was some 36 launches (torch.topk alone several); with these it is 13, which a CUDA
 // graph of a rank-3200 build replays 200 times.
 #pragma once
@@ -24,6 +24,7 @@ constexpr int kSelectKeep = 64;                           // the best kept betwe
 constexpr int kSelectFresh = kSelectSlots - kSelectKeep;  // new keys a round
 constexpr int kSelectPer = (kSelectFresh + kSelectThreads - 1) / kSelectThreads;  // of them a thread
 constexpr int kSelectMaxDrop = 64;
+constexpr int kSelectRows = 4;  // rows of Lb whose loads a thread has in flight together
 
 // The selection's total order: the larger remaining diagonal first, the smaller index among equals, so the c best
 // are one set in one order whatever the grid (and the CPU's std::partial_sort gives the same). Empty slots hold
@@ -125,14 +126,20 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
       idx[e] = slot < kSelectFresh && base + slot < n ? base + slot : -1;
       acc[e] = 0.0;
     }
-#pragma unroll 2
-    for (int j = 0; j < r; ++j) {
-      const double* row = Lb + static_cast<int64_t>(j) * n;
-      double l[kSelectPer];
+    // kSelectRows rows of Lb at a time: their loads all issued before the first FMA waits on one
+    for (int j0 = 0; j0 < r; j0 += kSelectRows) {
+      double l[kSelectRows][kSelectPer];
 #pragma unroll
-      for (int e = 0; e < kSelectPer; ++e) l[e] = idx[e] >= 0 ? row[idx[e]] : 0.0;
+      for (int jj = 0; jj < kSelectRows; ++jj) {
+        const double* row = Lb + static_cast<int64_t>(j0 + jj) * n;
 #pragma unroll
-      for (int e = 0; e < kSelectPer; ++e) acc[e] = fma(l[e], l[e], acc[e]);
+        for (int e = 0; e < kSelectPer; ++e) l[jj][e] = (j0 + jj < r && idx[e] >= 0) ? row[idx[e]] : 0.0;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kSelectRows; ++jj)
+#pragma unroll
+        for (int e = 0; e < kSelectPer; ++e)
+          if (j0 + jj < r) acc[e] = fma(l[jj][e], l[jj][e], acc[e]);
     }
 #pragma unroll
     for (int e = 0; e < kSelectPer; ++e) {
@@ -177,37 +184,76 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
   if (threadIdx.x < c) out[threadIdx.x] = si[threadIdx.x];
 }
 
-// The greedy pivots of one block: thread k owns candidate k, its remaining diagonal and its residual row
-// S[k, :] = rows[k, cand] in registers (kC = 32 threads, one warp, for c <= 32; 64 otherwise). Step j takes the
-// untaken candidate p with the largest remaining diagonal (the first on ties), s = sqrt(max(d_p, floor)), the
-// column C[:, j] = S[:, p] / s (C[p, j] = s; zero when d_p <= floor), then S -= C[:, j] C[:, j]^T,
-// d = max(d - C[:, j]^2, 0), d_p = 0. Then G[j, :] = C[piv_j, :j+1] (a unit row for a pivot below the floor) and
-// Ginv = G^{-1} by forward substitution, its (j, j) zeroed for such a pivot, so that Ginv @ rows[piv] is zero there.
+// The greedy pivots of one block, one thread block of kPivotThreads on the c x c residual S = rows[:, cand].
+// Step j takes the untaken candidate p with the largest remaining diagonal (the first on ties),
+// s = sqrt(max(d_p, floor)), the column C[:, j] = S[:, p] / s (C[p, j] = s; zero when d_p <= floor), then
+// S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0. Then G[j, :] = C[piv_j, :j+1] (a unit row for a pivot
+// below the floor) and Ginv = G^{-1} by forward substitution, its (j, j) zeroed for such a pivot, so that
+// Ginv @ rows[piv] is zero there.
+//
+// Why this layout. The steps are a chain: each pivot needs the diagonal after the one before, so a block of 32 pivots
+// is 32 rounds of (choose, column, update) whose latency is the kernel's time. With one thread a candidate (its row
+// of S in 64 registers) a round had two block-wide barriers, a 64-way register select for S[k, p] and 64 dependent
+// loads and FMAs of the update, and on an H100 a block of 32 pivots from 64 candidates took 62 us. Here S is spread
+// over 256 threads (thread (rg, cg) holds rows rg + 16 a and columns cg + 16 e: kPer x kPer values), every warp
+// keeps the whole diagonal and chooses the pivot itself (shuffles, no barrier), the 16 owners of column p write
+// C[:, j] to shared memory, and one barrier a round publishes it; the update is then kPer^2 FMAs a thread. The
+// forward substitution sweeps by columns of G (each x_i's sum still in the order jj = t, t + 1, ...), so that its
+// chain is b divisions, not b(b - 1)/2 dependent FMAs. The arithmetic of every value is the CPU op's, in its order.
+constexpr int kPivotThreads = 256;
+
+// c ? a : b by one selp in inline PTX: written in C++, the compiler turns a chain of such selects over a register
+// array into an indexed load, and the array then lives in local memory
+__device__ __forceinline__ double select_f64(bool c, double a, double b) {
+  double r;
+  asm("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %3, 0;\n\tselp.f64 %0, %1, %2, q;\n\t}"
+      : "=d"(r)
+      : "d"(a), "d"(b), "r"(static_cast<int>(c)));
+  return r;
+}
+
 template <int kC>
-__global__ void __launch_bounds__(kC) pivot_block_kernel(
+__global__ void __launch_bounds__(kPivotThreads) pivot_block_kernel(
     const double* __restrict__ rows, int64_t ld, const int64_t* __restrict__ cand, const double* __restrict__ d,
     const double* __restrict__ floor_ptr, int c, int b, int64_t* __restrict__ piv, double* __restrict__ G,
     double* __restrict__ Ginv) {
-  constexpr int kWarps = kC / 32;
+  constexpr int kPer = kC / 16;   // rows (and columns) of S a thread holds
+  constexpr int kLane = kC / 32;  // candidates of the diagonal a lane holds, in every warp
+  static_assert(kC == 32 || kC == 64, "32 or 64 candidates");
   __shared__ int cidx[kC];
-  __shared__ double col[kC];
+  __shared__ double col[2][kC];               // C[:, j] by step parity
   __shared__ double Cs[kPivotMaxPivots][kC];  // Cs[j][k] = C[k, j]
   __shared__ double Gs[kPivotMaxPivots][kPivotMaxPivots + 1];
-  __shared__ double best_v[2][kWarps];  // [step parity][warp]
-  __shared__ int best_q[2][kWarps];
   __shared__ int piv_s[kPivotMaxPivots], ok_s[kPivotMaxPivots];
-  const int k = threadIdx.x, lane = k & 31, warp = k >> 5;
-  cidx[k] = k < c ? static_cast<int>(cand[k]) : 0;
+  const int tid = threadIdx.x, lane = tid & 31, rg = tid >> 4, cg = tid & 15;
+  if (tid < kC) cidx[tid] = tid < c ? static_cast<int>(cand[tid]) : 0;
   __syncthreads();
-  double R[kC];
+  double R[kPer][kPer];  // R[a][e] = S[rg + 16 a, cg + 16 e]
 #pragma unroll
-  for (int l = 0; l < kC; ++l) R[l] = (k < c && l < c) ? rows[k * ld + cidx[l]] : 0.0;
-  double dl = k < c ? d[cidx[k]] : 0.0;
-  bool taken = k >= c;
+  for (int a = 0; a < kPer; ++a)
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int k = rg + 16 * a, l = cg + 16 * e;
+      R[a][e] = (k < c && l < c) ? rows[k * ld + cidx[l]] : 0.0;
+    }
+  double dl[kLane];  // the diagonal of candidates lane + 32 u, the same in every warp
+  bool taken[kLane];
+#pragma unroll
+  for (int u = 0; u < kLane; ++u) {
+    const int k = lane + 32 * u;
+    dl[u] = k < c ? d[cidx[k]] : 0.0;
+    taken[u] = k >= c;
+  }
   const double fl = *floor_ptr;
   for (int j = 0; j < b; ++j) {
-    double v = taken ? -INFINITY : dl;
-    int qk = taken ? INT_MAX : k;
+    double v = -INFINITY;
+    int qk = INT_MAX;
+#pragma unroll
+    for (int u = 0; u < kLane; ++u)
+      if (!taken[u] && sel_better(dl[u], lane + 32 * u, v, qk)) {
+        v = dl[u];
+        qk = lane + 32 * u;
+      }
 #pragma unroll
     for (int off = 16; off >= 1; off >>= 1) {
       const double ov = __shfl_xor_sync(kFull, v, off);
@@ -217,59 +263,64 @@ __global__ void __launch_bounds__(kC) pivot_block_kernel(
         qk = oq;
       }
     }
-    if (kWarps > 1) {  // the warps' bests through shared memory; the parity keeps step j + 1's writes off them
-      if (lane == 0) {
-        best_v[j & 1][warp] = v;
-        best_q[j & 1][warp] = qk;
-      }
-      __syncthreads();
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w)
-        if (sel_better(best_v[j & 1][w], best_q[j & 1][w], v, qk)) {
-          v = best_v[j & 1][w];
-          qk = best_q[j & 1][w];
-        }
-    }
     const int p = qk;
     const bool good = v > fl;
     const double s = sqrt(fmax(v, fl));
-    double rkp = 0.0;
+    double* cj = col[j & 1];
+    if (cg == (p & 15)) {  // the owners of column p: one thread a row group
 #pragma unroll
-    for (int l = 0; l < kC; ++l)
-      if (l == p) rkp = R[l];
-    const double ck = (k < c && good) ? (k == p ? s : rkp / s) : 0.0;
-    col[k] = ck;
-    Cs[j][k] = ck;
-    if (k == 0) {
+      for (int a = 0; a < kPer; ++a) {
+        const int k = rg + 16 * a;
+        double rkp = R[a][0];
+#pragma unroll
+        for (int e = 1; e < kPer; ++e) rkp = select_f64(e == (p >> 4), R[a][e], rkp);
+        const double ck = (k < c && good) ? (k == p ? s : rkp / s) : 0.0;
+        cj[k] = ck;
+        Cs[j][k] = ck;
+      }
+    }
+    if (tid == 0) {
       piv[j] = p;
       piv_s[j] = p;
       ok_s[j] = good;
     }
-    if (k == p) taken = true;
-    __syncthreads();  // the column complete
+    // the column complete; the parity keeps step j + 1's writes off the column that slower threads still read
+    __syncthreads();
+    double ca[kPer], ce[kPer];
 #pragma unroll
-    for (int l = 0; l < kC; ++l) R[l] = fma(-ck, col[l], R[l]);
-    dl = k == p ? 0.0 : fmax(fma(-ck, ck, dl), 0.0);
-    __syncthreads();  // every read of col done before the next step writes it
+    for (int a = 0; a < kPer; ++a) ca[a] = cj[rg + 16 * a];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) ce[e] = cj[cg + 16 * e];
+#pragma unroll
+    for (int a = 0; a < kPer; ++a)
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) R[a][e] = fma(-ca[a], ce[e], R[a][e]);
+#pragma unroll
+    for (int u = 0; u < kLane; ++u) {
+      const int k = lane + 32 * u;
+      const double ck = cj[k];
+      dl[u] = k == p ? 0.0 : fmax(fma(-ck, ck, dl[u]), 0.0);
+      if (k == p) taken[u] = true;
+    }
   }
-  if (k < b) {
-    const int t = k;
-    for (int jj = 0; jj < b; ++jj)
-      Gs[t][jj] = jj > t ? 0.0 : (ok_s[t] ? Cs[jj][piv_s[t]] : (jj == t ? 1.0 : 0.0));
+  __syncthreads();  // Cs, piv_s and ok_s complete
+  for (int e = tid; e < b * b; e += kPivotThreads) {
+    const int t = e / b, jj = e % b;
+    Gs[t][jj] = jj > t ? 0.0 : (ok_s[t] ? Cs[jj][piv_s[t]] : (jj == t ? 1.0 : 0.0));
   }
   __syncthreads();
-  if (k < b) {  // column t of G^{-1} (rows t.. b-1; zero above)
-    const int t = k;
+  if (tid < b) {  // column t of G^{-1} (rows t .. b - 1; zero above): x_jj from its finished sum, then x_jj's term
+    const int t = tid;  // added to every later row's sum, which so takes its terms in the order jj = t, t + 1, ...
     double x[kPivotMaxPivots];
 #pragma unroll
-    for (int i = 0; i < kPivotMaxPivots; ++i) {
-      if (i < b) {
-        double acc = i == t ? 1.0 : 0.0;
+    for (int i = 0; i < kPivotMaxPivots; ++i) x[i] = i == t ? 1.0 : 0.0;
 #pragma unroll
-        for (int jj = 0; jj < i; ++jj)
-          if (jj >= t) acc = fma(-Gs[i][jj], x[jj], acc);
-        x[i] = i < t ? 0.0 : acc / Gs[i][i];
-      }
+    for (int jj = 0; jj < kPivotMaxPivots; ++jj) {
+      if (jj < t || jj >= b) continue;
+      x[jj] = x[jj] / Gs[jj][jj];
+#pragma unroll
+      for (int i = jj + 1; i < kPivotMaxPivots; ++i)
+        if (i < b) x[i] = fma(-Gs[i][jj], x[jj], x[i]);
     }
 #pragma unroll
     for (int i = 0; i < kPivotMaxPivots; ++i) {
