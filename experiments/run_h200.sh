@@ -107,7 +107,8 @@
 #                 benchmark at 10^6 points, their CUDA tests, memcheck; S22C_BUDGET 560), session22d (the two-tile
 #                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580), session22e (Nsight
 #                 Compute over the two-tile default; S22E_BUDGET 120), session23 (the pivoted Cholesky's block
-#                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560)
+#                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560),
+#                 session23b (the same after the kernels' second form; S23B_BUDGET 540)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1534,6 +1535,24 @@ PYEOF
       anatomy "$OUT/s23_anatomy.log" 100
       tar czf "$OUT/s23_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23_*.log) && rm -f "$OUT"/s23_*.log
       stage_end s23 ;;
+    session23b)
+      # The pivoted Cholesky's block kernels after session23's profile: the diagonal's update in a kernel of its own
+      # over all the points, the selection's run merges spread over warps, one division a pivot and a lane-parallel
+      # inverse of G in _pivot_block (the CPU op takes the same steps); their CUDA tests, the sanitizers, Nsight
+      # Compute, step_anatomy, then row c of the tree before (.gpb/old, the carried build's sources) and after; a
+      # fresh build; at most S23B_BUDGET seconds (default 540). Files: s23b_logs.tar.gz, s23b_results.tar.gz.
+      stage_begin s23b ${S23B_BUDGET:-540} 240
+      cuda_tests "$OUT/s23b_tests.log" 150 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py
+      sanitizers "$OUT/s23b_sanitize.log" 60 --only pivot
+      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 60 --launch-count 3" ncu_pages "$OUT/s23b_ncu.log" 90 \
+        ncu_pivot --op pivot
+      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Achieved Occupancy" \
+        "$res/ncu_pivot_details.txt" | head -24
+      anatomy "$OUT/s23b_anatomy.log" 100
+      row_c_before "$OUT/s23b_uci_c_before.log" 150
+      row_c "$OUT/s23b_uci_c.log" 150
+      tar czf "$OUT/s23b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23b_*.log) && rm -f "$OUT"/s23b_*.log
+      stage_end s23b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

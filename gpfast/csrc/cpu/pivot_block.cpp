@@ -46,9 +46,10 @@ at::Tensor pivot_select_cpu(at::Tensor& d, const at::Tensor& Lb, const at::Tenso
 
 // Returns (piv (b,) int64, G (b, b), Ginv (b, b)). S = rows[:, cand] is the candidates' residual covariance and
 // d[cand] their remaining diagonal. Step j takes the untaken candidate p with the largest remaining diagonal (the
-// first on ties), ok = d_p > floor, and the column C[:, j] = S[:, p] / s with s = sqrt(max(d_p, floor)) (C[p, j] = s
-// exactly; all zero when not ok); then S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0. G[j, :] =
-// C[piv_j, :j+1] (lower triangular; a unit row where not ok) and Ginv = G^{-1} by forward substitution, with its
+// first on ties), ok = d_p > floor, and the column C[:, j] = S[:, p] * (1 / s) with s = sqrt(max(d_p, floor))
+// (C[p, j] = s exactly; all zero when not ok); then S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0. G[j, :] =
+// C[piv_j, :j+1] (lower triangular; a unit row where not ok) and Ginv = G^{-1} by forward substitution (each row's
+// sum times the reciprocal of G's diagonal), with its
 // (j, j) zeroed where not ok, so that the block's columns over all n points, Ginv @ rows[piv] (refined once; see
 // gpfast/train/preconditioner.py), are zero there.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cpu(const at::Tensor& rows, const at::Tensor& cand,
@@ -78,10 +79,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cpu(const at::Tensor&
     const double pivot = dl[p];
     const bool good = pivot > fl;
     const double s = std::sqrt(std::fmax(pivot, fl));
+    const double inv = 1.0 / s;  // one division a pivot, then products (as LAPACK's unblocked Cholesky scales)
     taken[p] = 1;
     pv[j] = p;
     ok[j] = good;
-    for (int64_t k = 0; k < c; ++k) col[k] = good ? (k == p ? s : R[k * c + p] / s) : 0.0;
+    for (int64_t k = 0; k < c; ++k) col[k] = good ? (k == p ? s : R[k * c + p] * inv) : 0.0;
     for (int64_t k = 0; k < c; ++k) {
       Cm[k * b + j] = col[k];
       for (int64_t l = 0; l < c; ++l) R[k * c + l] = std::fma(-col[k], col[l], R[k * c + l]);
@@ -96,11 +98,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cpu(const at::Tensor&
   double* x = Ginv.data_ptr<double>();
   for (int64_t i = 0; i < b; ++i)
     for (int64_t jj = 0; jj <= i; ++jj) g[i * b + jj] = ok[i] ? Cm[pv[i] * b + jj] : (jj == i ? 1.0 : 0.0);
-  for (int64_t t = 0; t < b; ++t)  // column t of G^{-1}, as the CUDA kernel's thread t
+  std::vector<double> rdiag(b);
+  for (int64_t i = 0; i < b; ++i) rdiag[i] = 1.0 / g[i * b + i];
+  for (int64_t t = 0; t < b; ++t)  // column t of G^{-1}, as the CUDA kernel's lane t
     for (int64_t i = t; i < b; ++i) {
       double acc = i == t ? 1.0 : 0.0;
       for (int64_t jj = t; jj < i; ++jj) acc = std::fma(-g[i * b + jj], x[jj * b + t], acc);
-      x[i * b + t] = acc / g[i * b + i];
+      x[i * b + t] = acc * rdiag[i];
     }
   for (int64_t j = 0; j < b; ++j)
     if (!ok[j]) x[j * b + j] = 0.0;

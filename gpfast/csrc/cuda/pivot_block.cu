@@ -12,6 +12,14 @@ at::Tensor pivot_select_cuda(at::Tensor& d, const at::Tensor& Lb, const at::Tens
   const c10::cuda::CUDAGuard guard(d.device());
   const int64_t n = d.size(0);
   const at::Tensor Lc = Lb.contiguous(), cc = cand.contiguous(), pc = piv.contiguous();
+  const int r = static_cast<int>(Lc.size(0)), np = static_cast<int>(pc.size(0));
+  if (r > 0 || np > 0) {  // the first block updates nothing
+    pivot_update_kernel<<<static_cast<unsigned>(ceil_div(n, int64_t(kUpdateThreads))), kUpdateThreads, 0,
+                          current_stream()>>>(d.data_ptr<double>(), Lc.data_ptr<double>(), r, cc.data_ptr<int64_t>(),
+                                              static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), np,
+                                              static_cast<int>(n));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   // a round of kSelectFresh points a block, at most one wave (more points take more rounds): the last block merges
   // 64 keys a block, kSelectFresh a round
   const int blocks =
@@ -21,10 +29,8 @@ at::Tensor pivot_select_cuda(at::Tensor& d, const at::Tensor& Lb, const at::Tens
   at::Tensor ticket = at::zeros({1}, d.options().dtype(at::kInt));
   at::Tensor out = at::empty({c}, d.options().dtype(at::kLong));
   pivot_select_kernel<<<blocks, kSelectThreads, 0, current_stream()>>>(
-      d.data_ptr<double>(), Lc.data_ptr<double>(), static_cast<int>(Lc.size(0)), cc.data_ptr<int64_t>(),
-      static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), static_cast<int>(pc.size(0)), static_cast<int>(n),
-      static_cast<int>(c), part_v.data_ptr<double>(), part_i.data_ptr<int>(),
-      reinterpret_cast<unsigned*>(ticket.data_ptr<int>()), out.data_ptr<int64_t>());
+      d.data_ptr<double>(), static_cast<int>(n), static_cast<int>(c), part_v.data_ptr<double>(),
+      part_i.data_ptr<int>(), reinterpret_cast<unsigned*>(ticket.data_ptr<int>()), out.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -1,11 +1,11 @@
 // Device code of the pivoted Cholesky's block steps (torch-free), the same steps in the same order as
 // cpu/pivot_block.cpp:
-//   pivot_select_kernel  the previous block's update of the remaining diagonal and the next block's candidates (the
-//                        c largest), in one launch over all n points;
+//   pivot_update_kernel  the previous block's update of the remaining diagonal, one point a thread;
+//   pivot_select_kernel  the next block's candidates (the c largest remaining diagonals) over all n points;
 //   pivot_block_kernel   the greedy pivots among the candidates, the b x b factor G of the pivots and its inverse,
 //                        one thread block of 256 on the c x c residual.
-// As torch operations a block was some 36 launches (torch.topk alone several); with these it is 13, which a CUDA
-// graph of a rank-3200 build replays 200 times.
+// As torch operations a block was some 36 launches (torch.topk alone several); with these it is 14, which a CUDA
+// graph of a rank-3200 build replays 100 times.
 #pragma once
 
 #include <climits>
@@ -22,9 +22,7 @@ constexpr int kSelectThreads = 256;                       // 8 warps of 256 slot
 constexpr int kSelectSlots = 2048;                        // keys a block sorts at once in shared memory
 constexpr int kSelectKeep = 64;                           // the best kept between rounds: c <= 64
 constexpr int kSelectFresh = kSelectSlots - kSelectKeep;  // new keys a round
-constexpr int kSelectPer = (kSelectFresh + kSelectThreads - 1) / kSelectThreads;  // of them a thread
 constexpr int kSelectMaxDrop = 64;
-constexpr int kSelectRows = 4;  // rows of Lb whose loads a thread has in flight together
 
 // The selection's total order: the larger remaining diagonal first, the smaller index among equals, so the c best
 // are one set in one order whatever the grid (and the CPU's std::partial_sort gives the same). Empty slots hold
@@ -69,7 +67,8 @@ __device__ __forceinline__ void select_merge_level(double* sv, int* si, int base
 
 // The best kSelectKeep of the block's kSelectSlots keys into slots [0, kSelectKeep), best first (all threads; the
 // slots written before the call). Each warp sorts its 256 slots' runs of 64 (bitonic) and merges its four runs into
-// one, then warp 0 merges the eight warps' runs: two block-wide barriers a round. On the H200 at 43,945 points a
+// one, then the eight warps' runs are merged pairwise (4, 2, then 1 warp): four block-wide barriers a round. On
+// the H200 at 43,945 points a
 // call took 73 us with a bitonic sort of all 2048 keys (a barrier at each of its 66 steps) and each point's loads
 // one after another, and 91-101 us with keys inserted one at a time into sorted warp lists.
 __device__ __forceinline__ void select_best(double* sv, int* si) {
@@ -86,75 +85,75 @@ __device__ __forceinline__ void select_best(double* sv, int* si) {
   }
   select_merge_level(sv, si, base, 0, 256, lane);
   select_merge_level(sv, si, base, 1, 256, lane);
-  __syncthreads();
-  if (threadIdx.x < 32)
-    for (int level = 2; level <= 4; ++level) select_merge_level(sv, si, 0, level, kSelectSlots, lane);
+  // the warps' runs merged pairwise, a pair a warp: 4, then 2, then 1 warp (one warp for all seven merges left the
+  // other seven waiting at the barrier)
+  const int warp = threadIdx.x >> 5;
+#pragma unroll 1
+  for (int level = 2; level <= 4; ++level) {
+    __syncthreads();
+    const int span = kSelectKeep << level;
+    if (warp < kSelectSlots / (2 * span)) select_merge_level(sv, si, warp * 2 * span, level, 2 * span, lane);
+  }
   __syncthreads();
 }
 
 // d = max(d - sum_j Lb[j, :]^2, 0) with d[cand[piv[j]]] = 0 for the np pivots (the previous block's columns, r
-// rows of n; r = np = 0 at the first block), then out = the c best of d by sel_better. Each block takes rounds of
-// kSelectFresh points beside its best 64 so far and leaves those in part_v / part_i; the last block to finish
-// (ticket, zero on entry) merges them the same way. The sum runs over j in order by fused multiply-adds, as the
-// CPU's std::fma loop, so both update d to the same bits.
-__global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(
-    double* __restrict__ d, const double* __restrict__ Lb, int r, const int64_t* __restrict__ cand, int q,
-    const int64_t* __restrict__ piv, int np, int n, int c, double* __restrict__ part_v, int* __restrict__ part_i,
-    unsigned* __restrict__ ticket, int64_t* __restrict__ out) {
-  __shared__ double sv[kSelectSlots];
-  __shared__ int si[kSelectSlots];
+// rows of n), one point a thread. The sum runs over j in order by fused multiply-adds, as the CPU's std::fma loop,
+// so both update d to the same bits. Why a kernel of its own: reading Lb (r x n float64, 3.5 MB at pol's 13,500
+// points and r = 32) is most of the update's time, and the selection's few blocks (one a 1,984 points) could not
+// draw it from L2 fast enough: in one kernel with the selection, on an H100, a third of its warps' stall samples
+// waited on these loads, and a call took 50 us.
+constexpr int kUpdateThreads = 256;
+constexpr int kUpdateRows = 8;  // rows of Lb whose loads a thread has in flight together
+
+__global__ void __launch_bounds__(kUpdateThreads) pivot_update_kernel(double* __restrict__ d,
+                                                                      const double* __restrict__ Lb, int r,
+                                                                      const int64_t* __restrict__ cand, int q,
+                                                                      const int64_t* __restrict__ piv, int np, int n) {
   __shared__ int drop[kSelectMaxDrop];
-  __shared__ bool last;
   if (threadIdx.x < np) {  // out-of-range positions drop nothing (the CPU op checks them; here that would sync)
     const int64_t p = piv[threadIdx.x];
     drop[threadIdx.x] = (p >= 0 && p < q) ? static_cast<int>(cand[p]) : -1;
   }
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x;
+  if (i >= n) return;
+  double acc = 0.0;
+  for (int j0 = 0; j0 < r; j0 += kUpdateRows) {
+    double l[kUpdateRows];
+#pragma unroll
+    for (int jj = 0; jj < kUpdateRows; ++jj) l[jj] = j0 + jj < r ? Lb[static_cast<int64_t>(j0 + jj) * n + i] : 0.0;
+#pragma unroll
+    for (int jj = 0; jj < kUpdateRows; ++jj)
+      if (j0 + jj < r) acc = fma(l[jj], l[jj], acc);
+  }
+  double v = fmax(d[i] - acc, 0.0);
+  for (int j = 0; j < np; ++j)
+    if (drop[j] == i) v = 0.0;
+  d[i] = v;
+}
+
+// out = the c best of d by sel_better (d already updated by pivot_update_kernel). Each block takes rounds of
+// kSelectFresh points beside its best 64 so far and leaves those in part_v / part_i; the last block to finish
+// (ticket, zero on entry) merges them the same way.
+__global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(const double* __restrict__ d, int n, int c,
+                                                                      double* __restrict__ part_v,
+                                                                      int* __restrict__ part_i,
+                                                                      unsigned* __restrict__ ticket,
+                                                                      int64_t* __restrict__ out) {
+  __shared__ double sv[kSelectSlots];
+  __shared__ int si[kSelectSlots];
+  __shared__ bool last;
   if (threadIdx.x < kSelectKeep) {
     sv[threadIdx.x] = -INFINITY;
     si[threadIdx.x] = INT_MAX;
   }
-  __syncthreads();
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kSelectFresh; base < n;
        base += static_cast<int64_t>(gridDim.x) * kSelectFresh) {
-    // each thread's kSelectPer points side by side, so that a row of Lb is kSelectPer independent loads a thread
-    // in flight (a point at a time, each load of its sum waits for the one before)
-    int64_t idx[kSelectPer];
-    double acc[kSelectPer];
-#pragma unroll
-    for (int e = 0; e < kSelectPer; ++e) {
-      const int slot = threadIdx.x + e * kSelectThreads;
-      idx[e] = slot < kSelectFresh && base + slot < n ? base + slot : -1;
-      acc[e] = 0.0;
-    }
-    // kSelectRows rows of Lb at a time: their loads all issued before the first FMA waits on one
-    for (int j0 = 0; j0 < r; j0 += kSelectRows) {
-      double l[kSelectRows][kSelectPer];
-#pragma unroll
-      for (int jj = 0; jj < kSelectRows; ++jj) {
-        const double* row = Lb + static_cast<int64_t>(j0 + jj) * n;
-#pragma unroll
-        for (int e = 0; e < kSelectPer; ++e) l[jj][e] = (j0 + jj < r && idx[e] >= 0) ? row[idx[e]] : 0.0;
-      }
-#pragma unroll
-      for (int jj = 0; jj < kSelectRows; ++jj)
-#pragma unroll
-        for (int e = 0; e < kSelectPer; ++e)
-          if (j0 + jj < r) acc[e] = fma(l[jj][e], l[jj][e], acc[e]);
-    }
-#pragma unroll
-    for (int e = 0; e < kSelectPer; ++e) {
-      const int slot = threadIdx.x + e * kSelectThreads;
-      if (slot >= kSelectFresh) continue;
-      const int64_t i = idx[e];
-      double v = -INFINITY;
-      if (i >= 0) {
-        v = fmax(d[i] - acc[e], 0.0);
-        for (int j = 0; j < np; ++j)
-          if (drop[j] == i) v = 0.0;
-        d[i] = v;
-      }
-      sv[kSelectKeep + slot] = v;
-      si[kSelectKeep + slot] = i >= 0 ? static_cast<int>(i) : INT_MAX;
+    for (int slot = threadIdx.x; slot < kSelectFresh; slot += kSelectThreads) {
+      const int64_t i = base + slot;
+      sv[kSelectKeep + slot] = i < n ? d[i] : -INFINITY;
+      si[kSelectKeep + slot] = i < n ? static_cast<int>(i) : INT_MAX;
     }
     select_best(sv, si);
   }
@@ -224,6 +223,7 @@ __global__ void __launch_bounds__(kPivotThreads) pivot_block_kernel(
   __shared__ double col[2][kC];               // C[:, j] by step parity
   __shared__ double Cs[kPivotMaxPivots][kC];  // Cs[j][k] = C[k, j]
   __shared__ double Gs[kPivotMaxPivots][kPivotMaxPivots + 1];
+  __shared__ double rdiag[kPivotMaxPivots];  // 1 / G[i, i]
   __shared__ int piv_s[kPivotMaxPivots], ok_s[kPivotMaxPivots];
   const int tid = threadIdx.x, lane = tid & 31, rg = tid >> 4, cg = tid & 15;
   if (tid < kC) cidx[tid] = tid < c ? static_cast<int>(cand[tid]) : 0;
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kPivotThreads) pivot_block_kernel(
     }
     const int p = qk;
     const bool good = v > fl;
-    const double s = sqrt(fmax(v, fl));
+    const double s = sqrt(fmax(v, fl)), inv = 1.0 / s;
     double* cj = col[j & 1];
     if (cg == (p & 15)) {  // the owners of column p: one thread a row group
 #pragma unroll
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kPivotThreads) pivot_block_kernel(
         double rkp = R[a][0];
 #pragma unroll
         for (int e = 1; e < kPer; ++e) rkp = select_f64(e == (p >> 4), R[a][e], rkp);
-        const double ck = (k < c && good) ? (k == p ? s : rkp / s) : 0.0;
+        const double ck = (k < c && good) ? (k == p ? s : rkp * inv) : 0.0;
         cj[k] = ck;
         Cs[j][k] = ck;
       }
@@ -309,24 +309,31 @@ __global__ void __launch_bounds__(kPivotThreads) pivot_block_kernel(
     Gs[t][jj] = jj > t ? 0.0 : (ok_s[t] ? Cs[jj][piv_s[t]] : (jj == t ? 1.0 : 0.0));
   }
   __syncthreads();
-  if (tid < b) {  // column t of G^{-1} (rows t .. b - 1; zero above): x_jj from its finished sum, then x_jj's term
-    const int t = tid;  // added to every later row's sum, which so takes its terms in the order jj = t, t + 1, ...
+  if (tid < 32) {  // lane t: column t of G^{-1}, every lane the same instructions (no predicate on t)
+    const int t = tid;
+    if (t < b) rdiag[t] = 1.0 / Gs[t][t];
+    __syncwarp();
+    // x_jj = (its sum) * rdiag[jj], then x_jj's term added to every later row's sum, so that each sum takes its terms
+    // in the order jj = 0, 1, ...; the rows above t hold exact zeros, whose terms leave a sum's bits as they are, so
+    // the result is the CPU's sum from jj = t
     double x[kPivotMaxPivots];
 #pragma unroll
     for (int i = 0; i < kPivotMaxPivots; ++i) x[i] = i == t ? 1.0 : 0.0;
 #pragma unroll
     for (int jj = 0; jj < kPivotMaxPivots; ++jj) {
-      if (jj < t || jj >= b) continue;
-      x[jj] = x[jj] / Gs[jj][jj];
+      if (jj >= b) break;  // uniform
+      x[jj] *= rdiag[jj];
 #pragma unroll
       for (int i = jj + 1; i < kPivotMaxPivots; ++i)
         if (i < b) x[i] = fma(-Gs[i][jj], x[jj], x[i]);
     }
+    if (t < b) {
 #pragma unroll
-    for (int i = 0; i < kPivotMaxPivots; ++i) {
-      if (i < b) {
-        G[i * b + t] = Gs[i][t];
-        Ginv[i * b + t] = (i == t && !ok_s[t]) ? 0.0 : x[i];
+      for (int i = 0; i < kPivotMaxPivots; ++i) {
+        if (i < b) {
+          G[i * b + t] = Gs[i][t];
+          Ginv[i * b + t] = (i < t || (i == t && !ok_s[t])) ? 0.0 : x[i];
+        }
       }
     }
   }
