@@ -108,7 +108,9 @@
 #                 default: every CUDA test, the benchmark, the 1M engine step; S22D_BUDGET 580), session22e (Nsight
 #                 Compute over the two-tile default; S22E_BUDGET 120), session23 (the pivoted Cholesky's block
 #                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560),
-#                 session23b (the same after the kernels' second form; S23B_BUDGET 540)
+#                 session23b (the same after the kernels' second form; S23B_BUDGET 540), session23c (the update with
+#                 all rows in flight; row c before and after twice on the small sets, rows a and c end to end there;
+#                 S23C_BUDGET 600)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1553,6 +1555,32 @@ PYEOF
       row_c "$OUT/s23b_uci_c.log" 150
       tar czf "$OUT/s23b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23b_*.log) && rm -f "$OUT"/s23b_*.log
       stage_end s23b ;;
+    session23c)
+      # The diagonal's update with all of Lb's rows in flight; its CUDA tests and memcheck; row c before (.gpb/old)
+      # and after on pol, elevators and bike, twice, alternating (session23b saw the first steps slower after, the
+      # later ones faster: noise or not); rows a and c with their predictions on the same sets (the end-to-end
+      # ratio); Nsight Compute over the pivot kernels; step_anatomy on the three sets; a fresh build; at most
+      # S23C_BUDGET seconds (default 600). Files: s23c_logs.tar.gz, s23c_results.tar.gz.
+      stage_begin s23c ${S23C_BUDGET:-600} 240
+      cuda_tests "$OUT/s23c_tests.log" 60 tests/test_pivoted_cholesky.py
+      sanitizer memcheck "$OUT/s23c_sanitize.log" 40 --only pivot
+      small=(--datasets pol elevators bike)
+      for rep in 1 2; do
+        [ -d .gpb/old/gpfast ] && (cd .gpb/old && PYTHONPATH=$PWD brun 60 "$OUT/s23c_uci_c.log" python -m \
+          experiments.uci_table --data-dir ../../.data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet \
+          --rows gpfast "${small[@]}" --stem uci_small_c_before_$rep --out "$res")
+        echo "before $rep rc=$?"; row_c_columns "$res/uci_small_c_before_$rep.md"
+        brun 60 "$OUT/s23c_uci_c.log" "${UCI[@]}" --rows gpfast "${small[@]}" --stem uci_small_c_after_$rep --out "$res"
+        echo "after $rep rc=$?"; row_c_columns "$res/uci_small_c_after_$rep.md"
+      done
+      brun 200 "$OUT/s23c_uci_ac.log" "${UCI[@]}" --rows gpytorch gpfast "${small[@]}" --stem uci_small_ac --out "$res"
+      echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike)" "$res/uci_small_ac.md" | cut -d'|' -f2,5,7,11,12,13,17,18
+      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 60 --launch-count 3" ncu_pages "$OUT/s23c_ncu.log" 90 \
+        ncu_pivot --op pivot
+      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|No Eligible" "$res/ncu_pivot_details.txt" | head -16
+      anatomy "$OUT/s23c_anatomy.log" 60 "${small[@]}"
+      tar czf "$OUT/s23c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23c_*.log) && rm -f "$OUT"/s23c_*.log
+      stage_end s23c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

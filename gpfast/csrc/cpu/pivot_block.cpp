@@ -47,11 +47,10 @@ at::Tensor pivot_select_cpu(at::Tensor& d, const at::Tensor& Lb, const at::Tenso
 // Returns (piv (b,) int64, G (b, b), Ginv (b, b)). S = rows[:, cand] is the candidates' residual covariance and
 // d[cand] their remaining diagonal. Step j takes the untaken candidate p with the largest remaining diagonal (the
 // first on ties), ok = d_p > floor, and the column C[:, j] = S[:, p] * (1 / s) with s = sqrt(max(d_p, floor))
-// (C[p, j] = s exactly; all zero when not ok); then S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0. G[j, :] =
-// C[piv_j, :j+1] (lower triangular; a unit row where not ok) and Ginv = G^{-1} by forward substitution (each row's
-// sum times the reciprocal of G's diagonal), with its
-// (j, j) zeroed where not ok, so that the block's columns over all n points, Ginv @ rows[piv] (refined once; see
-// gpfast/train/preconditioner.py), are zero there.
+// (C[p, j] = s exactly; all zero when not ok); then S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0.
+// G[j, :] = C[piv_j, :j+1] (lower triangular; a unit row where not ok) and Ginv = G^{-1} by forward substitution
+// (each row's sum times the reciprocal of G's diagonal), with its (j, j) zeroed where not ok, so that the block's
+// columns over all n points, Ginv @ rows[piv] (refined once; see gpfast/train/preconditioner.py), are zero there.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> pivot_block_cpu(const at::Tensor& rows, const at::Tensor& cand,
                                                                const at::Tensor& d, const at::Tensor& floor,
                                                                int64_t b) {

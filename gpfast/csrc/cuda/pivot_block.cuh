@@ -104,9 +104,9 @@ __device__ __forceinline__ void select_best(double* sv, int* si) {
 // draw it from L2 fast enough: in one kernel with the selection, on an H100, a third of its warps' stall samples
 // waited on these loads, and a call took 50 us.
 constexpr int kUpdateThreads = 256;
-constexpr int kUpdateRows = 8;  // rows of Lb whose loads a thread has in flight together
+constexpr int kUpdateRows = kPivotMaxPivots;  // Lb's rows r <= b <= 32
 
-__global__ void __launch_bounds__(kUpdateThreads) pivot_update_kernel(double* __restrict__ d,
+__global__ void __launch_bounds__(kUpdateThreads, 2) pivot_update_kernel(double* __restrict__ d,
                                                                       const double* __restrict__ Lb, int r,
                                                                       const int64_t* __restrict__ cand, int q,
                                                                       const int64_t* __restrict__ piv, int np, int n) {
@@ -118,14 +118,18 @@ __global__ void __launch_bounds__(kUpdateThreads) pivot_update_kernel(double* __
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x;
   if (i >= n) return;
+  // every row's load issued before the first FMA waits on one: rows past r load row r - 1 and add an exact zero
+  // (acc >= 0, so acc + 0 is acc's bits: the CPU's sum over j < r)
   double acc = 0.0;
-  for (int j0 = 0; j0 < r; j0 += kUpdateRows) {
+  if (r > 0) {
     double l[kUpdateRows];
 #pragma unroll
-    for (int jj = 0; jj < kUpdateRows; ++jj) l[jj] = j0 + jj < r ? Lb[static_cast<int64_t>(j0 + jj) * n + i] : 0.0;
+    for (int jj = 0; jj < kUpdateRows; ++jj) l[jj] = Lb[static_cast<int64_t>(min(jj, r - 1)) * n + i];
 #pragma unroll
-    for (int jj = 0; jj < kUpdateRows; ++jj)
-      if (j0 + jj < r) acc = fma(l[jj], l[jj], acc);
+    for (int jj = 0; jj < kUpdateRows; ++jj) {
+      const double x = jj < r ? l[jj] : 0.0;
+      acc = fma(x, x, acc);
+    }
   }
   double v = fmax(d[i] - acc, 0.0);
   for (int j = 0; j < np; ++j)
