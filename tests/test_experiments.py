@@ -395,3 +395,28 @@ def test_preconditioner_forms_apply_what_they_name_and_write_their_table(tmp_pat
     assert forms == ["none", "block-Jacobi 64", "low-rank 20", "low-rank 20 + diagonal", "low-rank 20 + blocks 64"]
     assert all(0 < r["iterations"] < 400 for r in res["rows"])
     assert "| low-rank 20 + blocks 64 |" in (tmp_path / "preconditioner_forms.md").read_text()
+
+
+def _step_run(path, steps, its, dataset="pol"):
+    row = {"dataset": dataset, "row": "gpfast", "train_s": sum(steps) / 1000, "step_ms": steps, "cg_iterations": its}
+    path.write_text(json.dumps({"machine": "GPU X", "date": "2026-12-05", "commit": "abc", "rows": [row]}))
+    return str(path)
+
+
+def test_step_repeats_sums_each_steps_minimum_and_refuses_other_steps(tmp_path):
+    """A spike in one run of a version is dropped by the per-step minimum, one in every run is kept; runs that
+    took other CG iterations (so other steps) are refused."""
+    from experiments import step_repeats
+
+    its = [3, 4, 5]
+    b = [_step_run(tmp_path / f"b{k}.json", s, its) for k, s in enumerate([[10.0, 30.0, 10.0], [10.0, 8.0, 40.0]])]
+    a = [_step_run(tmp_path / f"a{k}.json", s, its) for k, s in enumerate([[9.0, 20.0, 7.0], [9.0, 21.0, 7.0]])]
+    (row,) = step_repeats.compare(b, a)
+    assert row["before_minima_ms"] == 10.0 + 8.0 + 10.0 and row["after_minima_ms"] == 9.0 + 20.0 + 7.0
+    assert row["change"] == pytest.approx(36.0 / 28.0 - 1.0)
+    assert row["before_steps_ms"] == [50.0, 58.0]
+    step_repeats.main(["--before", *b, "--after", *a, "--stem", "rep", "--out", str(tmp_path)])
+    assert "+28.6%" in (tmp_path / "rep.md").read_text()
+    other = _step_run(tmp_path / "b3.json", [10.0, 8.0, 40.0], [3, 4, 6])
+    with pytest.raises(ValueError, match="different CG iterations"):
+        step_repeats.compare([b[0], other], a)

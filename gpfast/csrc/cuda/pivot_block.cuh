@@ -101,8 +101,9 @@ __device__ __forceinline__ void select_best(double* sv, int* si) {
 // rows of n), one point a thread. The sum runs over j in order by fused multiply-adds, as the CPU's std::fma loop,
 // so both update d to the same bits. Why a kernel of its own: reading Lb (r x n float64, 3.5 MB at pol's 13,500
 // points and r = 32) is most of the update's time, and the selection's few blocks (one a 1,984 points) could not
-// draw it from L2 fast enough: in one kernel with the selection, on an H100, a third of its warps' stall samples
-// waited on these loads, and a call took 50 us.
+// draw it from L2 fast enough: in one kernel with the selection, on an H100 at pol's shape, a third of its warps'
+// stall samples waited on these loads, and a call took 49.7 us; split, the selection took 26 us and this kernel
+// 5.7 us with all of a thread's rows in flight (11.1 us with eight at a time).
 constexpr int kUpdateThreads = 256;
 constexpr int kUpdateRows = kPivotMaxPivots;  // Lb's rows r <= b <= 32
 
@@ -189,20 +190,23 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(const doub
 
 // The greedy pivots of one block, one thread block of kPivotThreads on the c x c residual S = rows[:, cand].
 // Step j takes the untaken candidate p with the largest remaining diagonal (the first on ties),
-// s = sqrt(max(d_p, floor)), the column C[:, j] = S[:, p] / s (C[p, j] = s; zero when d_p <= floor), then
+// s = sqrt(max(d_p, floor)), the column C[:, j] = S[:, p] * (1 / s) (C[p, j] = s; zero when d_p <= floor), then
 // S -= C[:, j] C[:, j]^T, d = max(d - C[:, j]^2, 0), d_p = 0. Then G[j, :] = C[piv_j, :j+1] (a unit row for a pivot
 // below the floor) and Ginv = G^{-1} by forward substitution, its (j, j) zeroed for such a pivot, so that
 // Ginv @ rows[piv] is zero there.
 //
-// Why this layout. The steps are a chain: each pivot needs the diagonal after the one before, so a block of 32 pivots
-// is 32 rounds of (choose, column, update) whose latency is the kernel's time. With one thread a candidate (its row
-// of S in 64 registers) a round had two block-wide barriers, a 64-way register select for S[k, p] and 64 dependent
-// loads and FMAs of the update, and on an H100 a block of 32 pivots from 64 candidates took 62 us. Here S is spread
-// over 256 threads (thread (rg, cg) holds rows rg + 16 a and columns cg + 16 e: kPer x kPer values), every warp
-// keeps the whole diagonal and chooses the pivot itself (shuffles, no barrier), the 16 owners of column p write
-// C[:, j] to shared memory, and one barrier a round publishes it; the update is then kPer^2 FMAs a thread. The
-// forward substitution sweeps by columns of G (each x_i's sum still in the order jj = t, t + 1, ...), so that its
-// chain is b divisions, not b(b - 1)/2 dependent FMAs. The arithmetic of every value is the CPU op's, in its order.
+// Why this form. The steps are a chain: each pivot needs the diagonal after the one before, so a block of 32 pivots
+// is 32 rounds of (choose, column, update), then G's inverse, and their latency is the kernel's time. S is spread
+// over 256 threads (thread (rg, cg) holds rows rg + 16 a and columns cg + 16 e: kPer x kPer values), every warp keeps
+// the whole diagonal and chooses the pivot itself (shuffles, no barrier), the 16 owners of column p write C[:, j] to
+// shared memory, and one barrier a round publishes it. On an H100 at pol's shape (32 pivots from 64 candidates)
+// this layout alone took 64.6 us, as long as one thread a candidate (62 us): Nsight Compute put 40% of the stall
+// samples in the forward substitution (one warp working down b(b - 1)/2 dependent FMAs with a division at each row)
+// and the rest in the rounds' serial chain, where each owner's four divisions ran one after another. With one
+// division a pivot (the column times 1 / s, as LAPACK's unblocked Cholesky scales; the CPU op does the same) and the
+// inverse swept by columns of G with the reciprocals of its diagonal (a chain of b multiplies, each sum's terms still
+// in the order jj = t, t + 1, ...) it took 29.9 us (experiments/results/h100_2026-12-05_session23). The arithmetic of
+// every value is the CPU op's, in its order.
 constexpr int kPivotThreads = 256;
 
 // c ? a : b by one selp in inline PTX: written in C++, the compiler turns a chain of such selects over a register
