@@ -110,7 +110,7 @@
 #                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560),
 #                 session23b (the same after the kernels' second form; S23B_BUDGET 540), session23c (the update with
 #                 all rows in flight; row c before and after twice on the small sets, rows a and c end to end there;
-#                 S23C_BUDGET 600)
+#                 S23C_BUDGET 600), session23d (the pivot mends' CUDA tests and memcheck; S23D_BUDGET 230)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1581,6 +1581,15 @@ PYEOF
       anatomy "$OUT/s23c_anatomy.log" 60 "${small[@]}"
       tar czf "$OUT/s23c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23c_*.log) && rm -f "$OUT"/s23c_*.log
       stage_end s23c ;;
+    session23d)
+      # The last mends of the pivot kernels (the update launched at the first block too, where it clamps d; Lb's rows
+      # in chunks of 32 for r up to 64): test_pivoted_cholesky's CUDA tests, then memcheck over the pivot steps; a
+      # fresh build; at most S23D_BUDGET seconds (default 230). Files: s23d_logs.tar.gz.
+      stage_begin s23d ${S23D_BUDGET:-230} 200
+      cuda_tests "$OUT/s23d_tests.log" 40 tests/test_pivoted_cholesky.py
+      sanitizer memcheck "$OUT/s23d_sanitize.log" 30 --only pivot
+      tar czf "$OUT/s23d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23d_*.log) && rm -f "$OUT"/s23d_*.log
+      rm -rf "$res" ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -8,7 +8,8 @@ hit the same code in one run and missed it in the next), which on the small UCI 
 much as a change to the kernels does. So for each set and version the table gives every run's training time and
 sum of steps, and the sum over steps of each step's *minimum* across the repeats: a spike only counts if it
 happened in every run. The runs of one version must have taken the same steps (same CG iterations and rebuilds),
-which the script checks by their CG iterations per step.
+which the script checks by their CG iterations per step, and both versions need as many runs (a minimum over more
+runs is smaller by itself); a failed run (no steps) leaves its version a run short, which is refused.
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ from gpfast.bench.report import md_table, write_results
 
 
 def _runs(paths: list[str]) -> dict[str, list[dict]]:
-    """dataset -> its rows (one per file), in the order given."""
+    """dataset -> its row c (one per file), in the order given. A file with two of a set's rows (several splits) is
+    refused: its rows are not repeats of one another."""
     by_set: dict[str, list[dict]] = {}
     for p in paths:
+        seen = set()
         for r in json.loads(Path(p).read_text())["rows"]:
-            if r.get("row") == "gpfast" and r.get("step_ms"):
-                by_set.setdefault(r["dataset"], []).append(r)
+            if r.get("row") != "gpfast" or not r.get("step_ms"):
+                continue  # other rows, and a failed run's (no steps)
+            if r["dataset"] in seen:
+                raise ValueError(f"{p} has more than one row c of {r['dataset']} (several splits?)")
+            seen.add(r["dataset"])
+            by_set.setdefault(r["dataset"], []).append(r)
     return by_set
 
 
@@ -36,7 +43,9 @@ def minima_sum(runs: list[dict]) -> float:
     steps = [r["step_ms"] for r in runs]
     if len({len(s) for s in steps}) != 1:
         raise ValueError(f"runs of {runs[0]['dataset']} have different step counts: {[len(s) for s in steps]}")
-    its = {tuple(r.get("cg_iterations") or ()) for r in runs}
+    if any(not r.get("cg_iterations") for r in runs):
+        raise ValueError(f"runs of {runs[0]['dataset']} have no CG iterations: cannot check they took the same steps")
+    its = {tuple(r["cg_iterations"]) for r in runs}
     if len(its) != 1:
         raise ValueError(f"runs of {runs[0]['dataset']} took different CG iterations, so not the same steps")
     return float(sum(min(v) for v in zip(*steps)))
@@ -46,6 +55,8 @@ def compare(before: list[str], after: list[str]) -> list[dict]:
     b, a = _runs(before), _runs(after)
     rows = []
     for ds in [d for d in b if d in a]:
+        if len(b[ds]) != len(a[ds]):  # a minimum over more runs is smaller by itself
+            raise ValueError(f"{ds}: {len(b[ds])} runs before against {len(a[ds])} after; the minima need as many")
         mb, ma = minima_sum(b[ds]), minima_sum(a[ds])
         rows.append(
             {

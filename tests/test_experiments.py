@@ -420,3 +420,11 @@ def test_step_repeats_sums_each_steps_minimum_and_refuses_other_steps(tmp_path):
     other = _step_run(tmp_path / "b3.json", [10.0, 8.0, 40.0], [3, 4, 6])
     with pytest.raises(ValueError, match="different CG iterations"):
         step_repeats.compare([b[0], other], a)
+    with pytest.raises(ValueError, match="1 runs before against 2 after"):
+        step_repeats.compare(b[:1], a)
+    shorter = _step_run(tmp_path / "b4.json", [10.0, 8.0], [3, 4])
+    with pytest.raises(ValueError, match="different step counts"):
+        step_repeats.compare([b[0], shorter], a)
+    none = _step_run(tmp_path / "b5.json", [10.0, 8.0, 40.0], [])
+    with pytest.raises(ValueError, match="no CG iterations"):
+        step_repeats.compare([b[0], none], a)

@@ -125,12 +125,15 @@ def _select_reference(d, Lb, drop, c):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n, r, c", [(1, 0, 1), (40, 0, 32), (100, 16, 32), (5000, 32, 64), (70_001, 16, 33)])
+@pytest.mark.parametrize(
+    "n, r, c", [(1, 0, 1), (40, 0, 32), (100, 16, 32), (5000, 32, 64), (70_001, 16, 33), (3000, 50, 40)]
+)
 @pytest.mark.parametrize("ties", [False, True])
 def test_pivot_select_op(device, n, r, c, ties):
     """d is updated in place to max(d - sum Lb^2, 0) with the previous block's pivots zeroed, and the candidates
     are the c largest of the updated d, the smaller index first among equals (rounded diagonals make many ties;
-    70,001 points take many thread blocks and the last block's merge on a GPU). The CUDA op gives the CPU op's
+    70,001 points take many thread blocks and the last block's merge on a GPU; r = 50 rows of Lb take the GPU's
+    update two chunks of 32). The CUDA op gives the CPU op's
     bits: the same update by fused multiply-adds in the same order, and one total order."""
     gen = torch.Generator().manual_seed(n + r + c + ties)
     d = torch.rand(n, generator=gen, dtype=F64) + 0.5
@@ -150,6 +153,22 @@ def test_pivot_select_op(device, n, r, c, ties):
         cpu_d = d.clone()
         cpu = torch.ops.gpfast._pivot_select(cpu_d, Lb, cand, piv, c)
         assert torch.equal(cpu_d, got_d.cpu()) and torch.equal(cpu, got.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pivot_select_op_clamps_the_first_blocks_diagonal(device):
+    """With no previous block (r = 0, no pivots) the op still clamps d to max(d, 0), a NaN to 0, so a negative or
+    NaN diagonal entry is never a candidate ahead of a positive one; the CUDA op gives the CPU op's bits."""
+    d = torch.tensor([0.5, -1.0, float("nan"), 2.0, 0.0, 1.5], dtype=F64)
+    no = torch.empty(0, dtype=torch.long)
+    got_d = d.to(device)
+    got = torch.ops.gpfast._pivot_select(got_d, torch.empty(0, 6, dtype=F64, device=device), no.to(device),
+                                         no.to(device), 4)  # fmt: skip
+    assert torch.equal(got_d.cpu(), torch.tensor([0.5, 0.0, 0.0, 2.0, 0.0, 1.5], dtype=F64))
+    assert got.tolist() == [3, 5, 0, 1]  # then the zeros by index
+    if device == "cuda":
+        cpu_d = d.clone()
+        assert torch.equal(torch.ops.gpfast._pivot_select(cpu_d, torch.empty(0, 6, dtype=F64), no, no, 4), got.cpu())
 
 
 def _block_args():

@@ -142,10 +142,10 @@ class BuildGraph:
     replayed for new hyperparameters.
 
     Why: a greedy build of rank k is 14 kernel launches a block of pivots from a Python loop (2,800 at rank 3,200
-    in blocks of 16, 1,400 in the engine's blocks of 32), so on a GPU the host sets much of its time, and the engine rebuilds at an unchanged rank whenever a
-    lengthscale moves. A replay launches them all at once: the same kernels in the same
-    order on the same shapes (the pivots are chosen on the device, so nothing in the build depends on the host),
-    hence the same factor as a build op by op.
+    in blocks of 16, 1,400 in the engine's blocks of 32), so on a GPU the host sets much of its time, and the
+    engine rebuilds at an unchanged rank whenever a lengthscale moves. A replay launches them all at once: the same
+    kernels in the same order on the same shapes (the pivots are chosen on the device, so nothing in the build
+    depends on the host), hence the same factor as a build op by op.
 
     Parameters
     ----------

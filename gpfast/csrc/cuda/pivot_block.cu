@@ -13,13 +13,13 @@ at::Tensor pivot_select_cuda(at::Tensor& d, const at::Tensor& Lb, const at::Tens
   const int64_t n = d.size(0);
   const at::Tensor Lc = Lb.contiguous(), cc = cand.contiguous(), pc = piv.contiguous();
   const int r = static_cast<int>(Lc.size(0)), np = static_cast<int>(pc.size(0));
-  if (r > 0 || np > 0) {  // the first block updates nothing
-    pivot_update_kernel<<<static_cast<unsigned>(ceil_div(n, int64_t(kUpdateThreads))), kUpdateThreads, 0,
-                          current_stream()>>>(d.data_ptr<double>(), Lc.data_ptr<double>(), r, cc.data_ptr<int64_t>(),
-                                              static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), np,
-                                              static_cast<int>(n));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  // also at the first block (r = np = 0), where it only clamps d to max(d, 0) as the CPU op does: without it a
+  // negative or NaN diagonal entry would reach the selection, and the two ops would no longer agree
+  pivot_update_kernel<<<static_cast<unsigned>(ceil_div(n, int64_t(kUpdateThreads))), kUpdateThreads, 0,
+                        current_stream()>>>(d.data_ptr<double>(), Lc.data_ptr<double>(), r, cc.data_ptr<int64_t>(),
+                                            static_cast<int>(cc.size(0)), pc.data_ptr<int64_t>(), np,
+                                            static_cast<int>(n));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   // a round of kSelectFresh points a block, at most one wave (more points take more rounds): the last block merges
   // 64 keys a block, kSelectFresh a round
   const int blocks =

@@ -1,6 +1,7 @@
 // Device code of the pivoted Cholesky's block steps (torch-free), the same steps in the same order as
 // cpu/pivot_block.cpp:
-//   pivot_update_kernel  the previous block's update of the remaining diagonal, one point a thread;
+//   pivot_update_kernel  the previous block's update of the remaining diagonal (at the first block only the clamp
+//                        d = max(d, 0)), one point a thread;
 //   pivot_select_kernel  the next block's candidates (the c largest remaining diagonals) over all n points;
 //   pivot_block_kernel   the greedy pivots among the candidates, the b x b factor G of the pivots and its inverse,
 //                        one thread block of 256 on the c x c residual.
@@ -105,7 +106,7 @@ __device__ __forceinline__ void select_best(double* sv, int* si) {
 // stall samples waited on these loads, and a call took 49.7 us; split, the selection took 26 us and this kernel
 // 5.7 us with all of a thread's rows in flight (11.1 us with eight at a time).
 constexpr int kUpdateThreads = 256;
-constexpr int kUpdateRows = kPivotMaxPivots;  // Lb's rows r <= b <= 32
+constexpr int kUpdateRows = 32;  // rows of Lb a chunk: all of the engine's (r = b <= 32; the op takes r <= 64)
 
 __global__ void __launch_bounds__(kUpdateThreads, 2) pivot_update_kernel(double* __restrict__ d,
                                                                       const double* __restrict__ Lb, int r,
@@ -119,16 +120,16 @@ __global__ void __launch_bounds__(kUpdateThreads, 2) pivot_update_kernel(double*
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kUpdateThreads + threadIdx.x;
   if (i >= n) return;
-  // every row's load issued before the first FMA waits on one: rows past r load row r - 1 and add an exact zero
-  // (acc >= 0, so acc + 0 is acc's bits: the CPU's sum over j < r)
+  // a chunk's loads all issued before its first FMA waits on one (one chunk for the engine's r <= 32): rows past r
+  // load row r - 1 and add an exact zero (acc >= 0, so acc + 0 is acc's bits: the CPU's sum over j < r, in order)
   double acc = 0.0;
-  if (r > 0) {
+  for (int j0 = 0; j0 < r; j0 += kUpdateRows) {
     double l[kUpdateRows];
 #pragma unroll
-    for (int jj = 0; jj < kUpdateRows; ++jj) l[jj] = Lb[static_cast<int64_t>(min(jj, r - 1)) * n + i];
+    for (int jj = 0; jj < kUpdateRows; ++jj) l[jj] = Lb[static_cast<int64_t>(min(j0 + jj, r - 1)) * n + i];
 #pragma unroll
     for (int jj = 0; jj < kUpdateRows; ++jj) {
-      const double x = jj < r ? l[jj] : 0.0;
+      const double x = j0 + jj < r ? l[jj] : 0.0;
       acc = fma(x, x, acc);
     }
   }
@@ -200,13 +201,15 @@ __global__ void __launch_bounds__(kSelectThreads) pivot_select_kernel(const doub
 // over 256 threads (thread (rg, cg) holds rows rg + 16 a and columns cg + 16 e: kPer x kPer values), every warp keeps
 // the whole diagonal and chooses the pivot itself (shuffles, no barrier), the 16 owners of column p write C[:, j] to
 // shared memory, and one barrier a round publishes it. On an H100 at pol's shape (32 pivots from 64 candidates)
-// this layout alone took 64.6 us, as long as one thread a candidate (62 us): Nsight Compute put 40% of the stall
+// this layout alone took 64.6 us, as long as one thread a candidate (62 us): Nsight Compute put 25 of its 61 stall
 // samples in the forward substitution (one warp working down b(b - 1)/2 dependent FMAs with a division at each row)
-// and the rest in the rounds' serial chain, where each owner's four divisions ran one after another. With one
+// and 27 in the rounds' serial chain, where each owner's four divisions ran one after another. With one
 // division a pivot (the column times 1 / s, as LAPACK's unblocked Cholesky scales; the CPU op does the same) and the
 // inverse swept by columns of G with the reciprocals of its diagonal (a chain of b multiplies, each sum's terms still
 // in the order jj = t, t + 1, ...) it took 29.9 us (experiments/results/h100_2026-12-05_session23). The arithmetic of
-// every value is the CPU op's, in its order.
+// every value is the CPU op's, in its order. For a NaN diagonal the two differ: sel_better never prefers a NaN, so
+// where every untaken candidate is NaN this kernel names no pivot (INT_MAX) and the CPU takes the first; the
+// selection's update (fmax(., 0)) leaves no NaN in the d the engine passes.
 constexpr int kPivotThreads = 256;
 
 // c ? a : b by one selp in inline PTX: written in C++, the compiler turns a chain of such selects over a register
