@@ -395,6 +395,16 @@ def test_preconditioner_forms_apply_what_they_name_and_write_their_table(tmp_pat
     assert forms == ["none", "block-Jacobi 64", "low-rank 20", "low-rank 20 + diagonal", "low-rank 20 + blocks 64"]
     assert all(0 < r["iterations"] < 400 for r in res["rows"])
     assert "| low-rank 20 + blocks 64 |" in (tmp_path / "preconditioner_forms.md").read_text()
+    # the factor as stored in 16 bits: within half a unit in the last place of the scaled entries, and the form's
+    # P is built from the rounded factor itself
+    for dtype, ulp in ((torch.float16, 2.0**-11), (torch.bfloat16, 2.0**-8)):
+        L16 = pf.rounded(4.0 * L, dtype, 16.0)
+        assert not torch.equal(L16, 4.0 * L) and float((L16 - 4.0 * L).abs().max()) <= 4.0 * ulp / 2 * 1.0001
+        assert torch.equal(L16, pf.rounded(L16, dtype, 16.0))  # representable: rounding again changes nothing
+    pf.main(["--synthetic", "300", "3", "--steps", "2", "--ranks", "20", "--blocks", "64", "--stored", "float16",
+             "--out", str(tmp_path)])  # fmt: skip
+    res = json.loads((tmp_path / "preconditioner_forms.json").read_text())
+    assert [r["form"] for r in res["rows"]][2:4] == ["low-rank 20", "low-rank 20, L in float16"]
 
 
 def _step_run(path, steps, its, dataset="pol"):
