@@ -25,7 +25,7 @@ to ``--tol`` on the largest relative residual (the engine's tolerance), and the 
 - with ``--stored float16`` (or ``bfloat16``), ``low-rank k, L in float16``: the engine's form with its factor
   rounded to that type (scaled by 1 / sqrt(s) first, so that its entries are at most 1) and the Woodbury matrix
   formed from the rounded factor, so that P is exactly ``L16 L16^T + noise I``. Why: each CG iteration reads the
-  n x k factor twice, 15% of what the stored-K product reads on protein at rank 3200 and 38% on pol at 1600; stored
+  n x k factor twice, 15% of what the stored-K product reads on protein at rank 3200 and 24% on pol at 1600; stored
   in 16 bits it would read half as much, if the rounded factor preconditions as well.
 
 Every form has an exact log-determinant and sampler, so each could serve the engine's stochastic estimates; the table
