@@ -110,7 +110,9 @@
 #                 kernels: their tests, sanitizers, Nsight Compute, row c before and after, step_anatomy; S23_BUDGET 560),
 #                 session23b (the same after the kernels' second form; S23B_BUDGET 540), session23c (the update with
 #                 all rows in flight; row c before and after twice on the small sets, rows a and c end to end there;
-#                 S23C_BUDGET 600), session23d (the pivot mends' CUDA tests and memcheck; S23D_BUDGET 230)
+#                 S23C_BUDGET 600), session23d (the pivot mends' CUDA tests and memcheck; S23D_BUDGET 230),
+#                 session24a (the preconditioner's factor in float16: its tests, memcheck, row c with and without it
+#                 twice, step_anatomy; S24A_BUDGET 590)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1590,6 +1592,24 @@ PYEOF
       sanitizer memcheck "$OUT/s23d_sanitize.log" 30 --only pivot
       tar czf "$OUT/s23d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23d_*.log) && rm -f "$OUT"/s23d_*.log
       rm -rf "$res" ;;
+    session24a)
+      # The preconditioner's factor kept in float16 (CGSettings.preconditioner_storage; not the default): a fresh
+      # build, then, in value order, the CUDA tests of the float16-K product, the preconditioner and the engine;
+      # memcheck over the float16-K product; row c on the seven sets with the factor in float32 (the default) and
+      # in float16, twice each, alternating; step_anatomy with float16 (its kernel table has the factor's products);
+      # at most S24A_BUDGET seconds (default 590). Files: s24a_logs.tar.gz, s24a_results.tar.gz.
+      stage_begin s24a ${S24A_BUDGET:-590} 240
+      cuda_tests "$OUT/s24a_tests.log" 120 tests/test_dense_matmul.py tests/test_train.py tests/test_cuda_graphs.py
+      sanitizer memcheck "$OUT/s24a_sanitize.log" 40 --only half
+      for rep in 1 2; do
+        row_c "$OUT/s24a_uci_c.log" 90 uci_all_c_f32_$rep
+        row_c "$OUT/s24a_uci_c.log" 90 uci_all_c_f16_$rep --cg preconditioner_storage=float16
+      done
+      python -m experiments.step_repeats --before "$res"/uci_all_c_f32_?.json --after "$res"/uci_all_c_f16_?.json \
+        --stem step_repeats_f16 --out "$res" | tail -12
+      anatomy "$OUT/s24a_anatomy.log" 80 --options '{"preconditioner_storage": "float16"}'
+      tar czf "$OUT/s24a_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24a_*.log) && rm -f "$OUT"/s24a_*.log
+      stage_end s24a ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

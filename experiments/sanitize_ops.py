@@ -10,14 +10,16 @@ t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through `
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
 weight bucket); the covariance backward's kernels forced through ``_rbf_covariance_backward_kernel`` and the
 backward from the forward's K (``_rbf_covariance_backward_from_k``);
-the stored-K product (``dense_matmul``) for t = 1..16 with a strided K; the pivoted Cholesky's block
-steps (``_pivot_select``, ``_pivot_block``); ``stored_backward``'s tensor-core kernels, the engine's symmetric
-forward and its product reading half of a symmetric K (``symmetric_matmul`` at each super-tile). Usage:
-``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric|pivot]`` (or
+the stored-K product (``dense_matmul``) for t = 1..16 with a strided K, and with a float16 K
+(``_dense_matmul_half``); the pivoted Cholesky's block steps (``_pivot_select``, ``_pivot_block``);
+``stored_backward``'s tensor-core kernels, the engine's symmetric forward and its product reading half of a
+symmetric K (``symmetric_matmul`` at each super-tile). Usage:
+``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric|pivot|half]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
 runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
 covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product,
-``--only symmetric`` the symmetric product alone, ``--only pivot`` the pivoted Cholesky's steps alone.
+``--only symmetric`` the symmetric product alone, ``--only pivot`` the pivoted Cholesky's steps alone, ``--only
+half`` the float16-K product alone.
 """
 
 import torch
@@ -95,7 +97,17 @@ def run_all():
     run_stored_backward(dev)
     run_matmul_kernels(dev)
     run_pivot_steps(dev)
+    run_half_product(dev)
     torch.cuda.synchronize()
+
+
+def run_half_product(dev):
+    """The stored-K product with a float16 K (the preconditioner's factor kept in 16 bits): every t bucket, rows and
+    columns ragged, row strides a multiple of 8 values (16-byte loads) and not (scalar loads)."""
+    for rows, n, t in [(37, 1027, 1), (130, 70, 11), (65, 300, 12), (9, 2001, 16), (3, 5, 7), (200, 5000, 2)]:
+        for K in (torch.randn(rows, n, device=dev).half(), torch.randn(rows, n + 8, device=dev).half()[:, :n],
+                  torch.randn(rows, n + 3, device=dev).half()[:, :n]):  # fmt: skip
+            torch.ops.gpfast._dense_matmul_half(K, torch.randn(n, t, device=dev))
 
 
 def run_pivot_steps(dev):
@@ -241,6 +253,10 @@ if __name__ == "__main__":
         run_pivot_steps("cuda")
         torch.cuda.synchronize()
         print("sanitize_ops: the pivoted Cholesky's block steps ran")
+    elif sys.argv[1:] == ["--only", "half"]:  # the stored-K product with a float16 K alone
+        run_half_product("cuda")
+        torch.cuda.synchronize()
+        print("sanitize_ops: the float16-K product ran")
     elif sys.argv[1:] == ["--only", "forward"]:  # the covariance forward's kernels alone
         for dtype in (torch.float32, torch.float64):
             run_covariance_forward("cuda", dtype)

@@ -105,6 +105,10 @@ def _register_stored_parts() -> None:
     def _dense_fake(K, V):
         return K.new_empty(K.shape[0], V.shape[1])
 
+    @torch.library.register_fake("gpfast::_dense_matmul_half")
+    def _dense_half_fake(K, V):
+        return V.new_empty(K.shape[0], V.shape[1])
+
     @torch.library.register_fake("gpfast::symmetric_matmul")
     def _sym_fake(K, V, block=0, stages=0):
         return K.new_empty(K.shape[0], V.shape[1])

@@ -177,3 +177,70 @@ def test_cuda_stored_product_uses_the_kernel_and_aligned_rows():
     want = ops.rbf_covariance(x.double(), x.double(), l.double(), s.double()) @ V.double() + 0.1 * V.double()
     assert rel_err(p.matmul(V), want) < 1e-5
     assert rel_err(product.stored_matmul(p.K, V, "vtk") + 0.1 * V, want) < 1e-5
+
+
+# ------------------------------------------------------------------------- the float16 K (the preconditioner's factor)
+
+
+def half_check(out, K, V):
+    """K float16 @ V float32 against float64 (K's values are exact there): the float32 rule of a float32 K holding
+    the same values."""
+    assert out.dtype == torch.float32 and out.shape == (K.shape[0], V.shape[1]) and out.device == K.device
+    assert torch.isfinite(out).all(), "an output element was never written (poisoned memory showed through)"
+    want = K.double() @ V.double()
+    plain = K.float() @ V
+    assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-7
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_matmul_half_small_and_errors(device):
+    K = torch.randn(7, 9, device=device).half()
+    V = torch.randn(9, 3, device=device)
+    half_check(torch.ops.gpfast._dense_matmul_half(K, V), K, V)
+    with pytest.raises(RuntimeError, match="_dense_matmul_half: K must be float16, got Float"):
+        torch.ops.gpfast._dense_matmul_half(K.float(), V)
+    with pytest.raises(RuntimeError, match="_dense_matmul_half: V must be float32, got Half"):
+        torch.ops.gpfast._dense_matmul_half(K, V.half())
+    with pytest.raises(RuntimeError, match="V has 8 rows"):
+        torch.ops.gpfast._dense_matmul_half(K, V[:8])
+    torch.library.opcheck(torch.ops.gpfast._dense_matmul_half.default, (K, V))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 8, 11, 12, 16, 17])
+def test_cuda_dense_matmul_half_matches_float64(shape, t):
+    """Every right-hand-side bucket (17: cuBLAS on the widened K), rows and columns ragged around the kernel's
+    groups and its chunks of 256-column steps, poisoned outputs, bitwise repeatable."""
+    rows, n = shape
+    K = (torch.rand(rows, n, device="cuda") * 2 - 1).half()  # entries within 1, as the scaled factor's
+    V = torch.randn(n, t, device="cuda")
+    poison_allocator("cuda", 8 * rows * t * 64)
+    out = torch.ops.gpfast._dense_matmul_half(K, V)
+    half_check(out, K, V)
+    assert torch.equal(out, torch.ops.gpfast._dense_matmul_half(K, V))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
+@pytest.mark.parametrize("t", [1, 11, 16])
+def test_cuda_dense_matmul_half_strides(t):
+    """Row strides of a multiple of 8 values (16-byte loads) and not (scalar loads), a start off 16 bytes, the
+    preconditioner's padded transpose, and a column stride other than 1 (widened, then cuBLAS)."""
+    rows, n = 203, 1501
+    big = torch.randn(rows + 1, n + 7, device="cuda").half()  # ld 1508: not a multiple of 8
+    pad = torch.randn(rows, 1504, device="cuda").half()  # ld 1504: a multiple of 8
+    V = torch.randn(n, t, device="cuda")
+    views = {
+        "ld a multiple of 8": pad[:, :n],
+        "ld not a multiple of 8": big[:rows, :n],
+        "start off 16 bytes": big[1:, 1 : n + 1],
+        "transposed (cuBLAS)": torch.randn(n, rows, device="cuda").half().t(),
+    }
+    for name, K in views.items():
+        poison_allocator("cuda", 8 * rows * t * 64)
+        try:
+            half_check(torch.ops.gpfast._dense_matmul_half(K, V), K, V)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from exc

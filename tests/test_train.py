@@ -203,6 +203,64 @@ def test_preconditioner_is_woodbury_of_pivoted_cholesky():
     assert rel_err(pc.solve(V), torch.linalg.solve(P, V)) < 1e-10
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_preconditioner_stored_in_float16_is_the_woodbury_of_its_rounded_factor(device):
+    """storage="float16": the factor is rounded as stored (scaled by 1 / sqrt(s_build): within half a float16 unit
+    of its scaled entries), and solve, the log-determinant and the sampler are all those of P built from the rounded
+    factor, after new scales too; a float64 working dtype keeps its factor."""
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(300, 3, generator=gen, dtype=F64)
+    ls, s = torch.tensor([0.7, 1.1, 0.9], dtype=F64), torch.tensor(1.3, dtype=F64)
+    prod = CovarianceProduct(X, "stored")
+    prod.update(ls, s, torch.tensor(0.05, dtype=F64))
+    L = pivoted_cholesky(prod.kernel_rows, torch.full((300,), 1.3, dtype=F64), 24).to(device)
+    pc = Preconditioner(L, 1.3, torch.float32, storage="float16")
+    Lr = pc.L
+    assert pc.half and not torch.equal(Lr, L)
+    assert float(((Lr - L) / 1.3**0.5).abs().max()) <= 2.0**-12 * 1.0001  # half a unit at entries below 1
+    assert torch.equal(Lr, (Lr / 1.3**0.5).half().double() * 1.3**0.5)  # representable: stored exactly
+    assert pc.L_work.dtype == (torch.float16 if device == "cuda" else torch.float32)
+    V = torch.randn(300, 5, generator=gen, dtype=F64).to(device)
+    for c, noise in ((1.0, 0.05), (2.0, 0.1)):  # at the build's scales, then the outputscale doubled
+        pc.set_scales(1.3 * c, noise)
+        P = c * Lr @ Lr.t() + noise * torch.eye(300, dtype=F64, device=device)
+        want = torch.linalg.solve(P, V)
+        assert rel_err(pc.solve(V.float()), want) < 1e-5  # float32 iterations: to their rounding
+        assert pc.log_det == pytest.approx(float(torch.logdet(P)), rel=1e-10)
+    W1 = torch.randn(24, 3, generator=gen, dtype=F64).to(device)
+    Z = pc.sample(W1, torch.zeros(300, 3, dtype=torch.float32, device=device))
+    assert rel_err(Z, (2.0**0.5 * Lr @ W1).float()) < 1e-6  # the rounded factor, scaled by sqrt(c)
+    full = Preconditioner(L, 1.3, F64, storage="float16")
+    assert not full.half and torch.equal(full.L, L)
+    with pytest.raises(ValueError, match="storage must be 'float32' or 'float16', got 'int8'"):
+        Preconditioner(L, 1.3, torch.float32, storage="int8")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_engine_with_a_float16_factor_fits_as_with_float32(device):
+    """Ten Adam steps with the factor kept in float16 against the default: the solves meet the same tolerance, so
+    the losses and the fitted hyperparameters agree to the solves' accuracy (the iterations may differ by one)."""
+    runs = []
+    for storage in ("float32", "float16"):
+        model = _problem(n=400, d=3, dtype=torch.float32, seed=7, device=device)
+        engine = Engine(CGSettings(product="stored", num_probes=10, preconditioner_storage=storage))
+        closure = engine.objective(model)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
+            torch.manual_seed(0)
+            losses = []
+            for _ in range(10):
+                losses.append(float(closure()))
+                opt.step()
+        rec = engine.finish()
+        runs.append((losses, rec.cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
+        assert engine._state.pc.half == (storage == "float16")
+    (l32, it32, ls32), (l16, it16, ls16) = runs
+    assert all(abs(a - b) <= 1 for a, b in zip(it32, it16)), (it32, it16)
+    assert max(abs(a - b) for a, b in zip(l32, l16)) < 2e-3
+    assert rel_err(ls16, ls32) < 2e-3
+
+
 def test_pcg_solves_warm_starts_and_lanczos_log_det():
     gen = torch.Generator().manual_seed(1)
     A = torch.randn(200, 200, generator=gen, dtype=F64)
@@ -398,6 +456,10 @@ def test_exact_gp_engine_is_reproducible_and_shows_its_terms(capsys):
         ({"cg_check_every": 0}, r"invalid cg_check_every=0; expected None or an int >= 1"),
         ({"max_preconditioner_rank": -1}, r"invalid max_preconditioner_rank=-1; expected an int >= 0"),
         ({"cg_iteration_limit": 2.5}, r"invalid cg_iteration_limit=2.5; expected an int >= 1"),
+        (
+            {"preconditioner_storage": "bfloat16"},
+            r"invalid preconditioner_storage='bfloat16'; expected one of \('float32', 'float16'\)",
+        ),
         ({"bogus": 1}, r"unknown key\(s\) \['bogus'\]"),
         ("fast", r"invalid cg='fast'"),
     ],
@@ -528,7 +590,9 @@ def _count_host_reads(monkeypatch) -> list[str]:
     return seen
 
 
-@pytest.mark.parametrize("options", [{}, {"max_cg_iterations": 4, "preconditioner_rank": 5}])
+@pytest.mark.parametrize(
+    "options", [{}, {"max_cg_iterations": 4, "preconditioner_rank": 5}, {"preconditioner_storage": "float16"}]
+)
 def test_an_engine_step_reads_the_device_at_most_three_times(monkeypatch, options):
     """Every step of a short Adam run, the first (cold, stochastic Lanczos) and rebuild steps included, and steps
     whose solves hit the cap (the second options) or converge early: at most three host reads."""
@@ -546,7 +610,7 @@ def test_an_engine_step_reads_the_device_at_most_three_times(monkeypatch, option
     rec = engine.finish()
     assert all(len(r) <= 3 for r in reads), reads
     assert any(rec.rebuilt[1:]) and rec.cg_iterations[0] > 0, rec
-    if options:  # the cap binds: the steps ran to it
+    if "max_cg_iterations" in options:  # the cap binds: the steps ran to it
         assert max(rec.cg_iterations) >= 4 and max(rec.cg_residuals) > 0.01, rec
 
 

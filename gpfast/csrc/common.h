@@ -57,6 +57,18 @@ inline void check_dense_matmul(const at::Tensor& K, const at::Tensor& V, const c
   TORCH_CHECK(V.device() == K.device(), op, ": V must be on K's device ", K.device(), ", got ", V.device());
 }
 
+// _dense_matmul_half's arguments: K (rows, n) float16 and V (n, t) float32, one device.
+inline void check_dense_matmul_half(const at::Tensor& K, const at::Tensor& V) {
+  const char* op = "_dense_matmul_half";
+  TORCH_CHECK(K.dim() == 2, op, ": K must be (rows, n), got ", K.dim(), " dims with shape ", K.sizes());
+  TORCH_CHECK(V.dim() == 2, op, ": V must be (n, t), got ", V.dim(), " dims with shape ", V.sizes());
+  TORCH_CHECK(K.size(1) == V.size(0), op, ": K is ", K.sizes(), " but V has ", V.size(0), " rows (need ",
+              K.size(1), ")");
+  TORCH_CHECK(K.scalar_type() == at::kHalf, op, ": K must be float16, got ", K.scalar_type());
+  TORCH_CHECK(V.scalar_type() == at::kFloat, op, ": V must be float32, got ", V.scalar_type());
+  TORCH_CHECK(V.device() == K.device(), op, ": V must be on K's device ", K.device(), ", got ", V.device());
+}
+
 // stored_backward's arguments: K (n, m) with column stride 1 (any row stride), x1 (n, d), x2 (m, d), lengthscale
 // (d), outputscale 0-dim, G (n, t), V (m, t); one floating dtype and one device.
 inline void check_stored_backward(const at::Tensor& K, const at::Tensor& x1, const at::Tensor& x2,

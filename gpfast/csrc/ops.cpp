@@ -25,6 +25,12 @@ at::Tensor dense_matmul_cpu(const at::Tensor& K, const at::Tensor& V) {
   return at::mm(K, V);
 }
 
+// K (float16) @ V (float32) on the CPU: K widened to float32, then at::mm.
+at::Tensor dense_matmul_half_cpu(const at::Tensor& K, const at::Tensor& V) {
+  check_dense_matmul_half(K, V);
+  return at::mm(K.to(at::kFloat), V);
+}
+
 // K @ V for a symmetric K, on the CPU: at::mm of the whole K (the CUDA kernel, cuda/symmetric_matmul.cu, reads its
 // block upper triangle). block is checked as on CUDA, so that a bad value fails the same way everywhere.
 at::Tensor symmetric_matmul_cpu(const at::Tensor& K, const at::Tensor& V, int64_t block, int64_t stages) {
@@ -155,6 +161,8 @@ TORCH_LIBRARY(gpfast, m) {
   // K @ V for a stored K (rows, n), row-major, and V (n, t): the training engine's stored-K product. CUDA: a
   // bandwidth kernel for t <= 16 (cuBLAS beyond, or for K with a column stride other than 1).
   m.def("dense_matmul(Tensor K, Tensor V) -> Tensor");
+  // K float16, V float32: the preconditioner's factor stored in 16 bits (gpfast/train/preconditioner.py)
+  m.def("_dense_matmul_half(Tensor K, Tensor V) -> Tensor");
   // K @ V for a symmetric stored K (n, n) and V (n, t): on CUDA, float32 and t <= 16, a tensor-core kernel reads
   // only K's blocks on and above the diagonal (K is taken as symmetric). block: the super-tile (256, 512, 1024),
   // 0 for the op's choice, -1 for dense_matmul's full-matrix kernel; stages: the copies in flight (0: the
@@ -211,6 +219,7 @@ TORCH_LIBRARY_IMPL(gpfast, CompositeImplicitAutograd, m) {
 
 TORCH_LIBRARY_IMPL(gpfast, CPU, m) {
   m.impl("dense_matmul", &gpfast::dense_matmul_cpu);
+  m.impl("_dense_matmul_half", &gpfast::dense_matmul_half_cpu);
   m.impl("symmetric_matmul", &gpfast::symmetric_matmul_cpu);
   m.impl("stored_backward", &gpfast::stored_backward_cpu);
   m.impl("_rbf_covariance_backward_from_k", &gpfast::covariance_backward_from_k_cpu);

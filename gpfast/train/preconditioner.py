@@ -209,17 +209,37 @@ class Preconditioner:
         ``(V - Q Q^T V) / noise``: backward stable, where forming C^{-1} (condition numbers of 1e7 and more) costs
         digits that the CG posterior's certified variance bounds cannot spare (on the H200 such an interval missed
         the float64 Cholesky variance by 3% of its width), and, rounded to float32, tripled its covariance error.
+    storage : {"float32", "float16"}, default="float32"
+        How the unfolded form keeps the factor for :meth:`solve` (:attr:`gpfast.CGSettings.preconditioner_storage`).
+        "float16" (with a float32 ``dtype``; otherwise ignored): ``F = L / sqrt(s_build)`` rounded to float16
+        (entries at most 1), and L replaced by
+        ``sqrt(s_build) F`` in float64 for everything else (the gram, the log-determinant, the sampler), so that P is
+        built from the rounded factor; :meth:`solve` then reads F (on a GPU in float16, by gpfast's stored-product
+        kernel; on the CPU in the working dtype) with ``M`` scaled by s_build to match.
     """
 
-    def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype, fold: bool = False):
+    def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype, fold: bool = False, storage: str = "float32"):
+        if storage not in ("float32", "float16"):
+            raise ValueError(f"Preconditioner: storage must be 'float32' or 'float16', got {storage!r}")
+        # float32 iterations only: a float64 solve keeps its factor in float64
+        self.half = storage == "float16" and not fold and L.shape[1] > 0 and dtype == torch.float32
+        self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
+        F = None
+        if self.half:  # the factor as stored, scaled so its entries are at most 1 (|L_ij| <= sqrt(K_ii) = sqrt(s))
+            root = self.s_build.sqrt()
+            F = (L / root).to(torch.float16)
+            L = F.to(torch.float64) * root
         self.L = L
         self.gram = gram(L)  # (k, k) float64
         self.fold = fold
-        self.L_work = None if fold else L.to(dtype)  # the factor the per-iteration products read
+        if F is not None:  # on the CPU the rounded values in the working dtype (the same P)
+            self.L_work = F if L.is_cuda else F.to(dtype)
+        else:
+            self.L_work = None if fold else L.to(dtype)  # the factor the per-iteration products read
         # On CUDA also its transpose, rows padded to 16 bytes, so that both of an iteration's products with the
         # factor (L^T V, then L W) are gpfast's bandwidth kernel (ops.dense_matmul) on row-major rows: cuBLAS's
         # GEMMs for them took 0.50 ms an iteration together (H200, protein at rank 3200), twice the time of reading
-        # the 527 MB factor twice. The copy costs 4 bytes per point and unit of rank more.
+        # the 527 MB factor twice. The copy costs as many bytes again per point and unit of rank (4, or 2 in float16).
         self.L_work_t = None
         if self.L_work is not None and L.is_cuda and L.shape[1] > 0:
             n = L.shape[0]
@@ -228,7 +248,6 @@ class Preconditioner:
             self.L_work_t.copy_(self.L_work.t())
         # set by set_scales: what solve reads (Q with fold, M without), written in place after the first call
         self.noise = self.M = self.Q = None
-        self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
         self.dtype = dtype
         self.n, self.k = L.shape
 
@@ -267,10 +286,13 @@ class Preconditioner:
             # on the H200 5.6 ms with the Cholesky against 6.9 ms for torch.cholesky_inverse (cuSOLVER's potri, some
             # 120 small kernels), equal to 7e-15 of the largest element (experiments/bench_preconditioner.py)
             inverse = _inverse_by_trsm(R)
+            # with the factor stored as F = L / sqrt(s_build), L M L^T = F (s_build M) F^T: c s_build is the
+            # current outputscale
+            cm = c * self.s_build if self.half else c
             if self.M is None:
-                self.M = c * inverse
+                self.M = cm * inverse
             else:
-                torch.mul(inverse, c, out=self.M)
+                torch.mul(inverse, cm, out=self.M)
         self.log_det = (self.n - self.k) * noise64.log() + 2.0 * R.diagonal().log().sum()
 
     def graph_reads(self) -> tuple:
@@ -288,6 +310,9 @@ class Preconditioner:
         if self.L_work_t is None:
             W = self.M @ (self.L_work.t() @ V).to(torch.float64)
             return (V - self.L_work @ W.to(self.dtype)) / self.noise
+        if self.half:  # F in float16, V and W in float32
+            W = self.M @ torch.ops.gpfast._dense_matmul_half(self.L_work_t, V).to(torch.float64)
+            return (V - torch.ops.gpfast._dense_matmul_half(self.L_work, W.to(self.dtype))) / self.noise
         W = self.M @ ops.dense_matmul(self.L_work_t, V).to(torch.float64)
         return (V - ops.dense_matmul(self.L_work, W.to(self.dtype))) / self.noise
 

@@ -21,6 +21,9 @@ PROBE_BUDGET = 100_000
 #: Values of :attr:`CGSettings.trainer`.
 TRAINERS = ("auto", "gpfast", "gpytorch")
 
+#: Values of :attr:`CGSettings.preconditioner_storage`.
+STORAGES = ("float32", "float16")
+
 
 @dataclass(frozen=True)
 class CGSettings:
@@ -86,6 +89,16 @@ class CGSettings:
         all. keggdirected trained slower at 32, in two calls (3.47 and 3.48 s against 3.01): as many rebuilds, but
         each added about 65 ms to its step against about 30 at 16, where the build's benchmark replays it faster
         at 32 (46 against 68 ms); not yet explained.
+    preconditioner_storage : {"float32", "float16"}, default="float32"
+        How the preconditioner's n x k factor is kept for the CG iterations, which read it twice each (``L^T V``,
+        then ``L W``). "float16" rounds it to 16 bits (scaled by 1 / sqrt(s), so its entries are at most 1) and
+        forms P from the rounded factor, so that P stays exactly ``L16 L16^T + noise I`` and positive definite;
+        on a GPU the iterations then read half the bytes (on the CPU the rounded values are kept in float32: the
+        same P). Why: the factor is 15% of what a stored-K product reads on protein at rank 3200 and 24% on pol at
+        1600, 13% of their steps' device time on an H100; on 8,000 points of protein and of pol a float16 factor
+        took the same CG iterations as a float64 one at ranks 500 and 1000 (CPU,
+        ``experiments/results/preconditioner_forms_protein8000_stored.md``). Not the default: its GPU kernel has
+        not yet been timed or run against the training engine's fits.
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
         5.6 ms at rank 3200 on an H200, more than all the products of a step on the smaller UCI sets) at every
@@ -179,6 +192,7 @@ class CGSettings:
     rescale_change: float = 0.1
     rebuild_cost_share: float = 1.0
     pivot_block: int = 32
+    preconditioner_storage: str = "float32"
     resample_every: int | None = None
     warm_start: bool = True
     product: str = "auto"
@@ -275,6 +289,8 @@ class CGSettings:
                 raise bad(name, "a positive float")
         if not is_int(self.pivot_block) or not 1 <= self.pivot_block <= 32:
             raise bad("pivot_block", "an int from 1 to 32 (the pivot kernel takes at most 64 candidates)")
+        if self.preconditioner_storage not in STORAGES:
+            raise bad("preconditioner_storage", f"one of {STORAGES}")
         for name in ("rescale_change", "rebuild_cost_share"):
             if not is_real(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "a float >= 0")

@@ -49,6 +49,7 @@ class _State:
         self.data_fit = self.log_det = 0.0
         self.rank, self.cap = settings.preconditioner_rank, settings.max_cg_iterations
         self.block = settings.pivot_block  # pivots per block of the preconditioner's build
+        self.storage = settings.preconditioner_storage  # how the CG iterations keep the factor
         self.rank_top = settings.max_preconditioner_rank  # the accuracy rule's rank limit (set by the engine)
         self.rebuild_next = False
         self.its_since_build = 0  # CG iterations of the steps since the last build, its own step's included
@@ -108,7 +109,7 @@ class _State:
             with self.graphs.stream() if self.graphs is not None else contextlib.nullcontext():
                 L = pivoted_cholesky(product.kernel_rows, outputscale.to(dtype).expand(n), rank, block=self.block)
             self.eager_rank = rank
-        self.pc = Preconditioner(L, outputscale, dtype)
+        self.pc = Preconditioner(L, outputscale, dtype, storage=self.storage)
 
     def track_scales(self, cfg: CGSettings, scales: list, updated: bool) -> None:
         """The rescaling rule, from the step's (outputscale, noise) on the host: record them when the step

@@ -16,14 +16,14 @@ int dmm_rhs_bucket(int64_t t) {
 
 // Resident blocks per SM of one instantiation, queried once per device (after raising its shared-memory limit,
 // which is per device too).
-template <typename T, int TC, bool kAligned>
+template <typename T, int TC, bool kAligned, typename TK = T>
 int dmm_blocks_per_sm() {
   static int cache[64] = {0};
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   if (device < 64 && cache[device] > 0) return cache[device];
   constexpr int smem = dmm_smem_bytes<T, TC>();
-  auto kernel = dense_matmul_kernel<T, TC, kAligned>;
+  auto kernel = dense_matmul_kernel<T, TC, kAligned, TK>;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int blocks = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kDmmThreads, smem));
@@ -32,12 +32,12 @@ int dmm_blocks_per_sm() {
   return blocks;
 }
 
-template <typename T, int TC, bool kAligned>
+template <typename T, int TC, bool kAligned, typename TK = T>
 void launch_dense_matmul(const at::Tensor& K, int64_t ldk, const at::Tensor& V, at::Tensor& out) {
-  constexpr int VEC = dmm_vec<T>(), R = dmm_rows_per_warp<T, TC>(), CB = dmm_chunk_cols<T, TC>();
+  constexpr int VEC = dmm_vec<TK>(), R = dmm_rows_per_warp<T, TC, TK>(), CB = dmm_chunk_cols<T, TC>();
   constexpr int64_t kStep = 32 * VEC;
   const int64_t rows = K.size(0), n = K.size(1), t = V.size(1);
-  const int64_t slots = int64_t(dmm_blocks_per_sm<T, TC, kAligned>()) * sm_count();
+  const int64_t slots = int64_t(dmm_blocks_per_sm<T, TC, kAligned, TK>()) * sm_count();
   const int64_t groups = ceil_div(rows, int64_t(kDmmWarps) * R);
   // chunks: at least what shared memory needs, and enough units (about 16 per block) that blocks finish together,
   // but no narrower than 512 columns; equal widths in multiples of the warp's step
@@ -47,13 +47,13 @@ void launch_dense_matmul(const at::Tensor& K, int64_t ldk, const at::Tensor& V, 
   const int64_t units = S * groups;
   const int64_t grid = std::min(units, slots);
   at::Tensor part = S == 1 ? out : at::empty({S, rows, t}, out.options());
-  DmmArgs<T> a{};
-  a.K = K.data_ptr<T>();
+  DmmArgs<T, TK> a{};
+  a.K = reinterpret_cast<const TK*>(K.const_data_ptr());
   a.V = V.data_ptr<T>();
   a.out = part.data_ptr<T>();
   a.ldk = ldk, a.rows = rows, a.n = n, a.chunk = chunk, a.groups = groups, a.units = units;
   a.t = static_cast<int>(t);
-  dense_matmul_kernel<T, TC, kAligned>
+  dense_matmul_kernel<T, TC, kAligned, TK>
       <<<static_cast<unsigned>(grid), kDmmThreads, dmm_smem_bytes<T, TC>(), current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (S > 1) {
@@ -97,7 +97,36 @@ at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
   return out;
 }
 
+// K (rows, n) float16 @ V (n, t) float32 -> float32: K's values widened, float32 FMAs, as dense_matmul's kernel
+// (a K with column stride 1 and t <= 16; otherwise K is widened to float32 and multiplied by cuBLAS).
+at::Tensor dense_matmul_half_cuda(const at::Tensor& K, const at::Tensor& V) {
+  check_dense_matmul_half(K, V);
+  const c10::cuda::CUDAGuard guard(K.device());
+  const int64_t rows = K.size(0), n = K.size(1), t = V.size(1);
+  if (rows == 0 || t == 0) return at::empty({rows, t}, V.options());
+  if (n == 0) return at::zeros({rows, t}, V.options());
+  const int TC = dmm_rhs_bucket(t);
+  const bool rows_contiguous = K.stride(1) == 1 || n == 1;
+  if (TC == 0 || !rows_contiguous) return at::mm(K.to(at::kFloat), V);
+  const int64_t ldk = rows > 1 ? K.stride(0) : n;
+  TORCH_CHECK(ldk >= 0, "_dense_matmul_half: K must not have a negative row stride, got ", K.strides());
+  const at::Tensor Vc = V.contiguous();
+  at::Tensor out = at::empty({rows, t}, V.options());
+  const bool aligned = ldk % dmm_vec<__half>() == 0 && aligned16(K.data_ptr());
+  with_bucket<1, 2, 4, 8, 12, 16>(TC, "right-hand-side", [&](auto tc) {
+    constexpr int kTC = decltype(tc)::value;
+    if (aligned)
+      launch_dense_matmul<float, kTC, true, __half>(K, ldk, Vc, out);
+    else
+      launch_dense_matmul<float, kTC, false, __half>(K, ldk, Vc, out);
+  });
+  return out;
+}
+
 }  // namespace cuda
 }  // namespace gpfast
 
-TORCH_LIBRARY_IMPL(gpfast, CUDA, m) { m.impl("dense_matmul", &gpfast::cuda::dense_matmul_cuda); }
+TORCH_LIBRARY_IMPL(gpfast, CUDA, m) {
+  m.impl("dense_matmul", &gpfast::cuda::dense_matmul_cuda);
+  m.impl("_dense_matmul_half", &gpfast::cuda::dense_matmul_half_cuda);
+}

@@ -24,7 +24,15 @@
 // Rows past `rows` (the last group) read row rows-1 again (finite values) and are never written; columns past n
 // read zeros and meet zero V. Rows whose stride or start is not 16-byte aligned take the kAligned = false variant
 // (scalar loads, same arithmetic).
+//
+// K may also be float16 with float32 V (TK = __half, T = float): eight values a 16-byte load, widened to float32
+// before the same FMAs. For a K that tolerates 16-bit storage and is read far more often than written, such as the
+// preconditioner's factor, it halves the bytes read.
 #pragma once
+
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "device_common.cuh"
 
@@ -41,8 +49,9 @@ __host__ __device__ constexpr int dmm_vec() {
 
 // Rows per warp: as many as the accumulators (R x TC) and two load buffers (2 x R x VEC) leave registers for
 // (about 200 at one block of 256 threads per SM).
-template <typename T, int TC>
+template <typename T, int TC, typename TK = T>
 __host__ __device__ constexpr int dmm_rows_per_warp() {
+  if (sizeof(TK) == 2) return TC <= 8 ? 8 : 6;  // a float16 K: V's 8 values a load take the registers of 12 columns
   if (sizeof(T) == 4) return TC <= 12 ? 8 : 6;
   return TC <= 4 ? 8 : (TC <= 8 ? 6 : 4);
 }
@@ -60,9 +69,9 @@ __host__ __device__ constexpr int dmm_smem_bytes() {
   return TC * (dmm_chunk_cols<T, TC>() + 4) * static_cast<int>(sizeof(T));
 }
 
-template <typename T>
+template <typename T, typename TK = T>
 struct DmmArgs {
-  const T* K;     // (rows, n): element (i, j) at K[i * ldk + j]
+  const TK* K;    // (rows, n): element (i, j) at K[i * ldk + j]
   const T* V;     // (n, t) contiguous
   T* out;         // (S, rows, t) contiguous
   int64_t ldk;
@@ -92,11 +101,35 @@ __device__ __forceinline__ void lds16(const double* p, double (&v)[2]) {
   const double2 q = *reinterpret_cast<const double2*>(p);
   v[0] = q.x, v[1] = q.y;
 }
+__device__ __forceinline__ void lds16(const float* p, float (&v)[8]) {  // a float16 K's 8 columns: two loads
+  const float4 q0 = *reinterpret_cast<const float4*>(p), q1 = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = q0.x, v[1] = q0.y, v[2] = q0.z, v[3] = q0.w, v[4] = q1.x, v[5] = q1.y, v[6] = q1.z, v[7] = q1.w;
+}
 
-template <typename T, int TC, bool kAligned>
-__global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmArgs<T> a) {
-  constexpr int VEC = dmm_vec<T>();
-  constexpr int R = dmm_rows_per_warp<T, TC>();
+// A float16 K's 16-byte load: four 32-bit words of two values each (the registers of a float32 load), widened to
+// float at use. (float and double K keep their values in registers as loaded.)
+struct DmmHalfK {
+  __device__ static void load(const __half* p, uint32_t (&w)[4]) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+                 : "l"(p));
+  }
+  __device__ static void set(uint32_t (&w)[4], int i, const __half* p, bool in) {  // value i of 8 (zero past the end)
+    const uint32_t h = in ? static_cast<uint32_t>(__half_as_ushort(__ldg(p))) : 0u;
+    w[i >> 1] = (i & 1) ? (w[i >> 1] | (h << 16)) : h;  // the even value first (the caller goes in order)
+  }
+  __device__ static float get(const uint32_t (&w)[4], int i) {
+    const uint32_t h = (i & 1) ? (w[i >> 1] >> 16) : (w[i >> 1] & 0xffffu);
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+};
+
+template <typename T, int TC, bool kAligned, typename TK = T>
+__global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmArgs<T, TK> a) {
+  constexpr bool kHalf = !std::is_same_v<TK, T>;  // a float16 K with float V (the only other pairing)
+  static_assert(!kHalf || (std::is_same_v<TK, __half> && std::is_same_v<T, float>), "K float16 with V float32");
+  constexpr int VEC = dmm_vec<TK>();  // K's values a 16-byte load
+  constexpr int R = dmm_rows_per_warp<T, TC, TK>();
   constexpr int CB = dmm_chunk_cols<T, TC>();
   constexpr int kPitch = CB + 4;  // 16-byte rows; (4 c + j) spreads the staging stores over the banks
   constexpr int RB = kDmmWarps * R;
@@ -131,22 +164,30 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
     const int64_t row0 = g * RB + static_cast<int64_t>(warp) * R;
     if (row0 >= a.rows) continue;  // warp-uniform; the next staging's barriers are still met
 
-    const T* krow[R];
+    const TK* krow[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) krow[r] = a.K + min(row0 + r, a.rows - 1) * a.ldk + j0;
 
-    auto load = [&](int it, T (&buf)[R][VEC]) {
+    using Word = std::conditional_t<kHalf, uint32_t, T>;  // a register of a 16-byte load
+    constexpr int W = kHalf ? 4 : VEC;
+    auto load = [&](int it, Word (&buf)[R][W]) {
       const int lc = (it * 32 + lane) * VEC;
       if (kAligned && lc + VEC <= cols) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-          if constexpr (kAligned) ldg_stream(krow[r] + lc, buf[r]);
+          if constexpr (kAligned && kHalf) DmmHalfK::load(krow[r] + lc, buf[r]);
+          if constexpr (kAligned && !kHalf) ldg_stream(krow[r] + lc, buf[r]);
         }
       } else {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) buf[r][i] = lc + i < cols ? __ldg(krow[r] + lc + i) : T(0);
+          for (int i = 0; i < VEC; ++i) {
+            if constexpr (kHalf)
+              DmmHalfK::set(buf[r], i, krow[r] + lc + i, lc + i < cols);
+            else
+              buf[r][i] = lc + i < cols ? __ldg(krow[r] + lc + i) : T(0);
+          }
       }
     };
 
@@ -156,7 +197,7 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
 #pragma unroll
       for (int c = 0; c < TC; ++c) acc[r][c] = T(0);
 
-    auto compute = [&](int it, const T (&buf)[R][VEC]) {
+    auto compute = [&](int it, const Word (&buf)[R][W]) {
       const T* vrow = sV + (it * 32 + lane) * VEC;
 #pragma unroll
       for (int c = 0; c < TC; ++c) {
@@ -165,12 +206,17 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[r][c] = fma(buf[r][i], v[i], acc[r][c]);
+          for (int i = 0; i < VEC; ++i) {
+            if constexpr (kHalf)
+              acc[r][c] = fma(DmmHalfK::get(buf[r], i), v[i], acc[r][c]);
+            else
+              acc[r][c] = fma(buf[r][i], v[i], acc[r][c]);
+          }
       }
     };
 
     const int nit = (cols + kStep - 1) / kStep;
-    T b0[R][VEC], b1[R][VEC];
+    Word b0[R][W], b1[R][W];
     load(0, b0);
     for (int it = 0; it < nit; it += 2) {  // two buffers, no register copies
       if (it + 1 < nit) load(it + 1, b1);
