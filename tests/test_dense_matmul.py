@@ -211,7 +211,7 @@ def test_dense_matmul_half_small_and_errors(device):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 8, 11, 12, 16, 17])
 def test_cuda_dense_matmul_half_matches_float64(shape, t):
-    """Every right-hand-side bucket (17: cuBLAS on the widened K), rows and columns ragged around the kernel's
+    """Every right-hand-side bucket (17: two passes of the kernel), rows and columns ragged around the kernel's
     groups and its chunks of 256-column steps, poisoned outputs, bitwise repeatable."""
     rows, n = shape
     K = (torch.rand(rows, n, device="cuda") * 2 - 1).half()  # entries within 1, as the scaled factor's
@@ -226,16 +226,17 @@ def test_cuda_dense_matmul_half_matches_float64(shape, t):
 @pytest.mark.skipif(not HAS_CUDA, reason="no GPU")
 @pytest.mark.parametrize("t", [1, 11, 16])
 def test_cuda_dense_matmul_half_strides(t):
-    """Row strides of a multiple of 8 values (16-byte loads) and not (scalar loads), a start off 16 bytes, the
-    preconditioner's padded transpose, and a column stride other than 1 (widened, then cuBLAS)."""
+    """Row strides of a multiple of 8 values (16-byte loads) and not (scalar loads), a start off 16 bytes alone,
+    stride-0 rows, a non-contiguous V, and a column stride other than 1 (widened, then cuBLAS)."""
     rows, n = 203, 1501
     big = torch.randn(rows + 1, n + 7, device="cuda").half()  # ld 1508: not a multiple of 8
     pad = torch.randn(rows, 1504, device="cuda").half()  # ld 1504: a multiple of 8
-    V = torch.randn(n, t, device="cuda")
+    V = torch.randn(n, 2 * t, device="cuda")[:, ::2]  # non-contiguous
     views = {
         "ld a multiple of 8": pad[:, :n],
         "ld not a multiple of 8": big[:rows, :n],
-        "start off 16 bytes": big[1:, 1 : n + 1],
+        "start off 16 bytes, ld a multiple of 8": pad[:, 1 : n + 1],
+        "stride-0 rows": pad[0, :n].expand(rows, n),
         "transposed (cuBLAS)": torch.randn(n, rows, device="cuda").half().t(),
     }
     for name, K in views.items():

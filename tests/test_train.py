@@ -215,23 +215,29 @@ def test_preconditioner_stored_in_float16_is_the_woodbury_of_its_rounded_factor(
     prod.update(ls, s, torch.tensor(0.05, dtype=F64))
     L = pivoted_cholesky(prod.kernel_rows, torch.full((300,), 1.3, dtype=F64), 24).to(device)
     pc = Preconditioner(L, 1.3, torch.float32, storage="float16")
-    Lr = pc.L
-    assert pc.half and not torch.equal(Lr, L)
+    assert pc.half and pc.L is None  # no float64 copy kept
+    Lr = pc.L_work.double() * 1.3**0.5  # the factor P is built from
+    assert not torch.equal(Lr, L)
     assert float(((Lr - L) / 1.3**0.5).abs().max()) <= 2.0**-12 * 1.0001  # half a unit at entries below 1
     assert torch.equal(Lr, (Lr / 1.3**0.5).half().double() * 1.3**0.5)  # representable: stored exactly
     assert pc.L_work.dtype == (torch.float16 if device == "cuda" else torch.float32)
+    if device == "cuda":  # rows padded to 8 values for the kernel's 16-byte loads (k = 24 needs none; 20 does)
+        assert pc.L_work.stride(0) % 8 == 0 and pc.L_work_t.stride(0) % 8 == 0
+        assert Preconditioner(L[:, :20], 1.3, torch.float32, storage="float16").L_work.stride(0) == 24
     V = torch.randn(300, 5, generator=gen, dtype=F64).to(device)
     for c, noise in ((1.0, 0.05), (2.0, 0.1)):  # at the build's scales, then the outputscale doubled
         pc.set_scales(1.3 * c, noise)
         P = c * Lr @ Lr.t() + noise * torch.eye(300, dtype=F64, device=device)
         want = torch.linalg.solve(P, V)
         assert rel_err(pc.solve(V.float()), want) < 1e-5  # float32 iterations: to their rounding
-        assert pc.log_det == pytest.approx(float(torch.logdet(P)), rel=1e-10)
+        assert float(pc.log_det) == pytest.approx(float(torch.logdet(P)), rel=1e-10)
     W1 = torch.randn(24, 3, generator=gen, dtype=F64).to(device)
     Z = pc.sample(W1, torch.zeros(300, 3, dtype=torch.float32, device=device))
     assert rel_err(Z, (2.0**0.5 * Lr @ W1).float()) < 1e-6  # the rounded factor, scaled by sqrt(c)
     full = Preconditioner(L, 1.3, F64, storage="float16")
     assert not full.half and torch.equal(full.L, L)
+    # the engine's cost model sees the float16 factor's bytes on a GPU only
+    assert Preconditioner(L, 1.3, torch.float32).half is False
     with pytest.raises(ValueError, match="storage must be 'float32' or 'float16', got 'int8'"):
         Preconditioner(L, 1.3, torch.float32, storage="int8")
 
@@ -813,7 +819,7 @@ def test_rebuild_waits_until_the_iterations_since_the_build_cost_a_build():
     assert wait > 10  # at this rank a build costs many iterations: the rule has something to defer
     state = _State(cfg)
     assert state.rebuild_due(cfg, 0, product, 11)  # nothing built yet
-    state.pc = SimpleNamespace(k=rank)
+    state.pc = SimpleNamespace(k=rank, half=False)
     state.built_at, state.rebuild_next = 0, True
     state.its_since_build = math.floor(wait)
     assert not state.rebuild_due(cfg, 1, product, 11)

@@ -57,15 +57,17 @@ def rates_for(device_type: str) -> DeviceRates:
     return GPU_RATES if device_type == "cuda" else CPU_RATES
 
 
-def iteration_seconds(n: int, rows: int, rank: int, columns: int, d: int, stored: bool, rates: DeviceRates) -> float:
+def iteration_seconds(n: int, rows: int, rank: int, columns: int, d: int, stored: bool, rates: DeviceRates,
+                      factor_bytes: float = 4.0) -> float:  # fmt: skip
     """One CG iteration on ``columns`` right-hand sides: a product with this rank's ``rows`` x n block of K (stored
     in float32 and streamed, or recomputed with d features), the preconditioner's apply (two passes over the
-    n x rank factor in float32) and the vector updates (about twenty passes over the n x columns block)."""
+    n x rank factor, ``factor_bytes`` an entry: 4 in float32, 2 in float16) and the vector updates (about twenty
+    passes over the n x columns block)."""
     if stored:
         product = max(4.0 * rows * n / rates.bytes_per_s, 2.0 * rows * n * columns / rates.flops_per_s)
     else:
         product = 2.0 * rows * n * (d + columns) / rates.flops_per_s
-    apply = (8.0 * n * rank + 8.0 * rank * columns) / rates.bytes_per_s
+    apply = (2.0 * factor_bytes * n * rank + 8.0 * rank * columns) / rates.bytes_per_s
     vectors = 80.0 * n * columns / rates.bytes_per_s
     return product + apply + vectors + ITERATION_KERNELS * rates.launch_s
 
@@ -86,7 +88,8 @@ def build_seconds(n: int, rank: int, block: int, d: int, rates: DeviceRates) -> 
 
 
 def rebuild_iterations(n: int, rows: int, rank: int, block: int, columns: int, d: int, stored: bool,
-                       device_type: str) -> float:  # fmt: skip
+                       device_type: str, factor_bytes: float = 4.0) -> float:  # fmt: skip
     """A build's cost in CG iterations at the same rank (the model above, on the device type's rates)."""
     rates = rates_for(device_type)
-    return build_seconds(n, rank, block, d, rates) / iteration_seconds(n, rows, rank, columns, d, stored, rates)
+    iteration = iteration_seconds(n, rows, rank, columns, d, stored, rates, factor_bytes)
+    return build_seconds(n, rank, block, d, rates) / iteration

@@ -212,10 +212,9 @@ class Preconditioner:
     storage : {"float32", "float16"}, default="float32"
         How the unfolded form keeps the factor for :meth:`solve` (:attr:`gpfast.CGSettings.preconditioner_storage`).
         "float16" (with a float32 ``dtype``; otherwise ignored): ``F = L / sqrt(s_build)`` rounded to float16
-        (entries at most 1), and L replaced by
-        ``sqrt(s_build) F`` in float64 for everything else (the gram, the log-determinant, the sampler), so that P is
-        built from the rounded factor; :meth:`solve` then reads F (on a GPU in float16, by gpfast's stored-product
-        kernel; on the CPU in the working dtype) with ``M`` scaled by s_build to match.
+        (entries at most 1), and P built from ``sqrt(s_build) F`` (the gram, the log-determinant, the sampler);
+        :meth:`solve` reads F (on a GPU in float16, by gpfast's stored-product kernel; on the CPU in the working
+        dtype) with ``M`` scaled by s_build to match. ``L`` is then None: no float64 copy is kept.
     """
 
     def __init__(self, L: torch.Tensor, s_build, dtype: torch.dtype, fold: bool = False, storage: str = "float32"):
@@ -224,17 +223,23 @@ class Preconditioner:
         # float32 iterations only: a float64 solve keeps its factor in float64
         self.half = storage == "float16" and not fold and L.shape[1] > 0 and dtype == torch.float32
         self.s_build = torch.as_tensor(s_build, dtype=torch.float64, device=L.device)
-        F = None
-        if self.half:  # the factor as stored, scaled so its entries are at most 1 (|L_ij| <= sqrt(K_ii) = sqrt(s))
-            root = self.s_build.sqrt()
-            F = (L / root).to(torch.float16)
-            L = F.to(torch.float64) * root
-        self.L = L
-        self.gram = gram(L)  # (k, k) float64
         self.fold = fold
-        if F is not None:  # on the CPU the rounded values in the working dtype (the same P)
-            self.L_work = F if L.is_cuda else F.to(dtype)
+        if self.half:
+            # the factor as stored, F = L / sqrt(s_build) in float16 (|L_ij| <= sqrt(K_ii) = sqrt(s_build), so its
+            # entries are at most 1 up to the build's rounding); P is built from it: gram = s_build F^T F, and the
+            # sampler reads F. No float64 copy is kept (it would outweigh the saving): L is None.
+            F = (L / self.s_build.sqrt()).to(torch.float16)
+            self.L = None
+            self.gram = gram(F.to(torch.float64)).mul_(self.s_build)
+            if L.is_cuda:  # rows padded to 16 bytes (8 values), so that L W takes the kernel's 16-byte loads
+                k = L.shape[1]
+                self.L_work = F.new_empty(L.shape[0], k + (-k) % 8)[:, :k]
+                self.L_work.copy_(F)
+            else:  # on the CPU the rounded values in the working dtype: the same P
+                self.L_work = F.to(dtype)
         else:
+            self.L = L
+            self.gram = gram(L)  # (k, k) float64
             self.L_work = None if fold else L.to(dtype)  # the factor the per-iteration products read
         # On CUDA also its transpose, rows padded to 16 bytes, so that both of an iteration's products with the
         # factor (L^T V, then L W) are gpfast's bandwidth kernel (ops.dense_matmul) on row-major rows: cuBLAS's
@@ -261,7 +266,7 @@ class Preconditioner:
         folded n x k form costs a triangular solve over all n rows at every change (in float64 about 16 ms at
         n = 41k, k = 3200 on an H200), which a high rank would pay at every training step.
         """
-        as64 = dict(dtype=torch.float64, device=self.L.device)
+        as64 = dict(dtype=torch.float64, device=self.gram.device)
         c = torch.as_tensor(outputscale, **as64) / self.s_build
         noise64 = torch.as_tensor(noise, **as64)
         # What solve reads keeps its address (the noise and M written in place once they exist), so that a CG graph
@@ -319,6 +324,9 @@ class Preconditioner:
     def sample(self, W1: torch.Tensor, W2: torch.Tensor) -> torch.Tensor:
         """Probes with covariance P from standard normal W1 (k, s) and W2 (n, s): ``L W1 + sqrt(noise) W2``."""
         Z = W2 * self.noise.sqrt()
-        if self.k:
+        if self.k and self.half:  # L = sqrt(s_build) F, F as stored (widened for this once-a-draw product)
+            root = self.s_build.sqrt()
+            Z = Z + (self.scale * root * (self.L_work.to(torch.float64) @ W1.to(torch.float64))).to(self.dtype)
+        elif self.k:
             Z = Z + (self.scale * (self.L @ W1.to(torch.float64))).to(self.dtype)
         return Z

@@ -90,15 +90,19 @@ class CGSettings:
         each added about 65 ms to its step against about 30 at 16, where the build's benchmark replays it faster
         at 32 (46 against 68 ms); not yet explained.
     preconditioner_storage : {"float32", "float16"}, default="float32"
-        How the preconditioner's n x k factor is kept for the CG iterations, which read it twice each (``L^T V``,
-        then ``L W``). "float16" rounds it to 16 bits (scaled by 1 / sqrt(s), so its entries are at most 1) and
-        forms P from the rounded factor, so that P stays exactly ``L16 L16^T + noise I`` and positive definite;
-        on a GPU the iterations then read half the bytes (on the CPU the rounded values are kept in float32: the
-        same P). Why: the factor is 15% of what a stored-K product reads on protein at rank 3200 and 24% on pol at
-        1600, 13% of their steps' device time on an H100; on 8,000 points of protein and of pol a float16 factor
-        took the same CG iterations as a float64 one at ranks 500 and 1000 (CPU,
-        ``experiments/results/preconditioner_forms_protein8000_stored.md``). Not the default: its GPU kernel has
-        not yet been timed or run against the training engine's fits.
+        How the preconditioner's n x k factor is kept for the CG iterations of float32 training, which read it
+        twice each (``L^T V``, then ``L W``); float64 training keeps its factor in float64 either way. "float16"
+        rounds it to 16 bits (scaled by 1 / sqrt(s), so its entries are at most 1) and forms P from the rounded
+        factor, so that P stays exactly ``L16 L16^T + noise I`` and positive definite; on a GPU the iterations
+        then read it in float16, 2 bytes an entry instead of 4 (more than 16 right-hand sides, as at the first
+        step, take a pass per 16), and no float64 copy is kept; on the CPU the rounded values are kept in float32
+        (the same P). Why: the factor is 15% of what a stored-K product reads on protein at rank 3200 and 24% on
+        pol at 1600, and its products took 12.5 of protein's 96 ms a step and 1.35 of pol's 10.5 on an H100
+        (``experiments/results/h100_2026-12-05_session23/call2_e396882/step_anatomy.md``); on 8,000 points of
+        protein and of pol a float16 factor took the same CG iterations as a float64 one at ranks 500 and 1000
+        (CPU, ``experiments/results/preconditioner_forms_protein8000_stored.md`` and ``..._pol8000_stored.md``).
+        Not the default: its GPU kernel has been compiled but not yet tested or timed, and on the CPU it has been
+        compared with the default in one short fit (a test).
     rescale_change : float, default=0.1
         The preconditioner takes the current outputscale and noise (an exact update of its Woodbury form, O(k^3):
         5.6 ms at rank 3200 on an H200, more than all the products of a step on the smaller UCI sets) at every

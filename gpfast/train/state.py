@@ -84,7 +84,8 @@ class _State:
         # the first rank's rows (the largest block), so that every rank of a split product takes the same decision
         rows = -(-product.n // _dist.world_size()) if product.split is not None else product.n
         cost = rebuild_iterations(product.n, rows, self.pc.k, self.block, columns, product.x.shape[1],
-                                  product.mode == "stored", product.x.device.type)  # fmt: skip
+                                  product.mode == "stored", product.x.device.type,
+                                  2 if self.pc.half and product.x.is_cuda else 4)  # fmt: skip
         return self.its_since_build >= cfg.rebuild_cost_share * cost
 
     def build(self, product: CovarianceProduct, outputscale: torch.Tensor, dtype: torch.dtype) -> None:

@@ -1,4 +1,6 @@
 // CUDA launcher for dense_matmul (K @ V with a stored K, skinny V). Device code: dense_matmul.cuh.
+#include <vector>
+
 #include "dense_matmul.cuh"
 #include "dispatch.h"
 
@@ -98,16 +100,23 @@ at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
 }
 
 // K (rows, n) float16 @ V (n, t) float32 -> float32: K's values widened, float32 FMAs, as dense_matmul's kernel
-// (a K with column stride 1 and t <= 16; otherwise K is widened to float32 and multiplied by cuBLAS).
+// for a K with column stride 1, in passes of 16 right-hand sides (a K of another layout is widened to float32 and
+// multiplied by cuBLAS).
 at::Tensor dense_matmul_half_cuda(const at::Tensor& K, const at::Tensor& V) {
   check_dense_matmul_half(K, V);
   const c10::cuda::CUDAGuard guard(K.device());
   const int64_t rows = K.size(0), n = K.size(1), t = V.size(1);
   if (rows == 0 || t == 0) return at::empty({rows, t}, V.options());
   if (n == 0) return at::zeros({rows, t}, V.options());
-  const int TC = dmm_rhs_bucket(t);
   const bool rows_contiguous = K.stride(1) == 1 || n == 1;
-  if (TC == 0 || !rows_contiguous) return at::mm(K.to(at::kFloat), V);
+  if (!rows_contiguous) return at::mm(K.to(at::kFloat), V);
+  if (t > 16) {  // 16 right-hand sides a pass (the training engine's first step has 21 or more): K read per pass
+    std::vector<at::Tensor> parts;
+    for (int64_t c0 = 0; c0 < t; c0 += 16)
+      parts.push_back(dense_matmul_half_cuda(K, V.narrow(1, c0, std::min<int64_t>(16, t - c0))));
+    return at::cat(parts, 1);
+  }
+  const int TC = dmm_rhs_bucket(t);
   const int64_t ldk = rows > 1 ? K.stride(0) : n;
   TORCH_CHECK(ldk >= 0, "_dense_matmul_half: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();

@@ -51,7 +51,8 @@ __host__ __device__ constexpr int dmm_vec() {
 // (about 200 at one block of 256 threads per SM).
 template <typename T, int TC, typename TK = T>
 __host__ __device__ constexpr int dmm_rows_per_warp() {
-  if (sizeof(TK) == 2) return TC <= 8 ? 8 : 6;  // a float16 K: V's 8 values a load take the registers of 12 columns
+  // a float16 K: its 16-byte loads widened once each to 8 floats a row (below), and V's 8 values a load
+  if (sizeof(TK) == 2) return 4;
   if (sizeof(T) == 4) return TC <= 12 ? 8 : 6;
   return TC <= 4 ? 8 : (TC <= 8 ? 6 : 4);
 }
@@ -199,6 +200,14 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
 
     auto compute = [&](int it, const Word (&buf)[R][W]) {
       const T* vrow = sV + (it * 32 + lane) * VEC;
+      // a float16 K widened once a value (one conversion per VEC x TC FMAs), not at each of its TC uses
+      T kw[kHalf ? R : 1][kHalf ? VEC : 1];
+      if constexpr (kHalf) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) kw[r][i] = DmmHalfK::get(buf[r], i);
+      }
 #pragma unroll
       for (int c = 0; c < TC; ++c) {
         T v[VEC];
@@ -208,7 +217,7 @@ __global__ void __launch_bounds__(kDmmThreads, 1) dense_matmul_kernel(const DmmA
 #pragma unroll
           for (int i = 0; i < VEC; ++i) {
             if constexpr (kHalf)
-              acc[r][c] = fma(DmmHalfK::get(buf[r], i), v[i], acc[r][c]);
+              acc[r][c] = fma(kw[r][i], v[i], acc[r][c]);
             else
               acc[r][c] = fma(buf[r][i], v[i], acc[r][c]);
           }
