@@ -46,8 +46,9 @@ CPU_RATES = DeviceRates(bytes_per_s=1e10, flops_per_s=5e10, launch_s=5e-6)
 #: Kernels of one CG iteration (the product, the preconditioner's apply and the vector updates) and of one block
 #: of a build (:func:`gpfast.train.preconditioner.pivoted_cholesky`). A block is 14 launches; the model counts 15
 #: because its small serial kernels, the selection and the pivots, each take longer than a launch: at 15 it gave
-#: 0.81-0.98 of the replays measured on an H200 (2026-12-03, with 15 launches a block then). Those kernels have
-#: since halved (62 + 50 us to 30 + 26 + 6 us a block at pol's shape on an H100); the count is not refitted.
+#: 0.81-0.98 of the replays measured on an H200 (2026-12-03, with 15 launches a block then). The selection and the
+#: pivots now take 30 + 26 + 6 us a block at pol's shape on an H100 (62 + 50 in the form the count was fitted to);
+#: the count is not refitted.
 ITERATION_KERNELS = 25
 BUILD_BLOCK_KERNELS = 15
 
