@@ -226,6 +226,13 @@ cg1m_parts() {
 # kept as text: $res/STEM_details.txt (every kernel's details page) and $res/STEM_sass.csv (its SASS with
 # per-instruction counters); the report itself is deleted, since it can be too large to come back. $NCU_FILTER, when
 # set, adds ncu options (which kernels, how many).
+# ncu_pivot LOG SKIP COUNT: ncu_pages over a rank-1600 build at pol's shape (profile_ops --op pivot), COUNT launches
+# of the pivot kernels after the first SKIP (three a block: update, selection, pivots), and their main figures.
+ncu_pivot() {
+  NCU_FILTER="--kernel-name regex:pivot_ --launch-skip $2 --launch-count $3" ncu_pages "$1" 90 ncu_pivot --op pivot
+  grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Achieved Occupancy" \
+    "$res/ncu_pivot_details.txt" | head -$(( 8 * $3 ))
+}
 ncu_pages() {
   local logf=$1 cap=$2 stem=$3 ncu_bin; shift 3
   ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -1530,10 +1537,7 @@ PYEOF
       pack_build
       cuda_tests "$OUT/s23_tests.log" 150 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py
       sanitizers "$OUT/s23_sanitize.log" 60 --only pivot
-      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 40 --launch-count 2" ncu_pages "$OUT/s23_ncu.log" 90 \
-        ncu_pivot --op pivot
-      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Achieved Occupancy" \
-        "$res/ncu_pivot_details.txt" | head -16
+      ncu_pivot "$OUT/s23_ncu.log" 40 2
       row_c_before "$OUT/s23_uci_c_before.log" 150
       row_c "$OUT/s23_uci_c.log" 150
       anatomy "$OUT/s23_anatomy.log" 100
@@ -1548,10 +1552,7 @@ PYEOF
       stage_begin s23b ${S23B_BUDGET:-540} 240
       cuda_tests "$OUT/s23b_tests.log" 150 tests/test_pivoted_cholesky.py tests/test_cuda_graphs.py tests/test_train.py
       sanitizers "$OUT/s23b_sanitize.log" 60 --only pivot
-      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 60 --launch-count 3" ncu_pages "$OUT/s23b_ncu.log" 90 \
-        ncu_pivot --op pivot
-      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|Executed Ipc A|No Eligible|Achieved Occupancy" \
-        "$res/ncu_pivot_details.txt" | head -24
+      ncu_pivot "$OUT/s23b_ncu.log" 60 3
       anatomy "$OUT/s23b_anatomy.log" 100
       row_c_before "$OUT/s23b_uci_c_before.log" 150
       row_c "$OUT/s23b_uci_c.log" 150
@@ -1577,9 +1578,7 @@ PYEOF
       done
       brun 200 "$OUT/s23c_uci_ac.log" "${UCI[@]}" --rows gpytorch gpfast "${small[@]}" --stem uci_small_ac --out "$res"
       echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike)" "$res/uci_small_ac.md" | cut -d'|' -f2,5,7,11,12,13,17,18
-      NCU_FILTER="--kernel-name regex:pivot_ --launch-skip 60 --launch-count 3" ncu_pages "$OUT/s23c_ncu.log" 90 \
-        ncu_pivot --op pivot
-      grep -E "pivot_|Duration|Registers Per|Issue Slots Busy|No Eligible" "$res/ncu_pivot_details.txt" | head -16
+      ncu_pivot "$OUT/s23c_ncu.log" 60 3
       anatomy "$OUT/s23c_anatomy.log" 60 "${small[@]}"
       tar czf "$OUT/s23c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23c_*.log) && rm -f "$OUT"/s23c_*.log
       stage_end s23c ;;

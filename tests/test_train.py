@@ -28,6 +28,20 @@ from gpfast.train.product import STORED_LAYOUTS, CovarianceProduct, choose_produ
 F64 = torch.float64
 
 
+def _adam_losses(engine, model, steps, device):
+    """The losses of ``steps`` Adam steps (lr 0.1) of ``engine`` on ``model``, the probes drawn from seed 0 (so that
+    runs with other settings draw the same ones)."""
+    closure = engine.objective(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
+        torch.manual_seed(0)
+        losses = []
+        for _ in range(steps):
+            losses.append(float(closure()))
+            opt.step()
+    return losses
+
+
 def _problem(n=400, d=4, dtype=F64, seed=None, noise=0.05, device="cpu"):
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed)
     X = torch.randn(n, d, generator=gen, dtype=F64)
@@ -250,14 +264,7 @@ def test_engine_with_a_float16_factor_fits_as_with_float32(device):
     for storage in ("float32", "float16"):
         model = _problem(n=400, d=3, dtype=torch.float32, seed=7, device=device)
         engine = Engine(CGSettings(product="stored", num_probes=10, preconditioner_storage=storage))
-        closure = engine.objective(model)
-        opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
-            torch.manual_seed(0)
-            losses = []
-            for _ in range(10):
-                losses.append(float(closure()))
-                opt.step()
+        losses = _adam_losses(engine, model, 10, device)
         rec = engine.finish()
         runs.append((losses, rec.cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
         assert engine._state.pc.half == (storage == "float16")
@@ -372,14 +379,7 @@ def test_stored_and_matrix_free_engines_take_the_same_steps(dtype, device):
     for product, backward in (("stored", "points"), ("matrix_free", "auto"), ("stored", "stored")):
         model = _problem(n=300, d=3, dtype=dtype, seed=5, device=device)
         engine = Engine(CGSettings(product=product, num_probes=10, backward=backward))
-        closure = engine.objective(model)
-        opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        with torch.random.fork_rng(devices=[0] if device == "cuda" else []):
-            torch.manual_seed(0)
-            losses = []
-            for _ in range(5):
-                losses.append(float(closure()))
-                opt.step()
+        losses = _adam_losses(engine, model, 5, device)
         assert engine.product.backward_from == ("stored" if backward == "stored" else "points")
         runs.append((losses, engine.finish().cg_iterations, model.covar_module.base_kernel.lengthscale.detach()))
     tol = 1e-9 if dtype == F64 else 1e-3

@@ -68,6 +68,20 @@ void launch_dense_matmul(const at::Tensor& K, int64_t ldk, const at::Tensor& V, 
   }
 }
 
+// out = K @ V by the kernel for V's t <= 16 right-hand sides (K with column stride 1, row stride ldk >= 0): the
+// 16-byte-load variant where every row starts 16-byte aligned, the scalar-load one otherwise.
+template <typename T, typename TK = T>
+void run_dense_matmul(const at::Tensor& K, int64_t ldk, const at::Tensor& Vc, at::Tensor& out) {
+  const bool aligned = ldk % dmm_vec<TK>() == 0 && aligned16(K.data_ptr());
+  with_bucket<1, 2, 4, 8, 12, 16>(dmm_rhs_bucket(Vc.size(1)), "right-hand-side", [&](auto tc) {
+    constexpr int kTC = decltype(tc)::value;
+    if (aligned)
+      launch_dense_matmul<T, kTC, true, TK>(K, ldk, Vc, out);
+    else
+      launch_dense_matmul<T, kTC, false, TK>(K, ldk, Vc, out);
+  });
+}
+
 }  // namespace
 
 at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
@@ -85,17 +99,8 @@ at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
   TORCH_CHECK(ldk >= 0, "dense_matmul: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();
   at::Tensor out = at::empty({rows, t}, K.options());
-  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "dense_matmul_cuda", [&] {
-    constexpr int kVec = dmm_vec<scalar_t>();
-    const bool aligned = ldk % kVec == 0 && aligned16(K.data_ptr());
-    with_bucket<1, 2, 4, 8, 12, 16>(TC, "right-hand-side", [&](auto tc) {
-      constexpr int kTC = decltype(tc)::value;
-      if (aligned)
-        launch_dense_matmul<scalar_t, kTC, true>(K, ldk, Vc, out);
-      else
-        launch_dense_matmul<scalar_t, kTC, false>(K, ldk, Vc, out);
-    });
-  });
+  AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "dense_matmul_cuda",
+                             [&] { run_dense_matmul<scalar_t>(K, ldk, Vc, out); });
   return out;
 }
 
@@ -116,19 +121,11 @@ at::Tensor dense_matmul_half_cuda(const at::Tensor& K, const at::Tensor& V) {
       parts.push_back(dense_matmul_half_cuda(K, V.narrow(1, c0, std::min<int64_t>(16, t - c0))));
     return at::cat(parts, 1);
   }
-  const int TC = dmm_rhs_bucket(t);
   const int64_t ldk = rows > 1 ? K.stride(0) : n;
   TORCH_CHECK(ldk >= 0, "_dense_matmul_half: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();
   at::Tensor out = at::empty({rows, t}, V.options());
-  const bool aligned = ldk % dmm_vec<__half>() == 0 && aligned16(K.data_ptr());
-  with_bucket<1, 2, 4, 8, 12, 16>(TC, "right-hand-side", [&](auto tc) {
-    constexpr int kTC = decltype(tc)::value;
-    if (aligned)
-      launch_dense_matmul<float, kTC, true, __half>(K, ldk, Vc, out);
-    else
-      launch_dense_matmul<float, kTC, false, __half>(K, ldk, Vc, out);
-  });
+  run_dense_matmul<float, __half>(K, ldk, Vc, out);
   return out;
 }
 
