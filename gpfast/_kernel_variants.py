@@ -33,7 +33,7 @@ def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, che
 # "tc_isplit" is the instance that was the default at d <= 8, 9 <= t <= 16 before "tc_mt2w4b3"'s).
 MATMUL_KERNELS = (
     "cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit", "tc_mt2", "tc_mt2w4", "tc_mt2w4b3", "tc_g2",
-    "tc_mt2w4g2",
+    "tc_mt2w4g2", "tc_bias", "tc_bias_g2", "tc_shift", "tc_shift_g2",
 )  # fmt: skip
 
 

@@ -35,6 +35,16 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d = a b + c (m16n8k8, TF32 in, float32 accumulate) with c in registers of its own, so that a bias can start an
+// accumulator without a copy into it
+__device__ __forceinline__ void mma_tf32_from(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              const float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%10, %11, %12, %13};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
 // c += (ah + al)(bh + bl) less al bl (3xTF32), with the large products in `big` and the small ones in `small`
 // (added by the caller): two dependency chains of the tensor pipe instead of one three times as long.
 __device__ __forceinline__ void mma_3xtf32_split(float (&big)[4], float (&small)[4], const uint32_t (&ah)[4],

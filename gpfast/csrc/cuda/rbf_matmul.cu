@@ -60,7 +60,7 @@ void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   });
 }
 
-template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks, int kSplit, int kGroup = 1>
+template <int KD, int NT, int MT, int W, int kTile, int kMinBlocks, int kSplit, int kGroup = 1, int kBias = 0>
 void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                const at::Tensor& V, at::Tensor& result) {
   using Tile = TcTile<KD, NT, kTile>;
@@ -99,7 +99,7 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
       <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B)), 128, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 grid(static_cast<unsigned>(rowblocks), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks, kSplit, kGroup><<<grid, W * 32, 0, current_stream()>>>(a);
+  kv_tc_kernel<KD, NT, MT, W, kTile, kMinBlocks, kSplit, kGroup, kBias><<<grid, W * 32, 0, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   result = splits == 1 ? part[0] : part.sum(0);
 }
@@ -111,7 +111,9 @@ using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor
 // 32-column tiles, P split by Veltkamp's method or by the integer round (split_p); two row tiles a warp (MT = 2:
 // each staged fragment read from shared memory and each tile's loop overhead serve twice the pairs, and the two
 // tiles' MMAs fill each other's dependency gaps), with 8 warps and one block or 4 warps and two or three blocks per
-// multiprocessor; and the compensated addition every two tiles (kGroup); null for another name.
+// multiprocessor; the compensated addition every two tiles (kGroup); and tc_mt2w4b3 with the exponent's biases
+// in the MMAs' accumulators, plain and with the shifted exponent and sign-bit near test (kBias 1 and 2,
+// matmul_tensor.cuh), each also with kGroup = 2; null for another name.
 KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
   if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
@@ -122,6 +124,10 @@ KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_mt2w4b3") return &launch_tc<1, 2, 2, 4, 64, 3, 2>;
   if (name == "tc_g2") return &launch_tc<1, 2, 1, 8, 64, 2, 2, 2>;
   if (name == "tc_mt2w4g2") return &launch_tc<1, 2, 2, 4, 64, 2, 2, 2>;
+  if (name == "tc_bias") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 1, 1>;
+  if (name == "tc_bias_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 1>;
+  if (name == "tc_shift") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 1, 2>;
+  if (name == "tc_shift_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 2>;
   return nullptr;
 }
 
@@ -174,7 +180,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
       TORCH_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
-                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2' or 'tc_mt2w4g2', got '",
+                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias', ",
+                  "'tc_bias_g2', 'tc_shift' or 'tc_shift_g2', got '",
                   *forced, "'");
       TORCH_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       TORCH_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
