@@ -114,7 +114,8 @@
 #                 session24a (the preconditioner's factor in float16: its tests, memcheck, row c with and without it
 #                 twice, step_anatomy; S24A_BUDGET 590), session24b (K @ V's tensor-core kernel with the exponent's
 #                 biases in the MMAs' accumulators and with the shifted exponent: the benchmark at 10^6 points, the
-#                 K @ V CUDA tests, memcheck; S24B_BUDGET 480)
+#                 op-error cases, the CUDA tests session24a's crash cut short, the K @ V CUDA tests, memcheck;
+#                 S24B_BUDGET 580)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1613,20 +1614,24 @@ PYEOF
       stage_end s24a ;;
     session24b)
       # K @ V's tensor-core kernel with the exponent's biases in the MMAs' accumulators (tc_bias, tc_bias_g2) and
-      # with the shifted exponent and its sign-bit near test (tc_shift, tc_shift_g2), in value order: build
-      # (ptxas's registers and spills of kv_tc_kernel); bench_matmul's kernels at 10^6 and 200,000 points (d = 8,
-      # t = 16), the default's instance (tc_mt2w4b3) and the four, twice in alternation, with their errors; the
-      # K @ V CUDA tests (every variant); memcheck over the K @ V kernels; at most S24B_BUDGET seconds (default
-      # 480). Files: s24b_logs.tar.gz, s24b_results.tar.gz.
-      stage_begin s24b ${S24B_BUDGET:-480} 330
+      # with the shifted exponent and its sign-bit near test (tc_shift, tc_shift_g2), and the CUDA launchers' checks
+      # with their numbers as text (GPFAST_CHECK), in value order: build (ptxas's registers and spills of
+      # kv_tc_kernel); bench_matmul's kernels at 10^6 and 200,000 points (d = 8, t = 16), the default's instance
+      # (tc_mt2w4b3) and the four, twice in alternation, with their errors; the op-error cases, each in a process
+      # of its own; the CUDA tests that session24a's crash cut short (the float16 factor's); the K @ V CUDA tests
+      # (every variant); memcheck over the K @ V kernels; at most S24B_BUDGET seconds (default 580). Files:
+      # s24b_logs.tar.gz, s24b_results.tar.gz.
+      stage_begin s24b ${S24B_BUDGET:-580} 330
       grep -A2 "kv_tc_kernel" "$OUT/s24b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
       kv5=(tc_mt2w4b3 tc_bias tc_bias_g2 tc_shift tc_shift_g2)
       brun 150 "$OUT/s24b_bench.log" python -m experiments.bench_matmul --sizes 1000000 200000 --reps 3 \
         --stem bench_matmul_s24 --kernels "${kv5[@]}" "${kv5[@]}"
       echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s24_kernels.* "$res/" 2>/dev/null
       grep -E "^\| " "$res/bench_matmul_s24_kernels.md"
-      cuda_tests "$OUT/s24b_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
-      sanitizer memcheck "$OUT/s24b_sanitize.log" 80 --only matmul
+      cuda_tests "$OUT/s24b_errors.log" 90 tests/test_cuda_op_errors.py
+      cuda_tests "$OUT/s24b_tests.log" 150 tests/test_dense_matmul.py tests/test_train.py tests/test_cuda_graphs.py
+      cuda_tests "$OUT/s24b_kv_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
+      sanitizer memcheck "$OUT/s24b_sanitize.log" 60 --only matmul
       tar czf "$OUT/s24b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24b_*.log) && rm -f "$OUT"/s24b_*.log
       stage_end s24b ;;
     *) echo "unknown stage $st"; exit 2 ;;

@@ -817,23 +817,6 @@ def test_bilinear_backward_is_the_default_and_deterministic():
     assert torch.equal(full64[2], rows64[0]) and torch.equal(full64[3], rows64[1])
 
 
-@pytest.mark.xfail(
-    run=False,
-    reason="not yet run since the fix: on the H200 this check ended the interpreter with a segmentation fault "
-    "instead of raising while it streamed d and t as integers (experiments/kernel_error_cases.py); it now gives them "
-    "as text, which made the K @ V op's checks raise there (2026-12-03); the Python wrapper checks first",
-)
-def test_bilinear_backward_kernel_limits():
-    x1, x2, l, s = canonical((), 10, 12, 3, torch.float32)
-    wide, g = torch.randn(1, 12, 33, device="cuda"), torch.randn(1, 10, 33, device="cuda")
-    with pytest.raises(RuntimeError, match="d <= 32 and t <= 32, got d=3 and t=33"):
-        torch.ops.gpfast._rbf_matmul_backward_kernel(g, x1, x2, l, s, wide, "rows")
-    a1, a2, al, a_s = canonical((), 10, 12, 33, torch.float32)
-    v, g = torch.randn(1, 12, 2, device="cuda"), torch.randn(1, 10, 2, device="cuda")
-    with pytest.raises(RuntimeError, match="got d=33 and t=2"):
-        torch.ops.gpfast._rbf_matmul_backward_kernel(g, a1, a2, al, a_s, v, "bilinear4")
-
-
 def test_bilinear_backward_kernel_errors():
     x1, x2, l, s = canonical((), 10, 12, 3, torch.float32)
     v, g = torch.randn(1, 12, 2, device="cuda"), torch.randn(1, 10, 2, device="cuda")

@@ -38,7 +38,7 @@ inline int rhs_bucket(int64_t t, bool is_double) {
 template <int... Values, typename Fn>
 void with_bucket(int value, const char* what, Fn&& fn) {
   const bool found = (... || (value == Values && (fn(std::integral_constant<int, Values>{}), true)));
-  TORCH_CHECK(found, "gpfast: internal error, no ", what, " bucket ", value);
+  GPFAST_CHECK(found, "gpfast: internal error, no ", what, " bucket ", value);
 }
 
 template <typename Fn>
@@ -51,9 +51,7 @@ void with_rhs_bucket(int TC, Fn&& fn) {
   with_bucket<1, 8, 12, 16, 32>(TC, "right-hand-side", std::forward<Fn>(fn));
 }
 
-// A number in an error message as text. On the H200 the CUDA launchers' checks that streamed an integer into
-// TORCH_CHECK ended the interpreter with a segmentation fault instead of raising, while those that streamed only
-// strings and dtypes raised; std::to_string formats without the stream's numeric facets.
+// A number as text, for messages built outside GPFAST_CHECK (common.h says why numbers are not streamed here).
 inline std::string as_text(int64_t v) { return std::to_string(static_cast<long long>(v)); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
