@@ -115,7 +115,8 @@
 #                 twice, step_anatomy; S24A_BUDGET 590), session24b (K @ V's tensor-core kernel with the exponent's
 #                 biases in the MMAs' accumulators and with the shifted exponent: the benchmark at 10^6 points, the
 #                 op-error cases, the CUDA tests session24a's crash cut short, the K @ V CUDA tests, memcheck;
-#                 S24B_BUDGET 580)
+#                 S24B_BUDGET 580), session24c (the biases-in-accumulators default: every CUDA test, the benchmark,
+#                 the 1M engine step; S24C_BUDGET 540)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1634,6 +1635,22 @@ PYEOF
       sanitizer memcheck "$OUT/s24b_sanitize.log" 60 --only matmul
       tar czf "$OUT/s24b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24b_*.log) && rm -f "$OUT"/s24b_*.log
       stage_end s24b ;;
+    session24c)
+      # K @ V's tensor-core default at d <= 8, 9 <= t <= 16 with the exponent's biases in the MMAs' accumulators and
+      # the compensated addition every two tiles (tc_bias_g2's instance), in value order: build; every CUDA test;
+      # bench_matmul's kernels at 10^6 points (the default against tc_mt2w4b3, the default before, and tc_bias_g2);
+      # the 1M engine step (one timed step after the warm-up); at most S24C_BUDGET seconds (default 540). Files:
+      # s24c_logs.tar.gz, s24c_results.tar.gz.
+      stage_begin s24c ${S24C_BUDGET:-540} 330
+      cuda_tests "$OUT/s24c_tests.log" 200 tests
+      brun 60 "$OUT/s24c_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s24c \
+        --kernels tc tc_mt2w4b3 tc_bias_g2
+      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s24c_kernels.* "$res/" 2>/dev/null
+      grep -E "^\| " "$res/bench_matmul_s24c_kernels.md"
+      brun 150 "$OUT/s24c_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
+      echo "engine_step rc=$?"; tail -8 "$OUT/s24c_engine1m.log"
+      tar czf "$OUT/s24c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24c_*.log) && rm -f "$OUT"/s24c_*.log
+      stage_end s24c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done

@@ -30,10 +30,10 @@ def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, che
 
 
 # The kernels of _rbf_matmul_kernel: "cuda_cores", "tc" and the tensor-core variants a sweep compares (d <= 8, t <= 16;
-# "tc_isplit" is the instance that was the default at d <= 8, 9 <= t <= 16 before "tc_mt2w4b3"'s).
+# the default at d <= 8, 9 <= t <= 16 is "tc_bias_g2"'s instance, before it "tc_mt2w4b3"'s and "tc_isplit"'s).
 MATMUL_KERNELS = (
     "cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit", "tc_mt2", "tc_mt2w4", "tc_mt2w4b3", "tc_g2",
-    "tc_mt2w4g2", "tc_bias", "tc_bias_g2", "tc_shift", "tc_shift_g2",
+    "tc_mt2w4g2", "tc_bias", "tc_bias_g2",
 )  # fmt: skip
 
 

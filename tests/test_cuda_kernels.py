@@ -323,21 +323,22 @@ def test_matmul_kernels_self_diagonal_and_duplicates(kernel):
 
 @pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
 def test_matmul_kernels_far_rows(kernel):
-    """Row blocks with and without points far from the centre (|z|^2 above 4,000 in log2 units, past the shifted
-    exponent's limit of 512, so that the variants with it take both of their loops in one launch): exactly s on the
-    diagonal in both kinds of block through one-hot right-hand sides, and every entry against float64."""
+    """Row blocks with and without points far from the centre (|z|^2 above 4,000 in log2 units, where the near test's
+    threshold 2 tau |z_i|^2 is large): through one-hot right-hand sides, exactly s on the diagonal in both kinds of
+    block; with random right-hand sides, every entry against float64."""
     m, d, t = 3000, 8, 16
     x = torch.randn(m, d, device="cuda")
     far = torch.arange(700, m, 300, device="cuda")  # one far row in some 128-row blocks; the first five have none
     x[far] += 40
     l = torch.rand(d, device="cuda") + 0.5
-    v = torch.randn(m, t, device="cuda")
-    cols = torch.cat([torch.arange(8, device="cuda"), far[:8]])  # near the centre and far, one-hot
-    v[cols] = 0
-    v[cols, torch.arange(t, device="cuda")] = 1
     s = torch.tensor(1.3, device="cuda")
-    out = ops._rbf_matmul_kernel(x, x, l, s, v, kernel)
+    cols = torch.cat([torch.arange(8, device="cuda"), far[:8]])  # near the centre and far
+    onehot = torch.zeros(m, t, device="cuda")
+    onehot[cols, torch.arange(t, device="cuda")] = 1
+    out = ops._rbf_matmul_kernel(x, x, l, s, onehot, kernel)
     assert torch.equal(out[cols, torch.arange(t, device="cuda")], torch.full((t,), 1.3, device="cuda"))
+    v = torch.randn(m, t, device="cuda")
+    out = ops._rbf_matmul_kernel(x, x, l, s, v, kernel)
     want = ref.rbf_matmul(x.double(), x.double(), l.double(), s.double(), v.double())
     plain = ref.rbf_matmul(x, x, l, s, v)
     assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6

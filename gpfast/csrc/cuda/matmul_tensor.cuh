@@ -34,8 +34,6 @@
 // 1.5e-6); a Kahan sum (the total and its lost low part), four additions per tile and value, took it to 6.9e-7.
 #pragma once
 
-#include <type_traits>
-
 #include "device_common.cuh"
 #include "matmul_forward.cuh"
 #include "mma.cuh"
@@ -126,25 +124,22 @@ __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
 // n = 200,000, d = 8, t = 16).
 //
 // kBias, the exponent's two biases (-|z_i|^2 and -|z_j|^2), which cost two FADDs a pair when added to the MMAs'
-// result (FADD was the most frequent instruction: 5.26 of 18.5 a pair, Nsight Compute as above):
+// result (FADD was the most frequent instruction: 5.26 of 15.6 a pair, Nsight Compute as above):
 //   0: added after the MMAs, as ((S_big + S_small) - |z_i|^2) - |z_j|^2;
 //   1: the MMAs start from them: the large products' accumulator from -|z_i|^2 and the small ones' from -|z_j|^2
 //      (mma_tf32_from), so that e = S_big + S_small is one FADD. Each bias is then added inside the tensor core's
-//      float32 sum instead of by an FADD at the same magnitude (|z|^2), a rounding of the same size;
-//   2: as 1, with each row's exponent shifted by an integer sigma_i = floor(-2 tau |z_i|^2) <= 0 (the near
-//      threshold rounded down): the MMAs give e' = e - sigma_i, so that a near pair is one with e' >= 0, read for a
-//      whole chunk from the AND of the values' sign bits (two-thirds of a LOP3 a pair against an FSETP and the
-//      predicate's bookkeeping), and the kernel sums 2^e' and multiplies each row's total by the exact power of two
-//      2^sigma_i at the end. A near pair's e' is recomputed as -|z_i - z_j|^2 - sigma_i: an integer for an exact
-//      duplicate, whose 2^e' the special-function unit gives exactly, so K(x, x) = s still holds bit for bit (a
-//      test checks it). The shifted sum is bounded by 2^(-sigma_i) a pair; a block with a row beyond
-//      kMaxShift (|z_i|^2 > 16 kMaxShift) takes the form of 1 instead.
+//      float32 sum instead of by an FADD at the same magnitude (|z|^2): a rounding of the same size, and the error
+//      against float64 measured lower (5.2e-7 against 6.4e-7 at 10^6 points, d = 8, t = 16), with 0.920 against
+//      0.940 s on an H100 (experiments/results/h100_2026-12-05_session24).
+// A third form was measured and dropped: each row's exponent shifted by the integer floor(-2 tau |z_i|^2), so that
+// the near test became the AND of the values' sign bits and each row's total was scaled by the exact power of two
+// at the end. It took 1.74 s: rounding the threshold down to an integer widened the near band (for |z_i|^2 < 16
+// from P >= 2^(-|z_i|^2 / 16) to P >= 1/2), and the warps' recomputations with it.
 template <int KD, int NT, int MT, int kWarps, int kTile, int kMinBlocks, int kSplit, int kGroup = 1, int kBias = 0>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const KvTcArgs a) {
   using Tile = TcTile<KD, NT, kTile>;
   constexpr int D = 8 * KD, kThreads = kWarps * 32, kRows = kWarps * 16 * MT;
-  constexpr float kMaxShift = 32.0f;
-  static_assert(kBias >= 0 && kBias <= 2, "kBias is 0, 1 or 2");
+  static_assert(kBias == 0 || kBias == 1, "kBias is 0 or 1");
   __shared__ uint4 s_tile[2][Tile::kWords];
   __shared__ float s_mu[D], s_w[D];
 
@@ -175,11 +170,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
   __syncthreads();
 
   // this lane's rows g and g + 8 of each of the warp's row tiles: the cross term's A operand (2 Z_I, split), the
-  // row bias -|z_i|^2 (less sigma_i where shifted), the near thresholds and sigma_i (kBias = 2; 0 otherwise)
+  // biases -|z_i|^2 and the near thresholds
   const int64_t wrow = row0 + warp * 16 * MT;
   uint32_t ah[MT][KD][4], al[MT][KD][4];
-  float b1[MT][2], thr[MT][2], sig[MT][2];
-  bool shiftable = true;
+  float b1[MT][2], thr[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -192,8 +186,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
       for (int k = 0; k < D; ++k) nrm = fmaf(z(k), z(k), nrm);
       b1[mt][h] = -nrm;
       thr[mt][h] = -nrm * (2 * kNearTau);
-      sig[mt][h] = floorf(thr[mt][h]);
-      shiftable &= sig[mt][h] >= -kMaxShift;
 #pragma unroll
       for (int ks = 0; ks < KD; ++ks) {  // a0/a2 of row g, a1/a3 of row g + 8; doubling is exact
         split_tf32(2.0f * z(8 * ks + q), ah[mt][ks][h], al[mt][ks][h]);
@@ -201,15 +193,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
       }
     }
   }
-  // block-uniform: the shifted loop or the unshifted one for every warp (both pass the same barriers)
-  const bool shifted = kBias == 2 && __syncthreads_and(shiftable);
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      if (!shifted) sig[mt][h] = 0.0f;
-      b1[mt][h] -= sig[mt][h];  // exact: sig is an integer of at most |b1| / 16 + 1
-    }
 
   float acc[MT][NT][4], comp[MT][NT][4];  // Kahan sums: the total and its lost low part
 #pragma unroll
@@ -219,127 +202,105 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
 #pragma unroll
       for (int u = 0; u < 4; ++u) acc[mt][nt][u] = comp[mt][nt][u] = 0.0f;
 
-  // the column tiles, with the near test by sign bits (kSign: kBias = 2, shifted) or against the thresholds
-  auto sweep = [&](auto sign_c) {
-    constexpr bool kSign = decltype(sign_c)::value;
-    float big[MT][NT][4], small[MT][NT][4];  // the current group of tiles: hi x hi and the two cross products
-    for (int64_t k = 0; k < ntiles; ++k) {
-      if (k + 1 < ntiles) fetch((k + 1) & 1, k + 1);  // into the buffer read in the previous tile (synced below)
-      cp_async_commit();
-      cp_async_wait_one();  // tile k has landed (this thread's part)
-      __syncthreads();      // ... and every thread's
-      const uint4* zf_s = s_tile[k & 1];
-      const uint4* vf_s = zf_s + Tile::kZ;
-      const float* nc_s = reinterpret_cast<const float*>(zf_s + Tile::kZ + Tile::kV);
-      const int64_t jt = j_begin + k * kTile;
+  float big[MT][NT][4], small[MT][NT][4];  // the current group of tiles: hi x hi and the two cross products
+  for (int64_t k = 0; k < ntiles; ++k) {
+    if (k + 1 < ntiles) fetch((k + 1) & 1, k + 1);  // into the buffer read in the previous tile (synced below)
+    cp_async_commit();
+    cp_async_wait_one();  // tile k has landed (this thread's part)
+    __syncthreads();      // ... and every thread's
+    const uint4* zf_s = s_tile[k & 1];
+    const uint4* vf_s = zf_s + Tile::kZ;
+    const float* nc_s = reinterpret_cast<const float*>(zf_s + Tile::kZ + Tile::kV);
+    const int64_t jt = j_begin + k * kTile;
 
-      if (k % kGroup == 0) {
+    if (k % kGroup == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
+    }
+
+#pragma unroll
+    for (int ch = 0; ch < Tile::kChunks; ++ch) {
+      const int c0 = 8 * ch + 2 * q;  // this lane's columns c0 and c0 + 1 of the tile
+      const float2 nc = *reinterpret_cast<const float2*>(&nc_s[c0]);
+      uint4 zf[KD];
+#pragma unroll
+      for (int ks = 0; ks < KD; ++ks) zf[ks] = zf_s[(ch * KD + ks) * 32 + lane];
+      // e[mt][0..3] for (g, c0), (g, c0 + 1), (g + 8, c0), (g + 8, c0 + 1): the accumulator layout
+      float e[MT][4];
+      bool near = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        float sb[4], ss[4];
+        if constexpr (kBias == 0) {
+#pragma unroll
+          for (int u = 0; u < 4; ++u) sb[u] = ss[u] = 0.0f;
+#pragma unroll
+          for (int ks = 0; ks < KD; ++ks)
+            mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
+        } else {  // the first k-step's MMAs start from the biases; the others accumulate as in mma_3xtf32_split
+          const float cb[4] = {b1[mt][0], b1[mt][0], b1[mt][1], b1[mt][1]}, cs[4] = {nc.x, nc.y, nc.x, nc.y};
+          mma_tf32_from(ss, al[mt][0], zf[0].x, zf[0].y, cs);
+          mma_tf32(ss, ah[mt][0], zf[0].z, zf[0].w);
+          mma_tf32_from(sb, ah[mt][0], zf[0].x, zf[0].y, cb);
+#pragma unroll
+          for (int ks = 1; ks < KD; ++ks)
+            mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if constexpr (kBias == 0)
+            e[mt][u] = ((sb[u] + ss[u]) + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first
+          else
+            e[mt][u] = sb[u] + ss[u];
+          near |= e[mt][u] >= thr[mt][u >> 1];
+        }
+      }
+      if (__any_sync(kFull, near)) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
-      }
-
-#pragma unroll
-      for (int ch = 0; ch < Tile::kChunks; ++ch) {
-        const int c0 = 8 * ch + 2 * q;  // this lane's columns c0 and c0 + 1 of the tile
-        const float2 nc = *reinterpret_cast<const float2*>(&nc_s[c0]);
-        uint4 zf[KD];
-#pragma unroll
-        for (int ks = 0; ks < KD; ++ks) zf[ks] = zf_s[(ch * KD + ks) * 32 + lane];
-        // e[mt][0..3] for (g, c0), (g, c0 + 1), (g + 8, c0), (g + 8, c0 + 1): the accumulator layout
-        float e[MT][4];
-        bool near = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          float sb[4], ss[4];
-          if constexpr (kBias == 0) {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) sb[u] = ss[u] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KD; ++ks)
-              mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
-          } else {  // the first k-step's MMAs start from the biases; the others accumulate as in mma_3xtf32_split
-            const float cb[4] = {b1[mt][0], b1[mt][0], b1[mt][1], b1[mt][1]}, cs[4] = {nc.x, nc.y, nc.x, nc.y};
-            mma_tf32_from(ss, al[mt][0], zf[0].x, zf[0].y, cs);
-            mma_tf32(ss, ah[mt][0], zf[0].z, zf[0].w);
-            mma_tf32_from(sb, ah[mt][0], zf[0].x, zf[0].y, cb);
-#pragma unroll
-            for (int ks = 1; ks < KD; ++ks)
-              mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
-          }
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
-            if constexpr (kBias == 0)
-              e[mt][u] = ((sb[u] + ss[u]) + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first
-            else
-              e[mt][u] = sb[u] + ss[u];
-            if constexpr (!kSign) near |= e[mt][u] >= thr[mt][u >> 1];
+            const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
+            if (e[mt][u] >= thr[mt][u >> 1] && i < a.n && j < j_end)
+              e[mt][u] = tc_neg_sq_dist<D>(x1 + i * d, x2 + j * d, s_mu, s_w, d);
           }
-        }
-        if constexpr (kSign) {  // near: some e' >= 0, i.e. some sign bit clear
-          uint32_t all = ~0u;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) all &= __float_as_uint(e[mt][u]);
-          near = static_cast<int32_t>(all) >= 0;
-        }
-        if (__any_sync(kFull, near)) {
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
-              const bool is_near = kSign ? e[mt][u] >= 0.0f : e[mt][u] >= thr[mt][u >> 1];
-              if (is_near && i < a.n && j < j_end)
-                e[mt][u] = tc_neg_sq_dist<D>(x1 + i * d, x2 + j * d, s_mu, s_w, d) - sig[mt][u >> 1];
-            }
-        }
-        uint4 vf[NT];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) vf[nt] = vf_s[(ch * NT + nt) * 32 + lane];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t ph[4], pl[4];  // A operand: k = t is column c0, k = t + 4 column c0 + 1
-          split_p<kSplit>(exp2_fast(e[mt][0]), ph[0], pl[0]);
-          split_p<kSplit>(exp2_fast(e[mt][2]), ph[1], pl[1]);
-          split_p<kSplit>(exp2_fast(e[mt][1]), ph[2], pl[2]);
-          split_p<kSplit>(exp2_fast(e[mt][3]), ph[3], pl[3]);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
-        }
       }
-      if ((k + 1) % kGroup == 0 || k + 1 == ntiles) {
+      uint4 vf[NT];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
+      for (int nt = 0; nt < NT; ++nt) vf[nt] = vf_s[(ch * NT + nt) * 32 + lane];
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+      for (int mt = 0; mt < MT; ++mt) {
+        uint32_t ph[4], pl[4];  // A operand: k = t is column c0, k = t + 4 column c0 + 1
+        split_p<kSplit>(exp2_fast(e[mt][0]), ph[0], pl[0]);
+        split_p<kSplit>(exp2_fast(e[mt][2]), ph[1], pl[1]);
+        split_p<kSplit>(exp2_fast(e[mt][1]), ph[2], pl[2]);
+        split_p<kSplit>(exp2_fast(e[mt][3]), ph[3], pl[3]);
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
-              const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
-              const float s = __fadd_rn(acc[mt][nt][u], y);
-              comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
-              acc[mt][nt][u] = s;
-            }
+        for (int nt = 0; nt < NT; ++nt)
+          mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
       }
-      __syncthreads();  // every thread is done with buffer k & 1 before the next tile's copy into it
     }
-  };
-  if constexpr (kBias == 2) {
-    if (shifted)
-      sweep(std::true_type{});
-    else
-      sweep(std::false_type{});
-  } else {
-    sweep(std::false_type{});
+    if ((k + 1) % kGroup == 0 || k + 1 == ntiles) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
+            const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
+            const float s = __fadd_rn(acc[mt][nt][u], y);
+            comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
+            acc[mt][nt][u] = s;
+          }
+    }
+    __syncthreads();  // every thread is done with buffer k & 1 before the next tile's copy into it
   }
 
-  // accumulator layout: (row g, rhs 8 nt + 2t), (g, 8 nt + 2t + 1), (g + 8, ...); each row's total times
-  // 2^sigma_i, exact (sigma_i = 0 unless shifted)
+  // accumulator layout: (row g, rhs 8 nt + 2t), (g, 8 nt + 2t + 1), (g + 8, ...)
   const float s = a.scale[b];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -347,13 +308,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
     for (int h = 0; h < 2; ++h) {
       const int64_t i = wrow + 16 * mt + g + 8 * h;
       if (i >= a.n) continue;
-      const float f = __int_as_float((127 + static_cast<int>(sig[mt][h])) << 23);
       float* dst = a.out + ((static_cast<int64_t>(split) * a.batch + b) * a.n + i) * tt;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int c = 8 * nt + 2 * q;
-        if (c < tt) dst[c] = s * (f * acc[mt][nt][2 * h]);
-        if (c + 1 < tt) dst[c + 1] = s * (f * acc[mt][nt][2 * h + 1]);
+        if (c < tt) dst[c] = s * acc[mt][nt][2 * h];
+        if (c + 1 < tt) dst[c + 1] = s * acc[mt][nt][2 * h + 1];
       }
     }
   }

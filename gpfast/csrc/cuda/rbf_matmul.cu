@@ -112,8 +112,8 @@ using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor
 // each staged fragment read from shared memory and each tile's loop overhead serve twice the pairs, and the two
 // tiles' MMAs fill each other's dependency gaps), with 8 warps and one block or 4 warps and two or three blocks per
 // multiprocessor; the compensated addition every two tiles (kGroup); and tc_mt2w4b3 with the exponent's biases
-// in the MMAs' accumulators, plain and with the shifted exponent and sign-bit near test (kBias 1 and 2,
-// matmul_tensor.cuh), each also with kGroup = 2; null for another name.
+// in the MMAs' accumulators (kBias = 1, matmul_tensor.cuh), with the compensated addition every tile or every two;
+// null for another name.
 KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
   if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
@@ -126,13 +126,12 @@ KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_mt2w4g2") return &launch_tc<1, 2, 2, 4, 64, 2, 2, 2>;
   if (name == "tc_bias") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 1, 1>;
   if (name == "tc_bias_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 1>;
-  if (name == "tc_shift") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 1, 2>;
-  if (name == "tc_shift_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 2>;
   return nullptr;
 }
 
 // out by the tensor-core kernel (float32, d <= 32, t <= 32), in the instance of its feature and right-hand-side
-// bucket: one row tile a warp and 8 warps a block, except two row tiles and 4 warps at d <= 8, 9 <= t <= 16
+// bucket: one row tile a warp and 8 warps a block, except two row tiles and 4 warps at d <= 8, 9 <= t <= 16 (with
+// the biases in the MMAs' accumulators and the compensated addition every two tiles there)
 void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                      const at::Tensor& V, at::Tensor& result) {
   // d = 0 (every distance zero) takes the first bucket
@@ -151,9 +150,11 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
       // error); cvt.rna in the others, whose timings with either split are not measured. In that bucket also two
       // row tiles a warp, 4 warps and three blocks per SM (the "tc_mt2w4b3" instance: 0.94 against 1.04 s for
       // "tc_isplit" at 10^6 points on an H100, the same error; with 8 warps and one block, or 4 warps and two,
-      // slower than "tc_isplit")
+      // slower than "tc_isplit"); and there the exponent's biases in the MMAs' accumulators, with the compensated
+      // addition every two tiles (the "tc_bias_g2" instance: 0.914 against 0.940 s for "tc_mt2w4b3" at 10^6
+      // points on an H100, error against float64 5.4e-7 against 6.4e-7; every tile, "tc_bias", 0.920)
       if constexpr (kKD == 1 && kNT == 2) {
-        launch_tc<1, 2, 2, 4, 64, 3, 2>(x1, x2, ls, s, V, result);
+        launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 1>(x1, x2, ls, s, V, result);
       } else {
         launch_tc<kKD, kNT, 1, 8, kTile, kMinBlocks, 0>(x1, x2, ls, s, V, result);
       }
@@ -180,8 +181,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
       GPFAST_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
-                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias', ",
-                  "'tc_bias_g2', 'tc_shift' or 'tc_shift_g2', got '",
+                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias' or ",
+                  "'tc_bias_g2', got '",
                   *forced, "'");
       GPFAST_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       GPFAST_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
