@@ -1616,7 +1616,7 @@ PYEOF
     session24b)
       # K @ V's tensor-core kernel with the exponent's biases in the MMAs' accumulators (tc_bias, tc_bias_g2) and
       # with the shifted exponent and its sign-bit near test (tc_shift, tc_shift_g2), and the CUDA launchers' checks
-      # with their numbers as text (GPFAST_CHECK), in value order: build (ptxas's registers and spills of
+      # with their numbers as text (GPF_CHECK), in value order: build (ptxas's registers and spills of
       # kv_tc_kernel); bench_matmul's kernels at 10^6 and 200,000 points (d = 8, t = 16), the default's instance
       # (tc_mt2w4b3) and the four, twice in alternation, with their errors; the op-error cases, each in a process
       # of its own; the CUDA tests that session24a's crash cut short (the float16 factor's); the K @ V CUDA tests

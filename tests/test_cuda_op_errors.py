@@ -2,7 +2,7 @@
 
 Each case runs in a Python process of its own: on the GPU machine a failed check in a CUDA launcher whose message
 streamed an integer or a shape ended the interpreter with a segmentation fault instead of raising, and a crash must
-fail its one case, not end the test run. The checks now turn numbers into text first (GPFAST_CHECK in
+fail its one case, not end the test run. The checks now turn numbers into text first (GPF_CHECK in
 gpfast/csrc/common.h); these cases cover each kind of message: integers, shapes, and numbers given as text.
 """
 

@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor> stored_kernel(const at::Tensor& K, const at::
   } else {
     cols = split_columns(rowblocks, m, kBilTile, blocks_per_sm, splits);
   }
-  GPFAST_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535,
+  GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535,
               "stored_backward: shape too large for one launch (n=", n, ", m=", m, ")");
   const auto opts = x1.options().dtype(at::kDouble);
   const at::Tensor part_l = at::empty({splits, rowblocks, D}, opts);
@@ -83,7 +83,7 @@ RowPassSums from_k_pass(const at::Tensor& K, const at::Tensor& G, const at::Tens
   const int64_t rowblocks = ceil_div(n, int64_t(16) * kWarps);
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, kBilTile, kBlocksPerSm, splits);
-  GPFAST_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
+  GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
               "rbf_covariance backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
   const auto opts = x_rows.options().dtype(at::kDouble);
   RowPassSums out;
@@ -123,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cuda(const at::Tensor& K, con
   check_stored_backward(K, x1, x2, lengthscale, outputscale, G, V, "stored_backward");
   const std::string name(kernel);
   const bool named_tc = name == "tc4" || name == "tc8" || name == "tc4_nosym" || name == "tc8_nosym";
-  GPFAST_CHECK(name == "auto" || name == "reference" || named_tc,
+  GPF_CHECK(name == "auto" || name == "reference" || named_tc,
               "stored_backward: kernel must be 'auto', 'reference', 'tc4', 'tc8', 'tc4_nosym' or 'tc8_nosym', got '",
               name, "'");
   const int64_t n = K.size(0), m = K.size(1), d = x1.size(1), t = G.size(1);
@@ -136,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cuda(const at::Tensor& K, con
   const bool fits = K.scalar_type() == at::kFloat && d >= 1 && d <= 32 && (symmetric ? 2 * t : t) <= 40 &&
                     (K.stride(1) == 1 || m == 1) && K.stride(0) >= 0;
   if (named_tc)
-    GPFAST_CHECK(fits, "stored_backward: the tensor-core kernel takes float32 K with column stride 1, 1 <= d <= 32 ",
+    GPF_CHECK(fits, "stored_backward: the tensor-core kernel takes float32 K with column stride 1, 1 <= d <= 32 ",
                 "and at most 40 weights a pair (t, or 2t for K(x, x)), got ", K.scalar_type(), ", strides ",
                 K.strides(), ", d=", d, ", t=", t);
   if (!fits) return stored_backward_reference(K, x1, x2, lengthscale, outputscale, G, V);
@@ -151,7 +151,7 @@ Grads covariance_backward_from_k_cuda(const at::Tensor& grad, const at::Tensor& 
                                       const at::Tensor& outputscale, bool x_grads, c10::string_view kernel) {
   constexpr const char* kOp = "_rbf_covariance_backward_from_k";
   check_backward_from_k(grad, K, x1, x2, lengthscale, outputscale, kOp);
-  GPFAST_CHECK(kernel == "auto" || kernel == "reference", kOp, ": kernel must be 'auto' or 'reference', got '",
+  GPF_CHECK(kernel == "auto" || kernel == "reference", kOp, ": kernel must be 'auto' or 'reference', got '",
               std::string(kernel), "'");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);

@@ -96,7 +96,7 @@ at::Tensor dense_matmul_cuda(const at::Tensor& K, const at::Tensor& V) {
   const bool rows_contiguous = K.stride(1) == 1 || n == 1;
   if (TC == 0 || !rows_contiguous) return at::mm(K, V);
   const int64_t ldk = rows > 1 ? K.stride(0) : n;
-  GPFAST_CHECK(ldk >= 0, "dense_matmul: K must not have a negative row stride, got ", K.strides());
+  GPF_CHECK(ldk >= 0, "dense_matmul: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();
   at::Tensor out = at::empty({rows, t}, K.options());
   AT_DISPATCH_FLOATING_TYPES(K.scalar_type(), "dense_matmul_cuda",
@@ -122,7 +122,7 @@ at::Tensor dense_matmul_half_cuda(const at::Tensor& K, const at::Tensor& V) {
     return at::cat(parts, 1);
   }
   const int64_t ldk = rows > 1 ? K.stride(0) : n;
-  GPFAST_CHECK(ldk >= 0, "_dense_matmul_half: K must not have a negative row stride, got ", K.strides());
+  GPF_CHECK(ldk >= 0, "_dense_matmul_half: K must not have a negative row stride, got ", K.strides());
   const at::Tensor Vc = V.contiguous();
   at::Tensor out = at::empty({rows, t}, V.options());
   run_dense_matmul<float, __half>(K, ldk, Vc, out);

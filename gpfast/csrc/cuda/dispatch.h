@@ -38,7 +38,7 @@ inline int rhs_bucket(int64_t t, bool is_double) {
 template <int... Values, typename Fn>
 void with_bucket(int value, const char* what, Fn&& fn) {
   const bool found = (... || (value == Values && (fn(std::integral_constant<int, Values>{}), true)));
-  GPFAST_CHECK(found, "gpfast: internal error, no ", what, " bucket ", value);
+  GPF_CHECK(found, "gpfast: internal error, no ", what, " bucket ", value);
 }
 
 template <typename Fn>
@@ -51,7 +51,7 @@ void with_rhs_bucket(int TC, Fn&& fn) {
   with_bucket<1, 8, 12, 16, 32>(TC, "right-hand-side", std::forward<Fn>(fn));
 }
 
-// A number as text, for messages built outside GPFAST_CHECK (common.h says why numbers are not streamed here).
+// A number as text, for messages built outside GPF_CHECK (common.h says why numbers are not streamed here).
 inline std::string as_text(int64_t v) { return std::to_string(static_cast<long long>(v)); }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

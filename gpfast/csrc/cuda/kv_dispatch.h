@@ -16,7 +16,7 @@ void with_kv_buckets(at::ScalarType dtype, int D, int TC, Fn&& fn) {
       with_rhs_bucket(TC, [&](auto tc) {
         constexpr int kTC = decltype(tc)::value;
         if constexpr (sizeof(scalar_t) == 8 && (kTC == 12 || kTC == 16)) {
-          GPFAST_CHECK(false, "gpfast: internal error, no float64 kernel for ", kTC, " columns");
+          GPF_CHECK(false, "gpfast: internal error, no float64 kernel for ", kTC, " columns");
         } else {
           fn(scalar_t{}, dc, tc);
         }

@@ -51,7 +51,7 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
       int64_t rowblocks = std::clamp<int64_t>(ceil_div(want, strips * B), 1, ceil_div(n, kFwdRows));
       const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kFwdRows) * kFwdRows;
       rowblocks = ceil_div(n, rows_per_block);
-      GPFAST_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535 && B <= 65535,
+      GPF_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535 && B <= 65535,
                   "rbf_covariance: output of shape ", out.sizes(), " is too large for one launch");
       const size_t vec_bytes = std::min<size_t>(16, kCpl * sizeof(scalar_t));
       const bool vec = (ldo * sizeof(scalar_t)) % vec_bytes == 0 && aligned(out.data_ptr(), vec_bytes);
@@ -79,10 +79,10 @@ void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
                             at::Tensor& out) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   const int64_t dp = ceil_div(std::max<int64_t>(d, 1), 4) * 4;
-  GPFAST_CHECK(dp <= (1 << 30), "rbf_covariance: d=", d, " is too large");
+  GPF_CHECK(dp <= (1 << 30), "rbf_covariance: d=", d, " is too large");
   const int64_t tiles_m = ceil_div(m, kCovTile), tiles_per_batch = ceil_div(n, kCovTile) * tiles_m;
   const int64_t blocks = B * tiles_per_batch;
-  GPFAST_CHECK(blocks < (int64_t(1) << 31), "rbf_covariance: output of shape ", out.sizes(),
+  GPF_CHECK(blocks < (int64_t(1) << 31), "rbf_covariance: output of shape ", out.sizes(),
               " needs more thread blocks than one launch allows");
   const bool vec = (m % 4 == 0) && aligned16(out.data_ptr());
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_tile_cuda", [&] {
@@ -105,12 +105,12 @@ void launch_covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   constexpr int kCols = W * 16 * MT;
   const int64_t strips = ceil_div(m, int64_t(kCols));
-  GPFAST_CHECK(strips < (int64_t(1) << 31), "rbf_covariance: m=", m, " columns is too many for one launch (at most ",
+  GPF_CHECK(strips < (int64_t(1) << 31), "rbf_covariance: m=", m, " columns is too many for one launch (at most ",
               ((int64_t(1) << 31) - 1) * kCols, ")");
-  GPFAST_CHECK(B <= 65535, "rbf_covariance: a batch of ", B, " is too large for one launch (at most 65535)");
+  GPF_CHECK(B <= 65535, "rbf_covariance: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
   const int64_t rows = split_columns(strips * B, n, kTile, 4, splits);
-  GPFAST_CHECK(splits <= 65535, "rbf_covariance: n=", n, " rows gives ", splits, " row splits (at most 65535)");
+  GPF_CHECK(splits <= 65535, "rbf_covariance: n=", n, " rows gives ", splits, " row splits (at most 65535)");
   const at::Tensor mu = x2.mean(1).contiguous();  // one centre for rows and columns: equal points, equal bits
   CovTcArgs a{x1.data_ptr<float>(), x2.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
               mu.data_ptr<float>(), out.data_ptr<float>(), n, m, rows, static_cast<int>(d)};
@@ -125,9 +125,9 @@ enum class TcShape { kDefault, kRows2, kWarps4 };
 void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
                    TcShape shape, at::Tensor& out) {
   const int64_t d = x1.size(2);
-  GPFAST_CHECK(x1.scalar_type() == at::kFloat,
+  GPF_CHECK(x1.scalar_type() == at::kFloat,
               "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ", x1.scalar_type());
-  GPFAST_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
+  GPF_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
               as_text(d));
   with_bucket<2, 3, 4>(static_cast<int>(ceil_div(d, 8)), "tensor-core feature", [&](auto kc) {
     constexpr int KD = decltype(kc)::value;
@@ -169,7 +169,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const at::Tensor s = outputscale.contiguous();
   const int D = feature_bucket(d);
   const Forward kernel = forced ? *forced : default_forward(m, D, x1.scalar_type() == at::kFloat);
-  GPFAST_CHECK(kernel == Forward::kTile || D != 0,
+  GPF_CHECK(kernel == Forward::kTile || D != 0,
               "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=", as_text(d));
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
@@ -210,7 +210,7 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
   else if (kernel == "tc_w4")
     forced = Forward::kTcWarps4;
   else
-    GPFAST_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff', 'expand', 'tc', 'tc_mt2' or 'tc_w4', ",
+    GPF_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff', 'expand', 'tc', 'tc_mt2' or 'tc_w4', ",
                 "got '", std::string(kernel), "'");
   return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
@@ -221,12 +221,12 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
 // directly, and n < 1024 or d > 32 copies the tiled kernel's K into it.
 at::Tensor covariance_symmetric_cuda(const at::Tensor& x, const at::Tensor& lengthscale, const at::Tensor& outputscale,
                                      int64_t pitch) {
-  GPFAST_CHECK(x.dim() == 2, "_rbf_covariance_symmetric: x must be (n, d), got shape ", x.sizes());
+  GPF_CHECK(x.dim() == 2, "_rbf_covariance_symmetric: x must be (n, d), got shape ", x.sizes());
   const int64_t n = x.size(0), d = x.size(1);
-  GPFAST_CHECK(lengthscale.dim() == 1 && lengthscale.size(0) == d && outputscale.dim() == 0,
+  GPF_CHECK(lengthscale.dim() == 1 && lengthscale.size(0) == d && outputscale.dim() == 0,
               "_rbf_covariance_symmetric: lengthscale must be (d,) = (", as_text(d), ",) and outputscale 0-dim, got ",
               lengthscale.sizes(), " and ", outputscale.sizes());
-  GPFAST_CHECK(pitch >= n, "_rbf_covariance_symmetric: pitch must be at least n = ", as_text(n), ", got ",
+  GPF_CHECK(pitch >= n, "_rbf_covariance_symmetric: pitch must be at least n = ", as_text(n), ", got ",
               as_text(pitch));
   const at::Tensor p = x.contiguous().unsqueeze(0), ls = lengthscale.contiguous().unsqueeze(0);
   const at::Tensor s = outputscale.reshape({1}).contiguous();

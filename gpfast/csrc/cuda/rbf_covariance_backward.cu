@@ -31,7 +31,7 @@ Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tens
   int64_t rowblocks = std::clamp<int64_t>(ceil_div(int64_t(16) * sm_count(), strips * B), 1, ceil_div(n, int64_t(kOneRows)));
   const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), int64_t(kOneRows)) * kOneRows;
   rowblocks = ceil_div(n, rows_per_block);
-  GPFAST_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535,
+  GPF_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535,
               "rbf_covariance_backward: shape too large for one launch (rows=", n, ", columns=", m, ")");
   const auto opts = x1.options().dtype(at::kDouble);
   RowPassSums rows, cols;
@@ -70,10 +70,10 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
   check_canonical(x1, x2, lengthscale, outputscale, op);
   const c10::cuda::CUDAGuard guard(x1.device());
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
-  GPFAST_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m, op,
+  GPF_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m, op,
               ": grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
   if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
-  GPFAST_CHECK(B <= 65535, op, ": at most 65535 batch entries on CUDA, got ", B);
+  GPF_CHECK(B <= 65535, op, ": at most 65535 batch entries on CUDA, got ", B);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
   const int D = feature_bucket(d);
   if (D == 0)
@@ -122,12 +122,12 @@ Grads covariance_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& 
                                       c10::string_view kernel) {
   constexpr const char* kOp = "_rbf_covariance_backward_kernel";
   const std::string name(kernel);
-  GPFAST_CHECK(name == "rows64" || name == "onepass32", kOp, ": kernel must be 'rows64' or 'onepass32', got '", name,
+  GPF_CHECK(name == "rows64" || name == "onepass32", kOp, ": kernel must be 'rows64' or 'onepass32', got '", name,
               "'");
   const bool onepass = name == "onepass32";
-  GPFAST_CHECK(!onepass || x1.scalar_type() == at::kFloat, kOp, ": 'onepass32' takes float32, got ",
+  GPF_CHECK(!onepass || x1.scalar_type() == at::kFloat, kOp, ": 'onepass32' takes float32, got ",
               x1.scalar_type());
-  GPFAST_CHECK(!onepass || x1.size(2) <= 16, kOp, ": 'onepass32' takes d <= 16");
+  GPF_CHECK(!onepass || x1.size(2) <= 16, kOp, ": 'onepass32' takes d <= 16");
   return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads,
                                   onepass ? BwdKernel::kOnePass32 : BwdKernel::kRows64, kOp);
 }

@@ -36,16 +36,16 @@ void kv_cuda_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
   const bool is_double = x1.scalar_type() == at::kDouble;
   const int TC = rhs_bucket(t, is_double);
   const int64_t t_chunks = ceil_div(t, TC);
-  GPFAST_CHECK(B * t_chunks <= 65535, "rbf_matmul: at most 65535 (batch x rhs-chunks) on CUDA, got ", B * t_chunks);
+  GPF_CHECK(B * t_chunks <= 65535, "rbf_matmul: at most 65535 (batch x rhs-chunks) on CUDA, got ", B * t_chunks);
   with_kv_buckets(x1.scalar_type(), D, TC, [&](auto zero, auto dc, auto tc) {
     using scalar_t = decltype(zero);
     constexpr int kD = decltype(dc)::value, kTC = decltype(tc)::value;
     constexpr int kTM = kv_rows_per_thread<scalar_t, kD, kTC>();
     const int64_t rowblocks = ceil_div(n, int64_t(kKvThreads) * kTM);
-    GPFAST_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " too large");
+    GPF_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " too large");
     int64_t splits = 1;
     const int64_t cols = split_columns(rowblocks * B * t_chunks, m, kKvTile, 6, splits);
-    GPFAST_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
+    GPF_CHECK(splits <= 65535, "rbf_matmul: m=", m, " too large");
     at::Tensor part = at::empty({splits, B, n, t}, x1.options());
     KvFwdArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
                           s.data_ptr<scalar_t>(),  V.data_ptr<scalar_t>(),  part.data_ptr<scalar_t>(),
@@ -67,14 +67,14 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
   constexpr int kRows = W * 16 * MT;
   const int64_t rowblocks = ceil_div(n, int64_t(kRows)), tiles = ceil_div(m, int64_t(kTile));
-  GPFAST_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " rows is too many for one launch (at most ",
+  GPF_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " rows is too many for one launch (at most ",
               ((int64_t(1) << 31) - 1) * kRows, ")");
-  GPFAST_CHECK(tiles < (int64_t(1) << 31), "rbf_matmul: m=", m, " columns is too many for one launch (at most ",
+  GPF_CHECK(tiles < (int64_t(1) << 31), "rbf_matmul: m=", m, " columns is too many for one launch (at most ",
               ((int64_t(1) << 31) - 1) * kTile, ")");
-  GPFAST_CHECK(B <= 65535, "rbf_matmul: a batch of ", B, " is too large for one launch (at most 65535)");
+  GPF_CHECK(B <= 65535, "rbf_matmul: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, kTile, 2, splits);
-  GPFAST_CHECK(splits <= 65535, "rbf_matmul: m=", m, " columns gives ", splits, " column splits (at most 65535)");
+  GPF_CHECK(splits <= 65535, "rbf_matmul: m=", m, " columns gives ", splits, " column splits (at most 65535)");
   // the centre: the columns' mean, shared by rows and columns so that equal points scale to equal bits; the staged
   // tiles take Tile::kWords * 16 / kTile bytes a column (196 at d <= 8, t <= 16: 0.2 GB at 10^6 columns)
   const at::Tensor mu = x2.mean(1).contiguous();
@@ -180,12 +180,12 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     } else {
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
-      GPFAST_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
+      GPF_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
                   "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias' or ",
                   "'tc_bias_g2', got '",
                   *forced, "'");
-      GPFAST_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
-      GPFAST_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
+      GPF_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
+      GPF_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
                   "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=",
                   as_text(d), " and t=", as_text(t));
       tensor = true;

@@ -47,7 +47,7 @@ void launch_symmetric(const at::Tensor& K, int64_t ldk, const at::Tensor& V, at:
 // kernel) under 4096 points, where one product is a few microseconds either way.
 int64_t auto_block(int64_t n) { return n < 4096 ? 0 : 512; }
 
-// "(a, b)" without streaming integers (common.h's GPFAST_CHECK says why)
+// "(a, b)" without streaming integers (common.h's GPF_CHECK says why)
 std::string strides_text(const at::Tensor& K) {
   std::string s = "(";
   for (int64_t i = 0; i < K.dim(); ++i) s += (i ? ", " : "") + as_text(K.stride(i));
@@ -58,9 +58,9 @@ std::string strides_text(const at::Tensor& K) {
 
 at::Tensor symmetric_matmul_cuda(const at::Tensor& K, const at::Tensor& V, int64_t block, int64_t stages) {
   check_dense_matmul(K, V, "symmetric_matmul");
-  GPFAST_CHECK(K.size(0) == K.size(1), "symmetric_matmul: K must be square, got ", as_text(K.size(0)), " x ",
+  GPF_CHECK(K.size(0) == K.size(1), "symmetric_matmul: K must be square, got ", as_text(K.size(0)), " x ",
               as_text(K.size(1)));
-  GPFAST_CHECK(block == 0 || block == -1 || block == 256 || block == 512 || block == 1024,
+  GPF_CHECK(block == 0 || block == -1 || block == 256 || block == 512 || block == 1024,
               "symmetric_matmul: block must be 0 (auto), -1 (the full-matrix kernel), 256, 512 or 1024, got ",
               as_text(block));
   const c10::cuda::CUDAGuard guard(K.device());
@@ -69,14 +69,14 @@ at::Tensor symmetric_matmul_cuda(const at::Tensor& K, const at::Tensor& V, int64
   const bool fits = K.scalar_type() == at::kFloat && t >= 1 && t <= 16 && n > 0 && (K.stride(1) == 1 || n == 1) &&
                     ldk % 4 == 0 && aligned16(K.data_ptr());
   if (block > 0)
-    GPFAST_CHECK(fits, "symmetric_matmul: block ", as_text(block), " takes a float32 K with column stride 1, rows ",
+    GPF_CHECK(fits, "symmetric_matmul: block ", as_text(block), " takes a float32 K with column stride 1, rows ",
                 "of 16-byte multiples at a 16-byte aligned start and 1 <= t <= 16; got ", K.scalar_type(),
                 ", strides ", strides_text(K), ", t = ", as_text(t));
   const int64_t S = block == 0 ? (fits ? auto_block(n) : 0) : (block < 0 ? 0 : block);
   if (S == 0) return dense_matmul_cuda(K, V);
   // stages in flight: the default for the super-tile, or 5 at 256 (for the benchmarks' sweep)
   const int64_t st = stages == 0 ? (S >= 1024 ? 3 : 4) : stages;
-  GPFAST_CHECK(st == (S >= 1024 ? 3 : 4) || (S == 256 && st == 5), "symmetric_matmul: stages must be 0 (the default",
+  GPF_CHECK(st == (S >= 1024 ? 3 : 4) || (S == 256 && st == 5), "symmetric_matmul: stages must be 0 (the default",
               " for the super-tile), 4 (256, 512), 5 (256) or 3 (1024), got ", as_text(stages), " at block ",
               as_text(S));
   const at::Tensor Vc = V.contiguous();
