@@ -77,7 +77,7 @@ def _rbf_matmul_backward_kernel(grad, x1, x2, lengthscale, outputscale, v, kerne
         grad = grad.unsqueeze(-1)
     G = _canonical_grad(grad, torch.Size((*batch, x1c.shape[1], vc.shape[2])), x1c)
     d, t = x1c.shape[-1], vc.shape[-1]
-    if d > 32 or t > 32:  # checked here too: the CUDA op's own check of these crashes the interpreter on the H200
+    if d > 32 or t > 32:  # checked here first, so that the error is a ValueError as in the other wrappers
         raise ValueError(
             f"_rbf_matmul_backward_kernel: the fused kernels take d <= 32 and t <= 32, got d={d} and t={t}"
         )

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +23,18 @@ def poison_allocator(device: str, nbytes: int) -> None:
 def rel_err(out, ref):
     out, ref = out.double(), ref.double()
     return ((out - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def assert_raises_in_a_subprocess(call: str, args: str, message: str) -> None:
+    """Run ``call(args)`` (``call`` the source of a function of that name, with torch and gpfast.ops imported) in
+    a fresh interpreter: it must raise a RuntimeError whose message holds ``message``, not end the process (a
+    failed check that crashes fails its one case instead of ending the test run)."""
+    code = (
+        f"import torch, gpfast.ops as ops\n{call}"
+        f"try:\n    call({args})\nexcept RuntimeError as err:\n    print('raised:', err)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
 
 
 def fresh_rng():

@@ -18,12 +18,10 @@ Error rules (``rel_err`` is the norm-wise relative error against float64):
 """
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import poison_allocator, rel_err
+from conftest import assert_raises_in_a_subprocess, poison_allocator, rel_err
 from test_ops import grads_of, rand_inputs
 
 from gpfast import _reference as ref
@@ -151,17 +149,6 @@ def test_forward_64bit_indexing_expansion(variant):
     assert torch.isfinite(K[-3:]).all() and torch.isfinite(K[:, -3:]).all()
     assert (K.diagonal() == 1.5).all()
     del K
-
-
-def assert_raises_in_a_subprocess(call: str, args: str, message: str) -> None:
-    """Run ``call(args)`` (``call`` the source of a function of that name, with torch and gpfast.ops imported) in
-    a fresh interpreter: it must raise a RuntimeError whose message holds ``message``, not end the process."""
-    code = (
-        f"import torch, gpfast.ops as ops\n{call}"
-        f"try:\n    call({args})\nexcept RuntimeError as err:\n    print('raised:', err)\n"
-    )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "raised:" in run.stdout and message in run.stdout, (run.stdout, run.stderr)
 
 
 @pytest.mark.parametrize("d", [9, 16, 17, 20, 27, 32])

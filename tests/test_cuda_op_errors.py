@@ -1,55 +1,49 @@
 """The CUDA ops' own argument checks raise a RuntimeError that names the value seen and the value expected.
 
-Each case runs in a Python process of its own: on the GPU machine a failed check in a CUDA launcher whose message
-streamed an integer or a shape ended the interpreter with a segmentation fault instead of raising, and a crash must
-fail its one case, not end the test run. The checks now turn numbers into text first (GPF_CHECK in
-gpfast/csrc/common.h); these cases cover each kind of message: integers, shapes, and numbers given as text.
+Each case runs in a Python process of its own (conftest.assert_raises_in_a_subprocess): on the GPU machine a failed
+check in a CUDA launcher whose message streamed an integer or a shape ended the interpreter with a segmentation fault
+instead of raising. The checks now turn numbers into text first (GPF_CHECK in gpfast/csrc/common.h); these cases
+cover each kind of message: integers, shapes, and numbers given as text.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
-
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, assert_raises_in_a_subprocess
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no GPU")]
 
-# name: (the call, with c(*shape) a random float32 CUDA tensor; the start of the message it must raise)
+# name: (the call, with c(*shape) a random float32 CUDA tensor; the message it must raise)
 CASES = {
     # the stored-K products' shape check: a shape and two integers
     "dense_matmul_rows": (
-        "gpfast.dense_matmul(c(4, 5), c(4, 2))",
+        "gp.dense_matmul(c(4, 5), c(4, 2))",
         "dense_matmul: K is [4, 5] but V has 4 rows (need 5)",
     ),
     "dense_matmul_half_rows": (
-        "gpfast._dense_matmul_half(c(7, 9).half(), c(8, 3))",
+        "gp._dense_matmul_half(c(7, 9).half(), c(8, 3))",
         "_dense_matmul_half: K is [7, 9] but V has 8 rows (need 9)",
     ),
     # the canonical points' checks, shared by every point op
     "covariance_features": (
-        "gpfast.rbf_covariance(c(1, 5, 3), c(1, 6, 4), c(1, 3), c(1))",
+        "gp.rbf_covariance(c(1, 5, 3), c(1, 6, 4), c(1, 3), c(1))",
         "rbf_covariance: x1 has d=3 features but x2 has d=4",
     ),
     "matmul_rhs_shape": (
-        "gpfast.rbf_matmul(c(1, 5, 3), c(1, 6, 3), c(1, 3), c(1), c(1, 7, 2))",
+        "gp.rbf_matmul(c(1, 5, 3), c(1, 6, 3), c(1, 3), c(1), c(1, 7, 2))",
         "rbf_matmul: v must be (B, m, t) with (B, m) = (1, 6), got [1, 7, 2]",
     ),
     "stored_backward_rows": (
-        "gpfast.stored_backward(c(5, 6), c(4, 3), c(6, 3), c(3), c(), c(5, 2), c(6, 2))",
+        "gp.stored_backward(c(5, 6), c(4, 3), c(6, 3), c(3), c(), c(5, 2), c(6, 2))",
         "stored_backward: x1 must be (n, d) with n = 5 (K's rows), got [4, 3]",
     ),
     # the private backward op's limits on d and t, which the Python wrapper also checks
     "matmul_backward_limits": (
-        "gpfast._rbf_matmul_backward_kernel(c(1, 10, 33), c(1, 10, 3), c(1, 12, 3), c(1, 3), c(1), c(1, 12, 33),"
-        " 'rows')",
+        "gp._rbf_matmul_backward_kernel(c(1, 10, 33), c(1, 10, 3), c(1, 12, 3), c(1, 3), c(1), c(1, 12, 33), 'rows')",
         "_rbf_matmul_backward_kernel: the fused kernels take d <= 32 and t <= 32, got d=3 and t=33",
     ),
     "matmul_backward_features": (
-        "gpfast._rbf_matmul_backward_kernel(c(1, 10, 2), c(1, 10, 33), c(1, 12, 33), c(1, 33), c(1), c(1, 12, 2),"
+        "gp._rbf_matmul_backward_kernel(c(1, 10, 2), c(1, 10, 33), c(1, 12, 33), c(1, 33), c(1), c(1, 12, 2),"
         " 'bilinear4')",
         "_rbf_matmul_backward_kernel: the fused kernels take d <= 32 and t <= 32, got d=33 and t=2",
     ),
@@ -58,24 +52,13 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_cuda_op_check_raises(name):
-    call, message = CASES[name]
-    script = textwrap.dedent(
-        f"""
-        import torch
-        import gpfast.ops
-        gpfast.ops._ensure_loaded()
-        gpfast = torch.ops.gpfast
-        def c(*shape):
-            return torch.randn(shape, device="cuda")
-        try:
-            {call}
-        except RuntimeError as exc:
-            print("raised:", str(exc).splitlines()[0])
-        else:
-            print("returned")
-        """
+    expression, message = CASES[name]
+    call = (
+        "def call():\n"
+        "    ops._ensure_loaded()\n"
+        "    gp = torch.ops.gpfast\n"
+        "    def c(*shape):\n"
+        "        return torch.randn(shape, device='cuda')\n"
+        f"    {expression}\n"
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"the check ended the process with rc {run.returncode}: {run.stderr[-3000:]}"
-    said = run.stdout.strip().splitlines()[-1]
-    assert said.startswith("raised: " + message), said
+    assert_raises_in_a_subprocess(call, "", message)

@@ -434,8 +434,8 @@ def test_matmul_kernel_wrapper_checks_the_kernel_limits(kernel, d, t, match):
 
 @pytest.mark.parametrize("d, t", [(3, 33), (33, 2)])
 def test_backward_kernel_wrapper_checks_the_kernel_limits(d, t):
-    """The wrapper refuses d > 32 or t > 32 before the op: the CUDA op's own check of these crashes the interpreter
-    on the H200 instead of raising."""
+    """The wrapper refuses d > 32 or t > 32 before the op, with a ValueError (the op's own check raises a
+    RuntimeError: test_cuda_op_errors)."""
     x1, x2, l, s = rand_inputs((), 6, 5, d, "cpu")
     v, g = torch.randn(5, t), torch.randn(6, t)
     with pytest.raises(ValueError, match=f"take d <= 32 and t <= 32, got d={d} and t={t}"):
