@@ -206,6 +206,15 @@ cuda_tests() {
   brun "$cap" "$logf" python -m pytest -q -m cuda -p no:cacheprovider "$@"; echo "tests rc=$?"
   grep -E "^(FAILED|ERROR)|Fatal|Segmentation" "$logf" | head -20; tail -1 "$logf"
 }
+# kv_kernels LOG CAP STEM "SIZES" KERNEL...: bench_matmul's named K @ V kernels at each of SIZES points (medians of 3)
+# into $res/STEM_kernels.{md,json}, and its table.
+kv_kernels() {
+  local logf=$1 cap=$2 stem=$3 sizes=$4; shift 4
+  # shellcheck disable=SC2086  # SIZES is a list of numbers
+  brun "$cap" "$logf" python -m experiments.bench_matmul --sizes $sizes --reps 3 --stem "$stem" --kernels "$@"
+  echo "bench_matmul rc=$?"; cp experiments/results/"$stem"_kernels.* "$res/" 2>/dev/null
+  grep -E "^\| " "$res/${stem}_kernels.md"
+}
 # anatomy LOG CAP [ARG...]: step_anatomy on the UCI sets (ARG... passed on, e.g. --datasets or --steps; results
 # stem $ANATOMY_STEM, default step_anatomy), then its table, its launches by part and its kernels.
 # On an H100 (the device tool may lend one for an H200) the floor takes the H100's measured copy rate, 3.0 TB/s.
@@ -1498,10 +1507,7 @@ PYEOF
       stage_begin s22c ${S22C_BUDGET:-560} 330
       pack_build
       grep -A2 "kv_tc_kernel" "$OUT/s22c_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
-      brun 150 "$OUT/s22c_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s22 \
-        --kernels tc tc_mt2 tc_mt2w4 tc_mt2w4b3 tc_g2 tc_mt2w4g2
-      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s22_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| " "$res/bench_matmul_s22_kernels.md"
+      kv_kernels "$OUT/s22c_bench.log" 150 bench_matmul_s22 1000000 tc tc_mt2 tc_mt2w4 tc_mt2w4b3 tc_g2 tc_mt2w4g2
       cuda_tests "$OUT/s22c_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
       sanitizer memcheck "$OUT/s22c_sanitize.log" 80 --only matmul
       tar czf "$OUT/s22c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22c_*.log) && rm -f "$OUT"/s22c_*.log
@@ -1514,10 +1520,7 @@ PYEOF
       stage_begin s22d ${S22D_BUDGET:-580} 330
       pack_build
       cuda_tests "$OUT/s22d_tests.log" 200 tests
-      brun 60 "$OUT/s22d_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s22d \
-        --kernels tc tc_isplit tc_mt2w4b3
-      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s22d_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| " "$res/bench_matmul_s22d_kernels.md"
+      kv_kernels "$OUT/s22d_bench.log" 60 bench_matmul_s22d 1000000 tc tc_isplit tc_mt2w4b3
       brun 150 "$OUT/s22d_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
       echo "engine_step rc=$?"; tail -8 "$OUT/s22d_engine1m.log"
       tar czf "$OUT/s22d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22d_*.log) && rm -f "$OUT"/s22d_*.log
@@ -1614,21 +1617,18 @@ PYEOF
       tar czf "$OUT/s24a_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24a_*.log) && rm -f "$OUT"/s24a_*.log
       stage_end s24a ;;
     session24b)
-      # K @ V's tensor-core kernel with the exponent's biases in the MMAs' accumulators (tc_bias, tc_bias_g2) and
-      # with the shifted exponent and its sign-bit near test (tc_shift, tc_shift_g2), and the CUDA launchers' checks
-      # with their numbers as text (GPF_CHECK), in value order: build (ptxas's registers and spills of
-      # kv_tc_kernel); bench_matmul's kernels at 10^6 and 200,000 points (d = 8, t = 16), the default's instance
-      # (tc_mt2w4b3) and the four, twice in alternation, with their errors; the op-error cases, each in a process
+      # K @ V's tensor-core kernel with the exponent's biases in the MMAs' accumulators (tc_bias, tc_bias_g2; as run
+      # in session 24 also with a shifted exponent and a sign-bit near test, tc_shift and tc_shift_g2, since
+      # dropped), and the CUDA launchers' checks with their numbers as text (GPF_CHECK), in value order: build
+      # (ptxas's registers and spills of kv_tc_kernel); bench_matmul's kernels at 10^6 and 200,000 points (d = 8,
+      # t = 16), tc_mt2w4b3's instance (the default then) and the variants, twice in alternation, with their errors; the op-error cases, each in a process
       # of its own; the CUDA tests that session24a's crash cut short (the float16 factor's); the K @ V CUDA tests
       # (every variant); memcheck over the K @ V kernels; at most S24B_BUDGET seconds (default 580). Files:
       # s24b_logs.tar.gz, s24b_results.tar.gz.
       stage_begin s24b ${S24B_BUDGET:-580} 330
       grep -A2 "kv_tc_kernel" "$OUT/s24b_build.log" | grep -E "registers|spill" | sort | uniq -c | head -12
-      kv5=(tc_mt2w4b3 tc_bias tc_bias_g2 tc_shift tc_shift_g2)
-      brun 150 "$OUT/s24b_bench.log" python -m experiments.bench_matmul --sizes 1000000 200000 --reps 3 \
-        --stem bench_matmul_s24 --kernels "${kv5[@]}" "${kv5[@]}"
-      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s24_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| " "$res/bench_matmul_s24_kernels.md"
+      kvs=(tc_mt2w4b3 tc_bias tc_bias_g2)
+      kv_kernels "$OUT/s24b_bench.log" 150 bench_matmul_s24 "1000000 200000" "${kvs[@]}" "${kvs[@]}"
       cuda_tests "$OUT/s24b_errors.log" 90 tests/test_cuda_op_errors.py
       cuda_tests "$OUT/s24b_tests.log" 150 tests/test_dense_matmul.py tests/test_train.py tests/test_cuda_graphs.py
       cuda_tests "$OUT/s24b_kv_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
@@ -1643,10 +1643,7 @@ PYEOF
       # s24c_logs.tar.gz, s24c_results.tar.gz.
       stage_begin s24c ${S24C_BUDGET:-540} 330
       cuda_tests "$OUT/s24c_tests.log" 200 tests
-      brun 60 "$OUT/s24c_bench.log" python -m experiments.bench_matmul --sizes 1000000 --reps 3 --stem bench_matmul_s24c \
-        --kernels tc tc_mt2w4b3 tc_bias_g2
-      echo "bench_matmul rc=$?"; cp experiments/results/bench_matmul_s24c_kernels.* "$res/" 2>/dev/null
-      grep -E "^\| " "$res/bench_matmul_s24c_kernels.md"
+      kv_kernels "$OUT/s24c_bench.log" 60 bench_matmul_s24c 1000000 tc tc_mt2w4b3 tc_bias_g2
       brun 150 "$OUT/s24c_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
       echo "engine_step rc=$?"; tail -8 "$OUT/s24c_engine1m.log"
       tar czf "$OUT/s24c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24c_*.log) && rm -f "$OUT"/s24c_*.log
