@@ -310,12 +310,13 @@ def test_matmul_kernels_self_diagonal_and_duplicates(kernel):
 
 @pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
 def test_matmul_kernels_far_rows(kernel):
-    """Row blocks with and without points far from the centre (|z|^2 above 4,000 in log2 units, where the near test's
-    threshold 2 tau |z_i|^2 is large): through one-hot right-hand sides, exactly s on the diagonal in both kinds of
-    block; with random right-hand sides, every entry against float64."""
+    """Row blocks with and without points far from the centre (|z|^2 of some thousands in log2 units, where the near
+    test's threshold 2 tau |z_i|^2 is large): through one-hot right-hand sides, exactly s on the diagonal in both
+    kinds of block; with random right-hand sides, every entry against float64 (which also catches an error that
+    raises e, which the one-hot check cannot: the recomputation hides it there)."""
     m, d, t = 3000, 8, 16
     x = torch.randn(m, d, device="cuda")
-    far = torch.arange(700, m, 300, device="cuda")  # one far row in some 128-row blocks; the first five have none
+    far = torch.arange(700, m, 300, device="cuda")  # one far row in some blocks of 128 rows; the first five none
     x[far] += 40
     l = torch.rand(d, device="cuda") + 0.5
     s = torch.tensor(1.3, device="cuda")

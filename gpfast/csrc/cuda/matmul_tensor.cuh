@@ -128,9 +128,10 @@ __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
 //   0: added after the MMAs, as ((S_big + S_small) - |z_i|^2) - |z_j|^2;
 //   1: the MMAs start from them: the large products' accumulator from -|z_i|^2 and the small ones' from -|z_j|^2
 //      (mma_tf32_from), so that e = S_big + S_small is one FADD. Each bias is then added inside the tensor core's
-//      float32 sum instead of by an FADD at the same magnitude (|z|^2): a rounding of the same size, and the error
-//      against float64 measured lower (5.2e-7 against 6.4e-7 at 10^6 points, d = 8, t = 16), with 0.920 against
-//      0.940 s on an H100 (experiments/results/h100_2026-12-05_session24).
+//      float32 sum instead of by an FADD at the same magnitude (|z|^2). That sum is not documented to round to
+//      nearest, so its rounding rests on measurement: the error against float64 came out lower (5.2e-7 against
+//      6.4e-7 at 10^6 points, d = 8, t = 16), with 0.920 against 0.940 s on an H100
+//      (experiments/results/h100_2026-12-05_session24).
 // A third form was measured and dropped: each row's exponent shifted by the integer floor(-2 tau |z_i|^2), so that
 // the near test became the AND of the values' sign bits and each row's total was scaled by the exact power of two
 // at the end. It took 1.74 s: rounding the threshold down to an integer widened the near band (for |z_i|^2 < 16
