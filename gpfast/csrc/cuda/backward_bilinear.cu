@@ -25,8 +25,8 @@ std::pair<at::Tensor, at::Tensor> bilinear_backward(const at::Tensor& G, const a
                                                     const at::Tensor& V, int warps, bool allow_symmetric) {
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = V.size(2);
   GPF_CHECK(x1.scalar_type() == at::kFloat && d >= 1 && d <= 32 && t >= 1 && t <= 32,
-              "gpfast: the tensor-core backward takes float32 with 1 <= d <= 32 and 1 <= t <= 32, got ",
-              x1.scalar_type(), " with d=", d, " and t=", t);
+            "gpfast: the tensor-core backward takes float32 with 1 <= d <= 32 and 1 <= t <= 32, got ",
+            x1.scalar_type(), " with d=", d, " and t=", t);
   GPF_CHECK(warps == 4 || warps == 8, "gpfast: the tensor-core backward runs 4 or 8 warps a block, got ", warps);
   const bool symmetric = allow_symmetric && symmetric_case(x1, x2, t);
   // symmetric: row weights [G | V] against column weights [V | G], so that W'_ij = W_ij + W_ji
@@ -47,7 +47,7 @@ std::pair<at::Tensor, at::Tensor> bilinear_backward(const at::Tensor& G, const a
     cols = split_columns(rowblocks * B, m, kBilTile, blocks_per_sm, splits);
   }
   GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
-              "gpfast backward: shape too large for one launch (B=", B, ", n=", n, ", m=", m, ")");
+            "gpfast backward: shape too large for one launch (B=", B, ", n=", n, ", m=", m, ")");
   const auto opts = x1.options().dtype(at::kDouble);
   const at::Tensor part_l = at::empty({splits, rowblocks, B, D}, opts);
   const at::Tensor part_s = at::empty({splits, rowblocks, B}, opts);

@@ -46,7 +46,7 @@ RowPassSums row_pass(const at::Tensor& x_rows, const at::Tensor& x_cols, const a
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, bwd_tile_cols<scalar_t>(), 4, splits);
   GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
-              "gpfast backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
+            "gpfast backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
   const auto opts = x_rows.options().dtype(at::kDouble);
   RowPassSums out;
   if (want_a) out.a = at::empty({splits, B, n, kD}, opts);

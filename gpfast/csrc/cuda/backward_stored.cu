@@ -36,7 +36,7 @@ std::tuple<at::Tensor, at::Tensor> stored_kernel(const at::Tensor& K, const at::
     cols = split_columns(rowblocks, m, kBilTile, blocks_per_sm, splits);
   }
   GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535,
-              "stored_backward: shape too large for one launch (n=", n, ", m=", m, ")");
+            "stored_backward: shape too large for one launch (n=", n, ", m=", m, ")");
   const auto opts = x1.options().dtype(at::kDouble);
   const at::Tensor part_l = at::empty({splits, rowblocks, D}, opts);
   const at::Tensor part_s = at::empty({splits, rowblocks}, opts);
@@ -84,7 +84,7 @@ RowPassSums from_k_pass(const at::Tensor& K, const at::Tensor& G, const at::Tens
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, kBilTile, kBlocksPerSm, splits);
   GPF_CHECK(rowblocks < (int64_t(1) << 31) && splits <= 65535 && B <= 65535,
-              "rbf_covariance backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
+            "rbf_covariance backward: shape too large for one launch (B=", B, ", rows=", n, ", columns=", m, ")");
   const auto opts = x_rows.options().dtype(at::kDouble);
   RowPassSums out;
   if (want_a) out.a = at::empty({splits, B, n, D}, opts);
@@ -124,8 +124,8 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cuda(const at::Tensor& K, con
   const std::string name(kernel);
   const bool named_tc = name == "tc4" || name == "tc8" || name == "tc4_nosym" || name == "tc8_nosym";
   GPF_CHECK(name == "auto" || name == "reference" || named_tc,
-              "stored_backward: kernel must be 'auto', 'reference', 'tc4', 'tc8', 'tc4_nosym' or 'tc8_nosym', got '",
-              name, "'");
+            "stored_backward: kernel must be 'auto', 'reference', 'tc4', 'tc8', 'tc4_nosym' or 'tc8_nosym', got '",
+            name, "'");
   const int64_t n = K.size(0), m = K.size(1), d = x1.size(1), t = G.size(1);
   if (n == 0 || m == 0 || name == "reference") return stored_backward_reference(K, x1, x2, lengthscale, outputscale, G, V);
   const c10::cuda::CUDAGuard guard(K.device());
@@ -137,8 +137,8 @@ std::tuple<at::Tensor, at::Tensor> stored_backward_cuda(const at::Tensor& K, con
                     (K.stride(1) == 1 || m == 1) && K.stride(0) >= 0;
   if (named_tc)
     GPF_CHECK(fits, "stored_backward: the tensor-core kernel takes float32 K with column stride 1, 1 <= d <= 32 ",
-                "and at most 40 weights a pair (t, or 2t for K(x, x)), got ", K.scalar_type(), ", strides ",
-                K.strides(), ", d=", d, ", t=", t);
+              "and at most 40 weights a pair (t, or 2t for K(x, x)), got ", K.scalar_type(), ", strides ",
+              K.strides(), ", d=", d, ", t=", t);
   if (!fits) return stored_backward_reference(K, x1, x2, lengthscale, outputscale, G, V);
   return stored_kernel(K, x1, x2, lengthscale, outputscale, G, V, name.substr(0, 3) == "tc8" ? 8 : 4, symmetric);
 }
@@ -152,7 +152,7 @@ Grads covariance_backward_from_k_cuda(const at::Tensor& grad, const at::Tensor& 
   constexpr const char* kOp = "_rbf_covariance_backward_from_k";
   check_backward_from_k(grad, K, x1, x2, lengthscale, outputscale, kOp);
   GPF_CHECK(kernel == "auto" || kernel == "reference", kOp, ": kernel must be 'auto' or 'reference', got '",
-              std::string(kernel), "'");
+            std::string(kernel), "'");
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
   if (kernel == "reference" || x1.scalar_type() != at::kFloat || d > 32)

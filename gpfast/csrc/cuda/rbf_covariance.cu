@@ -52,7 +52,7 @@ void covariance_stream(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
       const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), kFwdRows) * kFwdRows;
       rowblocks = ceil_div(n, rows_per_block);
       GPF_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535 && B <= 65535,
-                  "rbf_covariance: output of shape ", out.sizes(), " is too large for one launch");
+                "rbf_covariance: output of shape ", out.sizes(), " is too large for one launch");
       const size_t vec_bytes = std::min<size_t>(16, kCpl * sizeof(scalar_t));
       const bool vec = (ldo * sizeof(scalar_t)) % vec_bytes == 0 && aligned(out.data_ptr(), vec_bytes);
       CovStreamArgs<scalar_t> a{};
@@ -83,7 +83,7 @@ void covariance_tile(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   const int64_t tiles_m = ceil_div(m, kCovTile), tiles_per_batch = ceil_div(n, kCovTile) * tiles_m;
   const int64_t blocks = B * tiles_per_batch;
   GPF_CHECK(blocks < (int64_t(1) << 31), "rbf_covariance: output of shape ", out.sizes(),
-              " needs more thread blocks than one launch allows");
+            " needs more thread blocks than one launch allows");
   const bool vec = (m % 4 == 0) && aligned16(out.data_ptr());
   AT_DISPATCH_FLOATING_TYPES(x1.scalar_type(), "rbf_covariance_tile_cuda", [&] {
     CovTileArgs<scalar_t> a{x1.data_ptr<scalar_t>(), x2.data_ptr<scalar_t>(), ls.data_ptr<scalar_t>(),
@@ -106,7 +106,7 @@ void launch_covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::
   constexpr int kCols = W * 16 * MT;
   const int64_t strips = ceil_div(m, int64_t(kCols));
   GPF_CHECK(strips < (int64_t(1) << 31), "rbf_covariance: m=", m, " columns is too many for one launch (at most ",
-              ((int64_t(1) << 31) - 1) * kCols, ")");
+            ((int64_t(1) << 31) - 1) * kCols, ")");
   GPF_CHECK(B <= 65535, "rbf_covariance: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
   const int64_t rows = split_columns(strips * B, n, kTile, 4, splits);
@@ -126,9 +126,9 @@ void covariance_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor&
                    TcShape shape, at::Tensor& out) {
   const int64_t d = x1.size(2);
   GPF_CHECK(x1.scalar_type() == at::kFloat,
-              "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ", x1.scalar_type());
+            "_rbf_covariance_kernel: the tensor-core kernels take float32 points, got ", x1.scalar_type());
   GPF_CHECK(d > 8 && d <= 32, "_rbf_covariance_kernel: the tensor-core kernels take 8 < d <= 32, got d=",
-              as_text(d));
+            as_text(d));
   with_bucket<2, 3, 4>(static_cast<int>(ceil_div(d, 8)), "tensor-core feature", [&](auto kc) {
     constexpr int KD = decltype(kc)::value;
     if (shape == TcShape::kRows2)
@@ -170,7 +170,7 @@ at::Tensor run_forward(const at::Tensor& x1, const at::Tensor& x2, const at::Ten
   const int D = feature_bucket(d);
   const Forward kernel = forced ? *forced : default_forward(m, D, x1.scalar_type() == at::kFloat);
   GPF_CHECK(kernel == Forward::kTile || D != 0,
-              "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=", as_text(d));
+            "_rbf_covariance_kernel: the row-streaming and tensor-core kernels need d <= 32, got d=", as_text(d));
   if (kernel == Forward::kTile)
     covariance_tile(p1, p2, ls, s, out);
   else if (kernel == Forward::kDiff || kernel == Forward::kExpand)
@@ -211,7 +211,7 @@ at::Tensor covariance_kernel_cuda(const at::Tensor& x1, const at::Tensor& x2, co
     forced = Forward::kTcWarps4;
   else
     GPF_CHECK(false, "_rbf_covariance_kernel: kernel must be 'tile', 'diff', 'expand', 'tc', 'tc_mt2' or 'tc_w4', ",
-                "got '", std::string(kernel), "'");
+              "got '", std::string(kernel), "'");
   return run_forward(x1, x2, lengthscale, outputscale, &forced);
 }
 
@@ -224,10 +224,10 @@ at::Tensor covariance_symmetric_cuda(const at::Tensor& x, const at::Tensor& leng
   GPF_CHECK(x.dim() == 2, "_rbf_covariance_symmetric: x must be (n, d), got shape ", x.sizes());
   const int64_t n = x.size(0), d = x.size(1);
   GPF_CHECK(lengthscale.dim() == 1 && lengthscale.size(0) == d && outputscale.dim() == 0,
-              "_rbf_covariance_symmetric: lengthscale must be (d,) = (", as_text(d), ",) and outputscale 0-dim, got ",
-              lengthscale.sizes(), " and ", outputscale.sizes());
+            "_rbf_covariance_symmetric: lengthscale must be (d,) = (", as_text(d), ",) and outputscale 0-dim, got ",
+            lengthscale.sizes(), " and ", outputscale.sizes());
   GPF_CHECK(pitch >= n, "_rbf_covariance_symmetric: pitch must be at least n = ", as_text(n), ", got ",
-              as_text(pitch));
+            as_text(pitch));
   const at::Tensor p = x.contiguous().unsqueeze(0), ls = lengthscale.contiguous().unsqueeze(0);
   const at::Tensor s = outputscale.reshape({1}).contiguous();
   check_canonical(p, p, ls, s, "_rbf_covariance_symmetric");

@@ -32,7 +32,7 @@ Grads onepass_backward(const at::Tensor& G, const at::Tensor& x1, const at::Tens
   const int64_t rows_per_block = ceil_div(ceil_div(n, rowblocks), int64_t(kOneRows)) * kOneRows;
   rowblocks = ceil_div(n, rows_per_block);
   GPF_CHECK(strips < (int64_t(1) << 31) && rowblocks <= 65535,
-              "rbf_covariance_backward: shape too large for one launch (rows=", n, ", columns=", m, ")");
+            "rbf_covariance_backward: shape too large for one launch (rows=", n, ", columns=", m, ")");
   const auto opts = x1.options().dtype(at::kDouble);
   RowPassSums rows, cols;
   if (x_grads) {
@@ -71,7 +71,7 @@ Grads covariance_backward_impl(const at::Tensor& grad, const at::Tensor& x1, con
   const c10::cuda::CUDAGuard guard(x1.device());
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2);
   GPF_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == m, op,
-              ": grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
+            ": grad must be (B, n, m) = (", B, ", ", n, ", ", m, "), got ", grad.sizes());
   if (B == 0 || n == 0 || m == 0 || d == 0) return zero_grads(x1, x2, lengthscale, outputscale, x_grads);
   GPF_CHECK(B <= 65535, op, ": at most 65535 batch entries on CUDA, got ", B);
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous();
@@ -123,10 +123,10 @@ Grads covariance_backward_kernel_cuda(const at::Tensor& grad, const at::Tensor& 
   constexpr const char* kOp = "_rbf_covariance_backward_kernel";
   const std::string name(kernel);
   GPF_CHECK(name == "rows64" || name == "onepass32", kOp, ": kernel must be 'rows64' or 'onepass32', got '", name,
-              "'");
+            "'");
   const bool onepass = name == "onepass32";
   GPF_CHECK(!onepass || x1.scalar_type() == at::kFloat, kOp, ": 'onepass32' takes float32, got ",
-              x1.scalar_type());
+            x1.scalar_type());
   GPF_CHECK(!onepass || x1.size(2) <= 16, kOp, ": 'onepass32' takes d <= 16");
   return covariance_backward_impl(grad, x1, x2, lengthscale, outputscale, x_grads,
                                   onepass ? BwdKernel::kOnePass32 : BwdKernel::kRows64, kOp);

@@ -68,9 +68,9 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   constexpr int kRows = W * 16 * MT;
   const int64_t rowblocks = ceil_div(n, int64_t(kRows)), tiles = ceil_div(m, int64_t(kTile));
   GPF_CHECK(rowblocks < (int64_t(1) << 31), "rbf_matmul: n=", n, " rows is too many for one launch (at most ",
-              ((int64_t(1) << 31) - 1) * kRows, ")");
+            ((int64_t(1) << 31) - 1) * kRows, ")");
   GPF_CHECK(tiles < (int64_t(1) << 31), "rbf_matmul: m=", m, " columns is too many for one launch (at most ",
-              ((int64_t(1) << 31) - 1) * kTile, ")");
+            ((int64_t(1) << 31) - 1) * kTile, ")");
   GPF_CHECK(B <= 65535, "rbf_matmul: a batch of ", B, " is too large for one launch (at most 65535)");
   int64_t splits = 1;
   const int64_t cols = split_columns(rowblocks * B, m, kTile, 2, splits);
@@ -181,13 +181,13 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
       GPF_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
-                  "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias' or ",
-                  "'tc_bias_g2', got '",
-                  *forced, "'");
+                "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias' or ",
+                "'tc_bias_g2', got '",
+                *forced, "'");
       GPF_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       GPF_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
-                  "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=",
-                  as_text(d), " and t=", as_text(t));
+                "' takes d <= ", is_default ? "32" : "8", " and t <= ", is_default ? "32" : "16", ", got d=",
+                as_text(d), " and t=", as_text(t));
       tensor = true;
     }
   }

@@ -19,16 +19,16 @@ bool check_matmul_backward(const at::Tensor& grad, const at::Tensor& x1, const a
                            const at::Tensor& lengthscale, const at::Tensor& outputscale, const at::Tensor& v,
                            const char* op) {
   GPF_CHECK(x1.is_cuda(), op, ": x1 must be a CUDA tensor (its CUDA kernel got the call), got x1 on ",
-              x1.device());
+            x1.device());
   check_canonical(x1, x2, lengthscale, outputscale, op);
   check_rhs(x1, x2, v, op);
   GPF_CHECK(grad.device() == x1.device(), op, ": grad must be on x1's device ", x1.device(), ", got ",
-              grad.device());
+            grad.device());
   GPF_CHECK(grad.scalar_type() == at::kFloat || grad.scalar_type() == at::kDouble, op,
-              ": grad must be float32 or float64, got ", grad.scalar_type());
+            ": grad must be float32 or float64, got ", grad.scalar_type());
   const int64_t B = x1.size(0), n = x1.size(1), m = x2.size(1), d = x1.size(2), t = v.size(2);
   GPF_CHECK(grad.dim() == 3 && grad.size(0) == B && grad.size(1) == n && grad.size(2) == t, op,
-              ": grad must be (B, n, t) = (", B, ", ", n, ", ", t, "), got ", grad.sizes());
+            ": grad must be (B, n, t) = (", B, ", ", n, ", ", t, "), got ", grad.sizes());
   if (B == 0 || n == 0 || m == 0 || d == 0 || t == 0) return true;
   GPF_CHECK(B <= 65535, op, ": at most 65535 batch entries on CUDA, got ", B);
   return false;
@@ -95,14 +95,14 @@ std::tuple<at::Tensor, at::Tensor> matmul_backward_kernel_cuda(const at::Tensor&
   const std::string base = nosym ? name.substr(0, name.size() - 6) : name;
   const int warps = base == "bilinear4" ? 4 : base == "bilinear8" ? 8 : 0;
   GPF_CHECK(rows || warps > 0, kOp,
-              ": kernel must be 'rows', 'bilinear4', 'bilinear8', 'bilinear4_nosym' or 'bilinear8_nosym', got '",
-              name, "'");
+            ": kernel must be 'rows', 'bilinear4', 'bilinear8', 'bilinear4_nosym' or 'bilinear8_nosym', got '",
+            name, "'");
   const bool empty = check_matmul_backward(grad, x1, x2, lengthscale, outputscale, v, kOp);
   const int64_t d = x1.size(2), t = v.size(2);
   GPF_CHECK(d <= 32 && t <= 32, kOp, ": the fused kernels take d <= 32 and t <= 32, got d=", as_text(d), " and t=",
-              as_text(t));
+            as_text(t));
   GPF_CHECK(rows || x1.scalar_type() == at::kFloat, kOp, ": the tensor-core kernel takes float32, got ",
-              x1.scalar_type());
+            x1.scalar_type());
   if (empty) return {at::zeros_like(lengthscale), at::zeros_like(outputscale)};
   const c10::cuda::CUDAGuard guard(x1.device());
   const at::Tensor G = grad.to(x1.scalar_type()).contiguous(), V = v.contiguous();

@@ -59,10 +59,10 @@ std::string strides_text(const at::Tensor& K) {
 at::Tensor symmetric_matmul_cuda(const at::Tensor& K, const at::Tensor& V, int64_t block, int64_t stages) {
   check_dense_matmul(K, V, "symmetric_matmul");
   GPF_CHECK(K.size(0) == K.size(1), "symmetric_matmul: K must be square, got ", as_text(K.size(0)), " x ",
-              as_text(K.size(1)));
+            as_text(K.size(1)));
   GPF_CHECK(block == 0 || block == -1 || block == 256 || block == 512 || block == 1024,
-              "symmetric_matmul: block must be 0 (auto), -1 (the full-matrix kernel), 256, 512 or 1024, got ",
-              as_text(block));
+            "symmetric_matmul: block must be 0 (auto), -1 (the full-matrix kernel), 256, 512 or 1024, got ",
+            as_text(block));
   const c10::cuda::CUDAGuard guard(K.device());
   const int64_t n = K.size(0), t = V.size(1);
   const int64_t ldk = n > 1 ? K.stride(0) : n;
@@ -70,15 +70,15 @@ at::Tensor symmetric_matmul_cuda(const at::Tensor& K, const at::Tensor& V, int64
                     ldk % 4 == 0 && aligned16(K.data_ptr());
   if (block > 0)
     GPF_CHECK(fits, "symmetric_matmul: block ", as_text(block), " takes a float32 K with column stride 1, rows ",
-                "of 16-byte multiples at a 16-byte aligned start and 1 <= t <= 16; got ", K.scalar_type(),
-                ", strides ", strides_text(K), ", t = ", as_text(t));
+              "of 16-byte multiples at a 16-byte aligned start and 1 <= t <= 16; got ", K.scalar_type(),
+              ", strides ", strides_text(K), ", t = ", as_text(t));
   const int64_t S = block == 0 ? (fits ? auto_block(n) : 0) : (block < 0 ? 0 : block);
   if (S == 0) return dense_matmul_cuda(K, V);
   // stages in flight: the default for the super-tile, or 5 at 256 (for the benchmarks' sweep)
   const int64_t st = stages == 0 ? (S >= 1024 ? 3 : 4) : stages;
   GPF_CHECK(st == (S >= 1024 ? 3 : 4) || (S == 256 && st == 5), "symmetric_matmul: stages must be 0 (the default",
-              " for the super-tile), 4 (256, 512), 5 (256) or 3 (1024), got ", as_text(stages), " at block ",
-              as_text(S));
+            " for the super-tile), 4 (256, 512), 5 (256) or 3 (1024), got ", as_text(stages), " at block ",
+            as_text(S));
   const at::Tensor Vc = V.contiguous();
   at::Tensor out = at::empty({n, t}, K.options());
   if (S == 256 && st == 5)
