@@ -154,6 +154,8 @@ stage_begin() {
   echo "build done at $(( SECONDS - B_T0 )) s"
 }
 stage_end() { tar czf "$OUT/$1_results.tar.gz" -C "$OUT" "$1_results" && rm -rf "$res"; echo "$1: $(( SECONDS - B_T0 )) s"; }
+# pack_logs NAME: the stage's logs ($OUT/NAME_*.log) into one file, NAME_logs.tar.gz (the transfer limits count files).
+pack_logs() { tar czf "$OUT/$1_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls "$1"_*.log) && rm -f "$OUT"/"$1"_*.log; }
 # The UCI rows' common arguments: split 0, 50 Adam steps at lr 0.1, the data carried to .data/uci.
 UCI=(python -m experiments.uci_table --data-dir .data/uci --device cuda --splits 0 --iters 50 --lr 0.1 --quiet)
 brun() {
@@ -1401,7 +1403,7 @@ PYEOF
       brun 60 "$OUT/s20_graph_cost.log" python -m experiments.cg_graph_cost --out "$res"
       echo "cg_graph_cost rc=$?"; grep -E "^\|" "$res/cg_graph_cost.md"
       # the logs in one file too: the device tool brings back at most 8 files
-      tar czf "$OUT/s20_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s20_*.log) && rm -f "$OUT"/s20_*.log
+      pack_logs s20
       stage_end s20 ;;
     session20b)
       # CGSettings.cuda_graph_reuse the default: every CUDA test, on a carried build (.gpb/gpb.tgz, session20's:
@@ -1419,7 +1421,7 @@ PYEOF
       row_c "$OUT/s21_uci_c.log" 80
       anatomy "$OUT/s21_anatomy.log" 100
       cuda_tests "$OUT/s21_tests.log" 180 tests
-      tar czf "$OUT/s21_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21_*.log) && rm -f "$OUT"/s21_*.log
+      pack_logs s21
       stage_end s21 ;;
     session21b)
       # The preconditioner's gram by its upper triangle's blocks and the posterior's Cholesky by blocks, against the
@@ -1439,7 +1441,7 @@ PYEOF
       anatomy "$OUT/s21b_anatomy.log" 80
       cuda_tests "$OUT/s21b_tests.log" 60 tests/test_models.py tests/test_pivoted_cholesky.py tests/test_train.py \
         tests/test_cuda_graphs.py
-      tar czf "$OUT/s21b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21b_*.log) && rm -f "$OUT"/s21b_*.log
+      pack_logs s21b
       stage_end s21b ;;
     session21c)
       # What lands: the gram by blocks from rank 1600 on, cuSOLVER's Cholesky kept, the natural path's buffer
@@ -1450,7 +1452,7 @@ PYEOF
       cuda_tests "$OUT/s21c_tests.log" 170 tests
       row_c "$OUT/s21c_uci_c.log" 80
       anatomy "$OUT/s21c_anatomy.log" 80
-      tar czf "$OUT/s21c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s21c_*.log) && rm -f "$OUT"/s21c_*.log
+      pack_logs s21c
       stage_end s21c ;;
     session21d)
       # The review mends (the gram's in-place symmetrisation and autograd fallback, the natural path's copy of its
@@ -1471,7 +1473,7 @@ PYEOF
       echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_ac.md" | cut -d'|' -f2,5,7,9,10,12,13,18
       echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s22_uci_ac.log")"
       anatomy "$OUT/s22_anatomy.log" 80
-      tar czf "$OUT/s22_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22_*.log) && rm -f "$OUT"/s22_*.log
+      pack_logs s22
       stage_end s22 ;;
     session22b)
       # Data for the next steps, in value order: preconditioner_forms on all of protein and of kin40k (where the
@@ -1496,7 +1498,7 @@ PYEOF
         grep -iE "pipe|ALU|FMA|XU|Tensor" "$res/ncu_${op}_details.txt" | head -12
         ls -la "$res"/ncu_${op}*
       done
-      tar czf "$OUT/s22b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22b_*.log) && rm -f "$OUT"/s22b_*.log
+      pack_logs s22b
       stage_end s22b ;;
     session22c)
       # K @ V's tensor-core kernel with two row tiles a warp and with the compensated addition every two tiles, in
@@ -1510,7 +1512,7 @@ PYEOF
       kv_kernels "$OUT/s22c_bench.log" 150 bench_matmul_s22 1000000 tc tc_mt2 tc_mt2w4 tc_mt2w4b3 tc_g2 tc_mt2w4g2
       cuda_tests "$OUT/s22c_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
       sanitizer memcheck "$OUT/s22c_sanitize.log" 80 --only matmul
-      tar czf "$OUT/s22c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22c_*.log) && rm -f "$OUT"/s22c_*.log
+      pack_logs s22c
       stage_end s22c ;;
     session22d)
       # K @ V's tensor-core default at d <= 8, 9 <= t <= 16 with two row tiles a warp (tc_mt2w4b3's instance), in
@@ -1523,7 +1525,7 @@ PYEOF
       kv_kernels "$OUT/s22d_bench.log" 60 bench_matmul_s22d 1000000 tc tc_isplit tc_mt2w4b3
       brun 150 "$OUT/s22d_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
       echo "engine_step rc=$?"; tail -8 "$OUT/s22d_engine1m.log"
-      tar czf "$OUT/s22d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s22d_*.log) && rm -f "$OUT"/s22d_*.log
+      pack_logs s22d
       stage_end s22d ;;
     session22e)
       # Nsight Compute's full set over K @ V's two-tile default (profile_ops --op kv: n = 200,000, d = 8, t = 16), its
@@ -1548,7 +1550,7 @@ PYEOF
       row_c_before "$OUT/s23_uci_c_before.log" 150
       row_c "$OUT/s23_uci_c.log" 150
       anatomy "$OUT/s23_anatomy.log" 100
-      tar czf "$OUT/s23_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23_*.log) && rm -f "$OUT"/s23_*.log
+      pack_logs s23
       stage_end s23 ;;
     session23b)
       # The pivoted Cholesky's block kernels after session23's profile: the diagonal's update in a kernel of its own
@@ -1563,7 +1565,7 @@ PYEOF
       anatomy "$OUT/s23b_anatomy.log" 100
       row_c_before "$OUT/s23b_uci_c_before.log" 150
       row_c "$OUT/s23b_uci_c.log" 150
-      tar czf "$OUT/s23b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23b_*.log) && rm -f "$OUT"/s23b_*.log
+      pack_logs s23b
       stage_end s23b ;;
     session23c)
       # The diagonal's update with all of Lb's rows in flight; its CUDA tests and memcheck; row c before (.gpb/old)
@@ -1587,7 +1589,7 @@ PYEOF
       echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike)" "$res/uci_small_ac.md" | cut -d'|' -f2,5,7,11,12,13,17,18
       ncu_pivot "$OUT/s23c_ncu.log" 60 3
       anatomy "$OUT/s23c_anatomy.log" 60 "${small[@]}"
-      tar czf "$OUT/s23c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23c_*.log) && rm -f "$OUT"/s23c_*.log
+      pack_logs s23c
       stage_end s23c ;;
     session23d)
       # The last mends of the pivot kernels (the update launched at the first block too, where it clamps d; Lb's rows
@@ -1596,7 +1598,7 @@ PYEOF
       stage_begin s23d ${S23D_BUDGET:-230} 200
       cuda_tests "$OUT/s23d_tests.log" 40 tests/test_pivoted_cholesky.py
       sanitizer memcheck "$OUT/s23d_sanitize.log" 30 --only pivot
-      tar czf "$OUT/s23d_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s23d_*.log) && rm -f "$OUT"/s23d_*.log
+      pack_logs s23d
       rm -rf "$res" ;;
     session24a)
       # The preconditioner's factor kept in float16 (CGSettings.preconditioner_storage; not the default): a fresh
@@ -1614,7 +1616,7 @@ PYEOF
       python -m experiments.step_repeats --before "$res"/uci_all_c_f32_?.json --after "$res"/uci_all_c_f16_?.json \
         --stem step_repeats_f16 --out "$res" | tail -12
       anatomy "$OUT/s24a_anatomy.log" 80 --options '{"preconditioner_storage": "float16"}'
-      tar czf "$OUT/s24a_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24a_*.log) && rm -f "$OUT"/s24a_*.log
+      pack_logs s24a
       stage_end s24a ;;
     session24b)
       # K @ V's tensor-core kernel with the exponent's biases in the MMAs' accumulators (tc_bias, tc_bias_g2; as run
@@ -1633,7 +1635,7 @@ PYEOF
       cuda_tests "$OUT/s24b_tests.log" 150 tests/test_dense_matmul.py tests/test_train.py tests/test_cuda_graphs.py
       cuda_tests "$OUT/s24b_kv_tests.log" 150 tests/test_cuda_kernels.py tests/test_ops.py -k "matmul"
       sanitizer memcheck "$OUT/s24b_sanitize.log" 60 --only matmul
-      tar czf "$OUT/s24b_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24b_*.log) && rm -f "$OUT"/s24b_*.log
+      pack_logs s24b
       stage_end s24b ;;
     session24c)
       # K @ V's tensor-core default at d <= 8, 9 <= t <= 16 with the exponent's biases in the MMAs' accumulators and
@@ -1646,7 +1648,7 @@ PYEOF
       kv_kernels "$OUT/s24c_bench.log" 60 bench_matmul_s24c 1000000 tc tc_mt2w4b3 tc_bias_g2
       brun 150 "$OUT/s24c_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
       echo "engine_step rc=$?"; tail -8 "$OUT/s24c_engine1m.log"
-      tar czf "$OUT/s24c_logs.tar.gz" -C "$OUT" $(cd "$OUT" && ls s24c_*.log) && rm -f "$OUT"/s24c_*.log
+      pack_logs s24c
       stage_end s24c ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
