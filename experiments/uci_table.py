@@ -279,6 +279,14 @@ def main(argv=None) -> int:
         "training only, with '-' for their prediction and metrics (stock GPyTorch's prediction takes minutes on the "
         "larger sets)",
     )
+    ap.add_argument(
+        "--matrix-free-threshold",
+        type=int,
+        default=None,
+        metavar="ENTRIES",
+        help="row gpytorch+gpfast: the kernels' matrix-free threshold in covariance entries instead of "
+        "gpfast.kernels.MATRIX_FREE_THRESHOLD (named under the table)",
+    )
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--note", action="append", default=[], help="a line of text added under the table (repeatable)")
     ap.add_argument(
@@ -299,6 +307,14 @@ def main(argv=None) -> int:
     cg = cg_fields(args.cg, "--cg")
     if args.predict is not None and set(args.predict) - set(args.rows):
         ap.error(f"--predict names rows {sorted(set(args.predict) - set(args.rows))} that --rows does not run")
+    if args.matrix_free_threshold is not None:
+        import gpfast.kernels.rbf
+
+        gpfast.kernels.rbf.MATRIX_FREE_THRESHOLD = args.matrix_free_threshold
+        notes.append(
+            f"Row gpytorch+gpfast's matrix-free threshold: {args.matrix_free_threshold} covariance entries (K stored "
+            "below it)."
+        )
     if cg:
         notes.append("Row gpfast's CG settings (gpfast.CGSettings, the rest default): " + ", ".join(args.cg) + ".")
     if args.merge:

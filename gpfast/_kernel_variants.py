@@ -33,7 +33,7 @@ def _rbf_covariance_kernel(x1, x2, lengthscale, outputscale, kernel: str, *, che
 # the default at d <= 8, 9 <= t <= 16 is "tc_bias_g2"'s instance, before it "tc_mt2w4b3"'s and "tc_isplit"'s).
 MATMUL_KERNELS = (
     "cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit", "tc_mt2", "tc_mt2w4", "tc_mt2w4b3", "tc_g2",
-    "tc_mt2w4g2", "tc_bias", "tc_bias_g2",
+    "tc_mt2w4g2", "tc_bias", "tc_bias_g2", "tc_bias_g4", "tc_bias_g2b4",
 )  # fmt: skip
 
 

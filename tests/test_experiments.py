@@ -438,3 +438,20 @@ def test_step_repeats_sums_each_steps_minimum_and_refuses_other_steps(tmp_path):
     none = _step_run(tmp_path / "b5.json", [10.0, 8.0, 40.0], [])
     with pytest.raises(ValueError, match="no CG iterations"):
         step_repeats.compare([b[0], none], a)
+
+
+def test_gpytorch_step_splits_both_kernels_steps(tmp_path):
+    # GPyTorch's CG path (n above its Cholesky limit): gpfast's kernel spends its covariance and derivative time in
+    # gpfast's ops, GPyTorch's kernel in none of them
+    from experiments import gpytorch_step
+
+    gpytorch_step.main(["--device", "cpu", "--synthetic", "900", "3", "--warmup", "1", "--steps", "1",
+                        "--out", str(tmp_path), "--stem", "gs"])  # fmt: skip
+    data = json.loads((tmp_path / "gs.json").read_text())
+    rows = {r["kernel"]: r for r in data["rows"]}
+    assert set(rows) == {"gpytorch", "gpfast"} and data["commit"]
+    assert rows["gpfast"]["covariance_ms"] > 0 and rows["gpfast"]["derivative_ms"] > 0
+    assert rows["gpytorch"]["covariance_ms"] == 0 and rows["gpytorch"]["derivative_ms"] == 0
+    for r in rows.values():
+        assert r["step_ms"] > 0 and r["products_ms"] > 0 and r["top"]
+    assert "| synthetic900x3 | 900 | 3 | gpfast |" in (tmp_path / "gs.md").read_text()

@@ -1,6 +1,7 @@
-"""GPyTorch kernels on gpfast's fused op, and the matrix-free operator they return for large inputs."""
+"""GPyTorch kernels on gpfast's fused op, and the operators they return: stored (dense) or, for large inputs,
+matrix-free."""
 
-from gpfast.kernels.operator import RBFLinearOperator
+from gpfast.kernels.operator import DenseRBFOperator, RBFLinearOperator
 from gpfast.kernels.rbf import MATRIX_FREE_THRESHOLD, RBFKernel, ScaleRBFKernel
 
-__all__ = ["MATRIX_FREE_THRESHOLD", "RBFKernel", "RBFLinearOperator", "ScaleRBFKernel"]
+__all__ = ["MATRIX_FREE_THRESHOLD", "DenseRBFOperator", "RBFKernel", "RBFLinearOperator", "ScaleRBFKernel"]

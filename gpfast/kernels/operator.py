@@ -1,9 +1,10 @@
-"""``RBFLinearOperator``: the RBF covariance as a matrix-free :class:`linear_operator.LinearOperator`."""
+"""The RBF covariance as a :class:`linear_operator.LinearOperator`: matrix-free (``RBFLinearOperator``) or stored with
+the points it came from (``DenseRBFOperator``)."""
 
 from __future__ import annotations
 
 import torch
-from linear_operator.operators import LinearOperator
+from linear_operator.operators import DenseLinearOperator, LinearOperator
 
 from gpfast import ops
 from gpfast.kernels import distributed as _dist
@@ -144,3 +145,160 @@ class RBFLinearOperator(LinearOperator):
 
     def to_dense(self) -> torch.Tensor:
         return ops.rbf_covariance(self.x1, self.x2, self.lengthscale, self.outputscale, check_values=False)
+
+
+class _StoredK:
+    """K and the tensors it was computed from: an argument of :class:`DenseRBFOperator` that is not a tensor, so
+    that it stays out of the operator's representation (whose gradients come from its derivative alone)."""
+
+    __slots__ = ("K", "sources", "grad_state")
+
+    def __init__(self, K: torch.Tensor, sources: tuple):
+        self.K, self.sources = K, sources
+        self.grad_state = tuple(a.requires_grad for a in sources)
+
+    def valid_for(self, sources: tuple) -> bool:
+        """K is these tensors' covariance, with the autograd history that they call for now."""
+        if not all(a is b for a, b in zip(self.sources, sources)):
+            return False
+        state = tuple(a.requires_grad for a in sources)
+        return state == self.grad_state and (self.K.requires_grad or not any(state) or not torch.is_grad_enabled())
+
+
+class DenseRBFOperator(DenseLinearOperator):
+    r"""The RBF covariance K (one matrix, stored) of ``x1`` and ``x2``: what the kernels return below
+    ``matrix_free_threshold``, so that GPyTorch's marginal likelihood gets its derivative from one read of K.
+
+    It is a :class:`linear_operator.operators.DenseLinearOperator` whose ``tensor`` is K from
+    :func:`gpfast.ops.rbf_covariance`, so everything that reads the matrix (``to_dense``, indexing, Cholesky, products
+    with other kernels) behaves, and differentiates, as for a plain tensor. Its representation is the points and
+    hyperparameters (as for :class:`RBFLinearOperator`), and two methods change:
+
+    - :meth:`_matmul`: on CUDA, :func:`gpfast.ops.dense_matmul`, which reads K at nearly the copy bandwidth for up to 16
+      right-hand sides, where ``torch.matmul`` on a few columns reads it at about half of that (41% of the H200's
+      bandwidth at 36,000 points and 11 columns, against 87%: ``experiments/results/bench_stored_product.md``).
+    - :meth:`_bilinear_derivative`, the gradient of ``sum(left_vecs * (K @ right_vecs))`` that GPyTorch's CG-based
+      marginal likelihood asks for: the lengthscale and outputscale gradients straight from the stored K by
+      :func:`gpfast.ops.stored_backward` (each pair of K(x, x) read once; no exponential recomputed). A dense tensor's
+      derivative would form the n x n matrix ``left_vecs @ right_vecs^T`` and run the covariance's backward over it,
+      which recomputes every exponential. Like GPyTorch's own dense path, this is the gradient for the K given, its
+      float32 rounding included.
+      Where that does not apply (points that require grad, as in deep kernel learning; mixed dtypes or devices) the
+      derivative is :class:`RBFLinearOperator`'s, the fused backward that recomputes K.
+
+    Indexing and batch reshaping return a plain DenseLinearOperator of the result. K is computed once (by the
+    kernels, or at first use) and recomputed only when the operator's tensors are not the ones it came from (a
+    clone, or the copies linear_operator's functions rebuild it from in their backward) or now require gradients
+    it was computed without; single entries and the diagonal of such an operator come from the points instead.
+
+    x1: (n, d), x2: (m, d); lengthscale with 1 or d elements (GPyTorch's (1, d)); outputscale one element.
+    """
+
+    def __init__(
+        self,
+        x1: torch.Tensor,
+        x2: torch.Tensor,
+        lengthscale: torch.Tensor,
+        outputscale: torch.Tensor,
+        stored: _StoredK | None = None,
+    ):
+        LinearOperator.__init__(self, x1, x2, lengthscale, outputscale, stored=stored)
+        self.x1, self.x2, self.lengthscale, self.outputscale = x1, x2, lengthscale, outputscale
+        self._stored = stored
+
+    @classmethod
+    def from_points(cls, x1, x2, lengthscale, outputscale) -> DenseRBFOperator:
+        """The operator with K computed now (under the current grad mode)."""
+        K = ops.rbf_covariance(x1, x2, lengthscale, outputscale, check_values=False)
+        return cls(x1, x2, lengthscale, outputscale, stored=_StoredK(K, (x1, x2, lengthscale, outputscale)))
+
+    def _check_args(self, x1, x2, lengthscale, outputscale, stored=None):
+        if not all(torch.is_tensor(a) for a in (x1, x2, lengthscale, outputscale)):
+            return "DenseRBFOperator takes tensors x1, x2, lengthscale and outputscale"
+        if x1.dim() != 2 or x2.dim() != 2 or x1.shape[-1] != x2.shape[-1]:
+            return f"DenseRBFOperator takes x1 (n, d) and x2 (m, d), got shapes {tuple(x1.shape)}, {tuple(x2.shape)}"
+        if lengthscale.numel() not in (1, x1.shape[-1]) or outputscale.numel() != 1:
+            return (
+                f"DenseRBFOperator takes a lengthscale of 1 or d={x1.shape[-1]} elements and one outputscale, got "
+                f"shapes {tuple(lengthscale.shape)} and {tuple(outputscale.shape)}"
+            )
+        return None
+
+    def _sources(self) -> tuple:
+        return self.x1, self.x2, self.lengthscale, self.outputscale
+
+    def _valid(self) -> bool:
+        return self._stored is not None and self._stored.valid_for(self._sources())
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        if not self._valid():
+            K = ops.rbf_covariance(*self._sources(), check_values=False)
+            self._stored = _StoredK(K, self._sources())
+        return self._stored.K
+
+    def _get_indices(self, row_index, col_index, *batch_indices) -> torch.Tensor:
+        # An operator rebuilt from new tensors (linear_operator's pivoted-Cholesky backward rebuilds one from
+        # detached copies to differentiate a few of its rows) computes the entries from the points, O(d) each,
+        # rather than all of K again
+        if self._valid():
+            return super()._get_indices(row_index, col_index, *batch_indices)
+        return RBFLinearOperator(*self._sources())._get_indices(row_index, col_index, *batch_indices)
+
+    def _diagonal(self) -> torch.Tensor:
+        if self._valid():
+            return super()._diagonal()
+        return RBFLinearOperator(*self._sources())._diagonal()
+
+    def _size(self) -> torch.Size:
+        return torch.Size((self.x1.shape[-2], self.x2.shape[-2]))
+
+    def _plain(self) -> DenseLinearOperator:
+        return DenseLinearOperator(self.tensor)
+
+    def _same_kind(self, *tensors: torch.Tensor) -> bool:
+        """The stored-K kernels apply: every tensor in the points' dtype and on their device."""
+        x = self.x1
+        return all(a.dtype == x.dtype and a.device == x.device for a in (*self._sources()[1:], *tensors))
+
+    def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
+        K = self.tensor
+        if K.is_cuda and rhs.dim() in (1, 2) and self._same_kind(rhs):
+            return ops.dense_matmul(K, rhs)
+        return torch.matmul(K, rhs)
+
+    def _bilinear_derivative(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor):
+        x1, x2, l, s = self._sources()
+        if not any(a.requires_grad for a in (x1, x2, l, s)):
+            return (None,) * 4
+        vectors = left_vecs.dim() == right_vecs.dim() and left_vecs.dim() in (1, 2)
+        if x1.requires_grad or x2.requires_grad or not vectors or not self._same_kind(left_vecs, right_vecs):
+            return RBFLinearOperator(x1, x2, l, s)._bilinear_derivative(left_vecs, right_vecs)
+        with torch.no_grad():
+            gl, gs = ops.stored_backward(
+                self.tensor.detach(), x1, x2, l.detach(), s.detach(), left_vecs, right_vecs, check_values=False
+            )
+        return None, None, gl if l.requires_grad else None, gs if s.requires_grad else None
+
+    def _transpose_nonbatch(self) -> DenseRBFOperator:
+        K = self.tensor
+        stored = _StoredK(K.mT, (self.x2, self.x1, self.lengthscale, self.outputscale))
+        return DenseRBFOperator(self.x2, self.x1, self.lengthscale, self.outputscale, stored=stored)
+
+    def _expand_batch(self, batch_shape) -> DenseLinearOperator:
+        return self._plain()._expand_batch(batch_shape)
+
+    def _getitem(self, row_index, col_index, *batch_indices) -> LinearOperator:
+        return self._plain()._getitem(row_index, col_index, *batch_indices)
+
+    def _prod_batch(self, dim: int) -> LinearOperator:
+        return self._plain()._prod_batch(dim)
+
+    def _sum_batch(self, dim: int) -> LinearOperator:
+        return self._plain()._sum_batch(dim)
+
+    def _unsqueeze_batch(self, dim: int) -> LinearOperator:
+        return self._plain()._unsqueeze_batch(dim)
+
+    def _permute_batch(self, *dims: int) -> LinearOperator:
+        return self._plain()._permute_batch(*dims)

@@ -6,7 +6,7 @@ import torch
 from gpytorch.kernels import Kernel, ScaleKernel
 
 from gpfast import ops
-from gpfast.kernels.operator import RBFLinearOperator
+from gpfast.kernels.operator import DenseRBFOperator, RBFLinearOperator
 
 #: Above this many covariance entries (n * m per batch) the kernels return a matrix-free
 #: :class:`RBFLinearOperator` instead of a dense matrix. 2**30 entries is 4 GiB in float32: below it, storing K
@@ -17,6 +17,17 @@ MATRIX_FREE_THRESHOLD = 2**30
 def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> bool:
     limit = MATRIX_FREE_THRESHOLD if threshold is None else threshold
     return x1.shape[-2] * x2.shape[-2] > limit
+
+
+def _stored(x1, x2, lengthscale, outputscale):
+    """K as a dense tensor, wrapped with its points in a :class:`DenseRBFOperator` when it is one matrix (GPyTorch's
+    marginal likelihood then takes its derivative from this K, without recomputing it)."""
+    if not torch.is_tensor(outputscale):
+        outputscale = torch.ones((), dtype=x1.dtype, device=x1.device)
+    one_matrix = x1.dim() == 2 and x2.dim() == 2 and lengthscale.dim() <= 2 and outputscale.numel() == 1
+    if not one_matrix or lengthscale.numel() not in (1, x1.shape[-1]):
+        return ops.rbf_covariance(x1, x2, lengthscale, outputscale, check_values=False)
+    return DenseRBFOperator.from_points(x1, x2, lengthscale, outputscale)
 
 
 def _last_dim_as_batch(x1, x2, lengthscale):
@@ -32,8 +43,10 @@ class RBFKernel(Kernel):
     Same constructor arguments and behaviour as :class:`gpytorch.kernels.RBFKernel` (``ard_num_dims``,
     ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``eps``), and the same
     state_dict. Covariances come from :func:`gpfast.ops.rbf_covariance`; gradients reach the lengthscale and, when
-    they require grad, the inputs. For ``n * m`` above ``matrix_free_threshold`` (default
-    :data:`MATRIX_FREE_THRESHOLD`) the full covariance is returned as a matrix-free :class:`RBFLinearOperator`.
+    they require grad, the inputs. A single covariance matrix (no batch) is returned as a :class:`DenseRBFOperator`,
+    a dense operator whose products and marginal-likelihood derivative run on gpfast's stored-K kernels; a batch of
+    them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default :data:`MATRIX_FREE_THRESHOLD`) the full
+    covariance is returned as a matrix-free :class:`RBFLinearOperator`.
 
     x1: (..., n, d), x2: (..., m, d) -> (..., n, m) (or (..., n) with ``diag=True``).
     """
@@ -53,7 +66,9 @@ class RBFKernel(Kernel):
         if not diag and (self.distributed or _use_operator(x1, x2, self.matrix_free_threshold)):
             ones = torch.ones((), dtype=x1.dtype, device=x1.device)
             return RBFLinearOperator(x1, x2, lengthscale, ones, distributed=self.distributed)
-        return ops.rbf_covariance(x1, x2, lengthscale, 1.0, diag=diag, check_values=False)
+        if diag:
+            return ops.rbf_covariance(x1, x2, lengthscale, 1.0, diag=True, check_values=False)
+        return _stored(x1, x2, lengthscale, 1.0)
 
 
 class ScaleRBFKernel(ScaleKernel):
@@ -102,4 +117,6 @@ class ScaleRBFKernel(ScaleKernel):
         base = self.base_kernel
         if not diag and (base.distributed or _use_operator(x1, x2, base.matrix_free_threshold)):
             return RBFLinearOperator(x1, x2, lengthscale, outputscale, distributed=base.distributed)
-        return ops.rbf_covariance(x1, x2, lengthscale, outputscale, diag=diag, check_values=False)
+        if diag:
+            return ops.rbf_covariance(x1, x2, lengthscale, outputscale, diag=True, check_values=False)
+        return _stored(x1, x2, lengthscale, outputscale)

@@ -112,8 +112,9 @@ using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor
 // each staged fragment read from shared memory and each tile's loop overhead serve twice the pairs, and the two
 // tiles' MMAs fill each other's dependency gaps), with 8 warps and one block or 4 warps and two or three blocks per
 // multiprocessor; the compensated addition every two tiles (kGroup); and tc_mt2w4b3 with the exponent's biases
-// in the MMAs' accumulators (kBias = 1, matmul_tensor.cuh), with the compensated addition every tile or every two;
-// null for another name.
+// in the MMAs' accumulators (kBias = 1, matmul_tensor.cuh), with the compensated addition every tile, two or four;
+// and that with four blocks per multiprocessor (16 warps, registers capped at 128, where the default's 3 blocks
+// leave 12 warps at 168 registers and Nsight Compute found 0.93 eligible warps a scheduler); null for another name.
 KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
   if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
@@ -126,6 +127,8 @@ KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_mt2w4g2") return &launch_tc<1, 2, 2, 4, 64, 2, 2, 2>;
   if (name == "tc_bias") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 1, 1>;
   if (name == "tc_bias_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 1>;
+  if (name == "tc_bias_g4") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 4, 1>;
+  if (name == "tc_bias_g2b4") return &launch_tc<1, 2, 2, 4, 64, 4, 2, 2, 1>;
   return nullptr;
 }
 
@@ -181,8 +184,8 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       const bool is_default = *forced == "tc";
       variant = is_default ? nullptr : tc_variant(*forced);
       GPF_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
-                "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias' or ",
-                "'tc_bias_g2', got '",
+                "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias', ",
+                "'tc_bias_g2', 'tc_bias_g4' or 'tc_bias_g2b4', got '",
                 *forced, "'");
       GPF_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       GPF_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
