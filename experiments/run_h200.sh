@@ -1678,6 +1678,23 @@ PYEOF
       sanitizer memcheck "$OUT/s25a_sanitize.log" 50 --only matmul
       pack_logs s25a
       stage_end s25a ;;
+    session25b)
+      # Rows a and b on the four large sets, training only, on session25a's build (.gpb/gpb.tgz carried): row b with
+      # the kernels' default threshold (matrix-free above 2^30 entries: all four sets) and with K stored below 2^33
+      # (a DenseRBFOperator on all four), row a between them; at most S25B_BUDGET seconds (default 580). Files:
+      # s25b_logs.tar.gz, s25b_results.tar.gz.
+      stage_begin s25b ${S25B_BUDGET:-580} 200
+      large=(--datasets kin40k protein keggdirected keggundirected)
+      brun 170 "$OUT/s25b_uci.log" "${UCI[@]}" --rows gpytorch+gpfast --predict "${large[@]}" \
+        --matrix-free-threshold 8589934592 --stem uci_large_b_stored --out "$res"
+      echo "uci b stored rc=$?"; grep -E "^\| (kin40k|protein|kegg)" "$res/uci_large_b_stored.md" | cut -d'|' -f2,5,7
+      brun 170 "$OUT/s25b_uci.log" "${UCI[@]}" --rows gpytorch --predict "${large[@]}" --stem uci_large_a --out "$res"
+      echo "uci a rc=$?"; grep -E "^\| (kin40k|protein|kegg)" "$res/uci_large_a.md" | cut -d'|' -f2,5,7
+      brun 170 "$OUT/s25b_uci.log" "${UCI[@]}" --rows gpytorch+gpfast --predict "${large[@]}" --stem uci_large_b_free \
+        --out "$res"
+      echo "uci b free rc=$?"; grep -E "^\| (kin40k|protein|kegg)" "$res/uci_large_b_free.md" | cut -d'|' -f2,5,7
+      pack_logs s25b
+      stage_end s25b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
