@@ -11,7 +11,8 @@ Columns per kernel: the median step, the device time a step (the kernels and cop
 time split by the operator that launched it: the covariance's forward and backward (gpfast's ops, or for
 GPyTorch's kernel the ATen operators of its autograd graph, which the profiler cannot tell from the rest and so
 count under "rest"), the products with K (``aten::mm``/``aten::matmul``/``aten::bmm``/``gpfast::dense_matmul``),
-gpfast's stored-K derivative, and the rest. The operators that launched the most device time a step are listed
+gpfast's derivative for the marginal likelihood (``stored_backward`` from the stored K on CUDA, the matrix-free
+``rbf_matmul_backward`` elsewhere), and the rest. The operators that launched the most device time a step are listed
 under the table. A profiled step runs longer than a timed one; the split is of device time, not of the step.
 
 Writes ``<stem>.{md,json}`` in ``--out`` (default experiments/results), naming the machine, the date and the commit.
@@ -39,7 +40,7 @@ from gpfast.models import ExactGPModel
 #: Operators whose device time counts as each part (the outermost such operator above a kernel names its part).
 PARTS = {
     "covariance": ("gpfast::rbf_covariance", "gpfast::rbf_covariance_backward"),
-    "derivative": ("gpfast::stored_backward",),
+    "derivative": ("gpfast::stored_backward", "gpfast::rbf_matmul_backward"),
     "products": ("aten::mm", "aten::matmul", "aten::bmm", "gpfast::dense_matmul", "aten::addmm", "aten::baddbmm"),
 }
 
@@ -176,7 +177,8 @@ def main(argv=None) -> None:
         "",
         head + f" {args.warmup} warm-up steps, then {args.steps} timed steps (their median) and {args.steps} "
         "profiled steps (the split of device time a step, by the outermost operator: gpfast's covariance ops, "
-        "stored_backward, products with K, the rest; GPyTorch's own kernel's autograd falls under rest).",
+        "its marginal-likelihood derivative, products with K, the rest; GPyTorch's own kernel's autograd falls "
+        "under rest).",
         "",
         md_table(cols, [[r[c] for c in cols] for r in table]),
         "",

@@ -75,13 +75,13 @@ class TestRectangularDenseRBFOperator(RectangularLinearOperatorTestCase, unittes
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("same", [True, False])
-def test_bilinear_derivative_from_stored_k_matches_float64(device, same, monkeypatch):
+def test_stored_derivative_matches_float64(device, same, monkeypatch):
     # float64: the stored-K derivative against autograd through the float64 covariance, to rounding
     calls = counting(monkeypatch, "stored_backward")
     op = make_op(90, 90 if same else 70, 4, device=device, same=same)
     left = torch.randn(90, 11, dtype=F64, device=device)
     right = torch.randn(op.shape[-1], 11, dtype=F64, device=device)
-    got = op._bilinear_derivative(left, right)
+    got = op._stored_derivative(left, right)
     assert calls == [1] and got[:2] == (None, None)
     K = ref.rbf_covariance(op.x1, op.x2, op.lengthscale, op.outputscale)
     want = torch.autograd.grad((left * (K @ right)).sum(), [op.lengthscale, op.outputscale])
@@ -90,14 +90,36 @@ def test_bilinear_derivative_from_stored_k_matches_float64(device, same, monkeyp
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_derivative_from_stored_k_for_float32_on_cuda_only(device, dtype, monkeypatch):
+    # the stored K's kernel for float32 on CUDA; the matrix-free fused backward elsewhere; either way the gradient
+    # of the same bilinear form (float64 reference), shaped like its argument
+    stored, free = counting(monkeypatch, "stored_backward"), counting(monkeypatch, "rbf_matmul_backward")
+    op = make_op(120, 120, 5, dtype=dtype, device=device, same=True)
+    left, right = (torch.randn(120, 11, dtype=dtype, device=device) for _ in range(2))
+    got = op._bilinear_derivative(left, right)
+    from_k = device == "cuda" and dtype == torch.float32
+    assert (len(stored), len(free)) == ((1, 0) if from_k else (0, 1))
+    x, l, s = (a.detach().double().cpu() for a in (op.x1, op.lengthscale, op.outputscale))
+    l, s = l.requires_grad_(), s.requires_grad_()
+    L, R = left.double().cpu(), right.double().cpu()
+    want = torch.autograd.grad((L * (ref.rbf_covariance(x, x, l, s) @ R)).sum(), [l, s])
+    tol = 1e-4 if dtype == torch.float32 else 1e-11  # the float32 bound is the next test's, term by term
+    assert got[:2] == (None, None)
+    for g, w in zip(got[2:], want):
+        assert g.shape == w.shape and rel_err(g, w) < tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bilinear_derivative_float32_within_the_rounding_of_k(device):
-    # float32, fresh points each run: against float64 arithmetic on the float64 K. Two errors add up: the
-    # difference between the float32 K and the float64 one, which enters each term as |W_ij| |dK_ij| (its exact
-    # first-order effect, summed with absolute values), and stored_backward's own on the K it is given (its test's
-    # bound: 1e-5 of the sums with |W|, plus 2^-23 of the value)
+    # the stored-K derivative in float32 (on CUDA the tensor-core kernel, on the CPU the float64 form on the float32
+    # K), fresh points each run, against float64 arithmetic on the float64 K. Two errors add up: the difference
+    # between the float32 K and the float64 one, which enters each term as |W_ij| |dK_ij| (its exact first-order
+    # effect, summed with absolute values), and stored_backward's own on the K it is given (its test's bound: 1e-5
+    # of the sums with |W|, plus 2^-23 of the value)
     op = make_op(300, 300, 6, dtype=torch.float32, device=device, same=True)
     left, right = torch.randn(300, 11, device=device), torch.randn(300, 11, device=device)
-    _, _, gl, gs = op._bilinear_derivative(left, right)
+    _, _, gl, gs = op._stored_derivative(left, right)
     x, l, s = (a.detach().double().cpu() for a in (op.x1, op.lengthscale, op.outputscale))
     L, R = left.double().cpu(), right.double().cpu()
     l64, s64 = l.clone().requires_grad_(), s.clone().requires_grad_()
@@ -120,11 +142,11 @@ def test_bilinear_derivative_float32_within_the_rounding_of_k(device):
 
 
 def test_no_gradient_wanted_costs_nothing(monkeypatch):
-    calls = counting(monkeypatch, "stored_backward")
+    stored, free = counting(monkeypatch, "stored_backward"), counting(monkeypatch, "rbf_matmul_backward")
     op = make_op(20, 20, 2, same=True)
     frozen = DenseRBFOperator(op.x1, op.x2, op.lengthscale.detach(), op.outputscale.detach())
     assert frozen._bilinear_derivative(torch.randn(20, 3, dtype=F64), torch.randn(20, 3, dtype=F64)) == (None,) * 4
-    assert calls == []
+    assert stored == [] and free == []
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -249,6 +271,7 @@ def test_cg_marginal_likelihood_same_as_gpytorch(build, monkeypatch):
     # GPyTorch's CG path (every solve by mBCG, the derivative by _bilinear_derivative), the same probes and CG runs
     # with gpfast's kernels and with GPyTorch's: the same loss and gradients up to CG's tolerance
     calls = counting(monkeypatch, "stored_backward")
+    free = counting(monkeypatch, "rbf_matmul_backward")
     torch.manual_seed(1)
     x = torch.randn(400, 3, dtype=F64)
     y = torch.sin(2 * x[:, 0]) + 0.5 * x[:, 1] ** 2 + 0.1 * torch.randn(400, dtype=F64)
@@ -273,10 +296,10 @@ def test_cg_marginal_likelihood_same_as_gpytorch(build, monkeypatch):
             if isinstance(mod, (RBFKernel, gpytorch.kernels.RBFKernel)):
                 set_hypers(mod, ls)
     loss_ours, g_ours = gp_grads(ours, x, y)
-    fast_calls = len(calls)
+    fast_calls = len(calls) + len(free)
     loss_theirs, g_theirs = gp_grads(theirs, x, y)
     # the product kernel multiplies dense matrices (linear_operator's rule for a DenseLinearOperator factor), so its
-    # derivative is K's autograd; the others take the stored-K derivative
+    # derivative is K's autograd; the others take the operator's (here, float64 on the CPU, the fused backward)
     assert (fast_calls == 0) == isinstance(ours, gpytorch.kernels.ProductKernel)
     # the two kernels' K differ in their last bits, so the CG iterates part at CG's tolerance (1e-6) and the
     # stochastic Lanczos estimate with them: agreement to about 1e-5 was seen, far below any error in the

@@ -178,13 +178,13 @@ class DenseRBFOperator(DenseLinearOperator):
       right-hand sides, where ``torch.matmul`` on a few columns reads it at about half of that (41% of the H200's
       bandwidth at 36,000 points and 11 columns, against 87%: ``experiments/results/bench_stored_product.md``).
     - :meth:`_bilinear_derivative`, the gradient of ``sum(left_vecs * (K @ right_vecs))`` that GPyTorch's CG-based
-      marginal likelihood asks for: the lengthscale and outputscale gradients straight from the stored K by
-      :func:`gpfast.ops.stored_backward` (each pair of K(x, x) read once; no exponential recomputed). A dense tensor's
-      derivative would form the n x n matrix ``left_vecs @ right_vecs^T`` and run the covariance's backward over it,
-      which recomputes every exponential. Like GPyTorch's own dense path, this is the gradient for the K given, its
-      float32 rounding included.
-      Where that does not apply (points that require grad, as in deep kernel learning; mixed dtypes or devices) the
-      derivative is :class:`RBFLinearOperator`'s, the fused backward that recomputes K.
+      marginal likelihood asks for. For float32 on CUDA: the lengthscale and outputscale gradients straight from
+      the stored K by :func:`gpfast.ops.stored_backward` (each pair of K(x, x) read once; no exponential
+      recomputed). Like GPyTorch's own dense path, this is the gradient for the K given, its float32 rounding
+      included. Elsewhere (the CPU, float64, points that require grad as in deep kernel learning, mixed dtypes or
+      devices) it is :class:`RBFLinearOperator`'s, the fused matrix-free backward, which recomputes K in double.
+      Either way no n x n matrix is formed, where a dense tensor's derivative forms ``left_vecs @ right_vecs^T``
+      and runs the covariance's backward over it.
 
     Indexing and batch reshaping return a plain DenseLinearOperator of the result. K is computed once (by the
     kernels, or at first use) and recomputed only when the operator's tensors are not the ones it came from (a
@@ -271,9 +271,35 @@ class DenseRBFOperator(DenseLinearOperator):
         x1, x2, l, s = self._sources()
         if not any(a.requires_grad for a in (x1, x2, l, s)):
             return (None,) * 4
+        if self._from_stored_k(left_vecs, right_vecs):
+            return self._stored_derivative(left_vecs, right_vecs)
+        return RBFLinearOperator(x1, x2, l, s)._bilinear_derivative(left_vecs, right_vecs)
+
+    def _from_stored_k(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor) -> bool:
+        """stored_backward's tensor-core kernel takes this derivative: float32 on CUDA, d <= 32, at most 20 vector
+        pairs (K(x, x) takes each pair once with 2 t weights, at most 40), K already computed for these tensors and
+        no point gradients wanted. Elsewhere the matrix-free fused backward is the faster: on the CPU it took 11 ms
+        at n = 3,000, d = 8, 11 vectors, against 22 ms for the covariance backward over ``left @ right^T`` and 68 ms
+        for stored_backward's float64 ATen form (this project's 2-core CI box)."""
+        if self.x1.requires_grad or self.x2.requires_grad or not self._valid():
+            return False
+        K = self._stored.K
         vectors = left_vecs.dim() == right_vecs.dim() and left_vecs.dim() in (1, 2)
-        if x1.requires_grad or x2.requires_grad or not vectors or not self._same_kind(left_vecs, right_vecs):
-            return RBFLinearOperator(x1, x2, l, s)._bilinear_derivative(left_vecs, right_vecs)
+        t = left_vecs.shape[-1] if left_vecs.dim() == 2 else 1
+        return (
+            vectors
+            and K.is_cuda
+            and K.dtype == torch.float32
+            and K.stride(-1) == 1
+            and 1 <= self.x1.shape[-1] <= 32
+            and t <= 20
+            and self._same_kind(left_vecs, right_vecs)
+        )
+
+    def _stored_derivative(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor):
+        """The lengthscale and outputscale gradients of ``sum(left_vecs * (K @ right_vecs))`` from the stored K by
+        :func:`gpfast.ops.stored_backward` (none for the points)."""
+        x1, x2, l, s = self._sources()
         with torch.no_grad():
             gl, gs = ops.stored_backward(
                 self.tensor.detach(), x1, x2, l.detach(), s.detach(), left_vecs, right_vecs, check_values=False
