@@ -20,8 +20,8 @@ def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> 
 
 
 def _stored(x1, x2, lengthscale, outputscale):
-    """K as a dense tensor, wrapped with its points in a :class:`DenseRBFOperator` when it is one matrix (GPyTorch's
-    marginal likelihood then takes its derivative from this K, without recomputing it)."""
+    """K, as a :class:`DenseRBFOperator` holding it with its points when it is one matrix (whose derivative for
+    GPyTorch's marginal likelihood forms no n x n matrix), else as a dense tensor."""
     if not torch.is_tensor(outputscale):
         outputscale = torch.ones((), dtype=x1.dtype, device=x1.device)
     one_matrix = x1.dim() == 2 and x2.dim() == 2 and lengthscale.dim() <= 2 and outputscale.numel() == 1
@@ -44,8 +44,8 @@ class RBFKernel(Kernel):
     ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``eps``), and the same
     state_dict. Covariances come from :func:`gpfast.ops.rbf_covariance`; gradients reach the lengthscale and, when
     they require grad, the inputs. A single covariance matrix (no batch) is returned as a :class:`DenseRBFOperator`,
-    a dense operator whose products and marginal-likelihood derivative run on gpfast's stored-K kernels; a batch of
-    them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default :data:`MATRIX_FREE_THRESHOLD`) the full
+    a dense operator whose CUDA products run on gpfast's stored-K kernel and whose marginal-likelihood derivative
+    forms no n x n matrix; a batch of them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default :data:`MATRIX_FREE_THRESHOLD`) the full
     covariance is returned as a matrix-free :class:`RBFLinearOperator`.
 
     x1: (..., n, d), x2: (..., m, d) -> (..., n, m) (or (..., n) with ``diag=True``).
