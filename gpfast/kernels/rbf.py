@@ -45,8 +45,8 @@ class RBFKernel(Kernel):
     state_dict. Covariances come from :func:`gpfast.ops.rbf_covariance`; gradients reach the lengthscale and, when
     they require grad, the inputs. A single covariance matrix (no batch) is returned as a :class:`DenseRBFOperator`,
     a dense operator whose CUDA products run on gpfast's stored-K kernel and whose marginal-likelihood derivative
-    forms no n x n matrix; a batch of them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default :data:`MATRIX_FREE_THRESHOLD`) the full
-    covariance is returned as a matrix-free :class:`RBFLinearOperator`.
+    forms no n x n matrix; a batch of them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default
+    :data:`MATRIX_FREE_THRESHOLD`) the full covariance is returned as a matrix-free :class:`RBFLinearOperator`.
 
     x1: (..., n, d), x2: (..., m, d) -> (..., n, m) (or (..., n) with ``diag=True``).
     """
