@@ -104,7 +104,9 @@ def test_derivative_from_stored_k_for_float32_on_cuda_only(device, dtype, monkey
     l, s = l.requires_grad_(), s.requires_grad_()
     L, R = left.double().cpu(), right.double().cpu()
     want = torch.autograd.grad((L * (ref.rbf_covariance(x, x, l, s) @ R)).sum(), [l, s])
-    tol = 1e-4 if dtype == torch.float32 else 1e-11  # the float32 bound is the next test's, term by term
+    # float32 from the stored K carries K's rounding, which the next test bounds term by term; here the check is
+    # that this is the gradient of this form (a wrong term or factor is off by its own size)
+    tol = 1e-2 if from_k else 1e-11 if dtype == F64 else 1e-5
     assert got[:2] == (None, None)
     for g, w in zip(got[2:], want):
         assert g.shape == w.shape and rel_err(g, w) < tol
@@ -128,6 +130,7 @@ def test_bilinear_derivative_float32_within_the_rounding_of_k(device):
     want_l = want_l.reshape(-1)
     W = L.abs() @ R.abs().t()
     dK = (op.tensor.detach().double().cpu() - K64.detach()).abs()
+    dK = torch.maximum(dK, dK.t())  # K(x, x)'s kernel reads one triangle of K for both orders of a pair
     z = x / l
     sq = (z.unsqueeze(1) - z.unsqueeze(0)).pow(2)  # (n, n, d)
 
