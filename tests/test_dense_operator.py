@@ -70,6 +70,23 @@ class TestRectangularDenseRBFOperator(RectangularLinearOperatorTestCase, unittes
         return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
 
 
+class TestBatchDenseRBFOperator(LinearOperatorTestCase, unittest.TestCase):
+    """A batch of two K(x, x) with their own hyperparameters (GPyTorch's batch_shape kernels)."""
+
+    seed = 0
+    should_test_sample = True
+
+    def create_linear_op(self):
+        g = torch.Generator().manual_seed(14)
+        x = torch.randn(2, 6, 3, generator=g)
+        l = (0.4 + torch.rand(2, 1, 3, generator=g)).requires_grad_()
+        s = torch.tensor([2.5, 1.8]).requires_grad_()
+        return DenseRBFOperator.from_points(x, x, l, s)
+
+    def evaluate_linear_op(self, linear_op):
+        return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
+
+
 # ----------------------------------------------------------------------------------------- the derivative itself
 
 
@@ -92,14 +109,16 @@ def test_stored_derivative_matches_float64(device, same, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_derivative_from_stored_k_for_float32_on_cuda_only(device, dtype, monkeypatch):
-    # the stored K's kernel for float32 on CUDA; the matrix-free fused backward elsewhere; either way the gradient
-    # of the same bilinear form (float64 reference), shaped like its argument
+    # the stored K's kernel for float32 on CUDA; on the CPU the matrix-free fused backward; for float64 on CUDA the
+    # covariance backward over left @ right^T; each the gradient of the same bilinear form (float64 reference)
     stored, free = counting(monkeypatch, "stored_backward"), counting(monkeypatch, "rbf_matmul_backward")
+    dense = counting(monkeypatch, "rbf_covariance_backward")
     op = make_op(120, 120, 5, dtype=dtype, device=device, same=True)
     left, right = (torch.randn(120, 11, dtype=dtype, device=device) for _ in range(2))
     got = op._bilinear_derivative(left, right)
     from_k = device == "cuda" and dtype == torch.float32
-    assert (len(stored), len(free)) == ((1, 0) if from_k else (0, 1))
+    want_calls = (1, 0, 0) if from_k else (0, 1, 0) if device == "cpu" else (0, 0, 1)
+    assert (len(stored), len(free), len(dense)) == want_calls
     x, l, s = (a.detach().double().cpu() for a in (op.x1, op.lengthscale, op.outputscale))
     l, s = l.requires_grad_(), s.requires_grad_()
     L, R = left.double().cpu(), right.double().cpu()
@@ -192,6 +211,21 @@ def test_k_is_recomputed_only_when_its_sources_change(monkeypatch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batch_derivative_shapes_and_values(device):
+    # shared points, a lengthscale and an outputscale per batch member: each gradient in its argument's shape
+    x = torch.randn(40, 3, dtype=F64, device=device)
+    l = (0.5 + torch.rand(2, 1, 3, dtype=F64, device=device)).requires_grad_()
+    s = (0.5 + torch.rand(2, dtype=F64, device=device)).requires_grad_()
+    op = DenseRBFOperator.from_points(x, x, l, s)
+    left, right = (torch.randn(2, 40, 4, dtype=F64, device=device) for _ in range(2))
+    got = op._bilinear_derivative(left, right)
+    want = torch.autograd.grad((left * (ref.rbf_covariance(x, x, l, s) @ right)).sum(), [l, s])
+    assert got[:2] == (None, None)
+    for g, w in zip(got[2:], want):
+        assert g.shape == w.shape and rel_err(g, w) < 1e-11
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_products_and_reshaping(device, monkeypatch):
     op = make_op(30, 20, 3, device=device)
     K = op.tensor.detach()
@@ -210,26 +244,31 @@ def test_products_and_reshaping(device, monkeypatch):
 # ------------------------------------------------------------------------------------------ through the kernels
 
 
-def test_kernels_return_the_operator_for_one_matrix_only():
+def test_kernels_return_the_operator():
     x = torch.randn(30, 3)
     for kern in (RBFKernel(ard_num_dims=3), ScaleRBFKernel(ard_num_dims=3)):
         out = kern(x).evaluate_kernel()
         assert isinstance(out, DenseRBFOperator)
         assert out.x1 is x and out.x2 is x and out.outputscale.numel() == 1
         assert kern(x, diag=True).shape == (30,)
-    batched = ScaleRBFKernel(ard_num_dims=3, batch_shape=torch.Size([2]))
-    assert type(batched(x).evaluate_kernel()) is DenseLinearOperator  # a batch of matrices: a plain tensor
-    assert type(RBFKernel()(torch.randn(2, 30, 3)).evaluate_kernel()) is DenseLinearOperator
+    batched = ScaleRBFKernel(ard_num_dims=3, batch_shape=torch.Size([2]))(x).evaluate_kernel()
+    assert isinstance(batched, DenseRBFOperator) and batched.shape == (2, 30, 30)
+    want = ref.rbf_covariance(x, x, batched.lengthscale[1], batched.outputscale[1])
+    assert rel_err(batched.to_dense()[1].detach(), want.detach()) < 1e-6
+    assert RBFKernel()(torch.randn(2, 30, 3)).evaluate_kernel().shape == (2, 30, 30)
 
 
 def gp_grads(kern, x, y, probes_seed=0):
-    lik = gpytorch.likelihoods.GaussianLikelihood().to(x.dtype)
+    batch = kern.batch_shape  # a batch of independent GPs (one per output) on the same inputs
+    if batch:
+        y = torch.stack([y, y.flip(0)]).reshape(*batch, -1)
+    lik = gpytorch.likelihoods.GaussianLikelihood(batch_shape=batch).to(x.dtype)
     lik.noise = 0.05
 
     class GP(gpytorch.models.ExactGP):
         def __init__(self):
             super().__init__(x, y, lik)
-            self.mean_module = gpytorch.means.ConstantMean()
+            self.mean_module = gpytorch.means.ConstantMean(batch_shape=batch)
             self.covar_module = kern
 
         def forward(self, z):
@@ -245,7 +284,7 @@ def gp_grads(kern, x, y, probes_seed=0):
         gpytorch.settings.num_trace_samples(8),
         gpytorch.settings.deterministic_probes(True),
     ):
-        loss = -mll(model(x), y)
+        loss = -mll(model(x), y).sum()
         names = [n for n, _ in model.named_parameters()]
         grads = torch.autograd.grad(loss, list(model.parameters()))
     return loss.detach(), dict(zip(names, grads))
@@ -267,8 +306,9 @@ def set_hypers(kern, lengthscale, outputscale=None):
         lambda: gpytorch.kernels.ScaleKernel(RBFKernel(ard_num_dims=3)),  # GPyTorch's scale over gpfast's RBF
         lambda: ScaleRBFKernel(ard_num_dims=3) + gpytorch.kernels.ScaleKernel(gpytorch.kernels.LinearKernel()),
         lambda: ScaleRBFKernel(ard_num_dims=3) * gpytorch.kernels.PeriodicKernel(),
+        lambda: ScaleRBFKernel(ard_num_dims=3, batch_shape=torch.Size([2])),
     ],
-    ids=["scale_rbf", "gpytorch_scale", "sum", "product"],
+    ids=["scale_rbf", "gpytorch_scale", "sum", "product", "batch"],
 )
 def test_cg_marginal_likelihood_same_as_gpytorch(build, monkeypatch):
     # GPyTorch's CG path (every solve by mBCG, the derivative by _bilinear_derivative), the same probes and CG runs
@@ -282,7 +322,10 @@ def test_cg_marginal_likelihood_same_as_gpytorch(build, monkeypatch):
 
     def stock(kern):  # the same structure with GPyTorch's RBF kernels in place of gpfast's
         if isinstance(kern, ScaleRBFKernel):
-            return gpytorch.kernels.ScaleKernel(gpytorch.kernels.RBFKernel(ard_num_dims=3))
+            b = kern.batch_shape
+            return gpytorch.kernels.ScaleKernel(
+                gpytorch.kernels.RBFKernel(ard_num_dims=3, batch_shape=b), batch_shape=b
+            )
         if isinstance(kern, RBFKernel):
             return gpytorch.kernels.RBFKernel(ard_num_dims=3)
         if isinstance(kern, gpytorch.kernels.ScaleKernel):

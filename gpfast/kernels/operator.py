@@ -166,8 +166,8 @@ class _StoredK:
 
 
 class DenseRBFOperator(DenseLinearOperator):
-    r"""The RBF covariance K (one matrix, stored) of ``x1`` and ``x2``: what the kernels return below
-    ``matrix_free_threshold``, so that GPyTorch's marginal likelihood gets its derivative from one read of K.
+    r"""The RBF covariance K (stored) of ``x1`` and ``x2``: what the kernels return below ``matrix_free_threshold``,
+    so that GPyTorch's CG products and marginal-likelihood derivative run on gpfast's kernels.
 
     It is a :class:`linear_operator.operators.DenseLinearOperator` whose ``tensor`` is K from
     :func:`gpfast.ops.rbf_covariance`, so everything that reads the matrix (``to_dense``, indexing, Cholesky, products
@@ -178,20 +178,21 @@ class DenseRBFOperator(DenseLinearOperator):
       right-hand sides, where ``torch.matmul`` on a few columns reads it at about half of that (41% of the H200's
       bandwidth at 36,000 points and 11 columns, against 87%: ``experiments/results/bench_stored_product.md``).
     - :meth:`_bilinear_derivative`, the gradient of ``sum(left_vecs * (K @ right_vecs))`` that GPyTorch's CG-based
-      marginal likelihood asks for. For float32 on CUDA: the lengthscale and outputscale gradients straight from
-      the stored K by :func:`gpfast.ops.stored_backward` (each pair of K(x, x) read once; no exponential
-      recomputed). Like GPyTorch's own dense path, this is the gradient for the K given, its float32 rounding
-      included. Elsewhere (the CPU, float64, points that require grad as in deep kernel learning, mixed dtypes or
-      devices) it is :class:`RBFLinearOperator`'s, the fused matrix-free backward, which recomputes K in double.
-      Either way no n x n matrix is formed, where a dense tensor's derivative forms ``left_vecs @ right_vecs^T``
-      and runs the covariance's backward over it.
+      marginal likelihood asks for, which for a dense tensor forms the n x n matrix ``left_vecs @ right_vecs^T``
+      and runs the covariance's backward over it (recomputing every exponential in double). For one float32
+      matrix on CUDA: the lengthscale and outputscale gradients straight from the stored K by
+      :func:`gpfast.ops.stored_backward` (each pair of K(x, x) read once; no exponential recomputed; like
+      GPyTorch's own dense path, the gradient for the K given, its float32 rounding included). On the CPU:
+      :class:`RBFLinearOperator`'s, the fused matrix-free backward, which forms no n x n matrix. Otherwise (a batch,
+      float64 or points that require grad on CUDA) the dense tensor's arithmetic, by the covariance's backward op.
 
     Indexing and batch reshaping return a plain DenseLinearOperator of the result. K is computed once (by the
     kernels, or at first use) and recomputed only when the operator's tensors are not the ones it came from (a
     clone, or the copies linear_operator's functions rebuild it from in their backward) or now require gradients
     it was computed without; single entries and the diagonal of such an operator come from the points instead.
 
-    x1: (n, d), x2: (m, d); lengthscale with 1 or d elements (GPyTorch's (1, d)); outputscale one element.
+    x1: (..., n, d), x2: (..., m, d), lengthscale: (..., 1, d or 1), outputscale: batch shape (...), as for
+    :func:`gpfast.ops.rbf_covariance`; K has their broadcast batch shape.
     """
 
     def __init__(
@@ -215,12 +216,10 @@ class DenseRBFOperator(DenseLinearOperator):
     def _check_args(self, x1, x2, lengthscale, outputscale, stored=None):
         if not all(torch.is_tensor(a) for a in (x1, x2, lengthscale, outputscale)):
             return "DenseRBFOperator takes tensors x1, x2, lengthscale and outputscale"
-        if x1.dim() != 2 or x2.dim() != 2 or x1.shape[-1] != x2.shape[-1]:
-            return f"DenseRBFOperator takes x1 (n, d) and x2 (m, d), got shapes {tuple(x1.shape)}, {tuple(x2.shape)}"
-        if lengthscale.numel() not in (1, x1.shape[-1]) or outputscale.numel() != 1:
+        if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
             return (
-                f"DenseRBFOperator takes a lengthscale of 1 or d={x1.shape[-1]} elements and one outputscale, got "
-                f"shapes {tuple(lengthscale.shape)} and {tuple(outputscale.shape)}"
+                f"DenseRBFOperator takes x1 (..., n, d) and x2 (..., m, d), got shapes {tuple(x1.shape)} and "
+                f"{tuple(x2.shape)}"
             )
         return None
 
@@ -251,7 +250,7 @@ class DenseRBFOperator(DenseLinearOperator):
         return RBFLinearOperator(*self._sources())._diagonal()
 
     def _size(self) -> torch.Size:
-        return torch.Size((self.x1.shape[-2], self.x2.shape[-2]))
+        return RBFLinearOperator._size(self)
 
     def _plain(self) -> DenseLinearOperator:
         return DenseLinearOperator(self.tensor)
@@ -263,7 +262,7 @@ class DenseRBFOperator(DenseLinearOperator):
 
     def _matmul(self, rhs: torch.Tensor) -> torch.Tensor:
         K = self.tensor
-        if K.is_cuda and rhs.dim() in (1, 2) and self._same_kind(rhs):
+        if K.is_cuda and K.dim() == 2 and rhs.dim() in (1, 2) and self._same_kind(rhs):
             return ops.dense_matmul(K, rhs)
         return torch.matmul(K, rhs)
 
@@ -273,15 +272,27 @@ class DenseRBFOperator(DenseLinearOperator):
             return (None,) * 4
         if self._from_stored_k(left_vecs, right_vecs):
             return self._stored_derivative(left_vecs, right_vecs)
-        return RBFLinearOperator(x1, x2, l, s)._bilinear_derivative(left_vecs, right_vecs)
+        if not x1.is_cuda:
+            return RBFLinearOperator(x1, x2, l, s)._bilinear_derivative(left_vecs, right_vecs)
+        # on CUDA, the arithmetic of a dense tensor's derivative, whose speed there is measured: G = left @ right^T,
+        # then the covariance's backward over it (each gradient in its argument's shape, summed over broadcast dims)
+        G = left_vecs.matmul(right_vecs.mT) if left_vecs.dim() > 1 else torch.outer(left_vecs, right_vecs)
+        G = G.to(x1.dtype)
+        x_grads = x1.requires_grad or x2.requires_grad
+        grads = ops.rbf_covariance_backward(G, x1.detach(), x2.detach(), l.detach(), s.detach(), x_grads=x_grads)
+        return tuple(g if a.requires_grad else None for g, a in zip(grads, (x1, x2, l, s)))
 
     def _from_stored_k(self, left_vecs: torch.Tensor, right_vecs: torch.Tensor) -> bool:
         """stored_backward's tensor-core kernel takes this derivative: float32 on CUDA, d <= 32, at most 20 vector
-        pairs (K(x, x) takes each pair once with 2 t weights, at most 40), K already computed for these tensors and
-        no point gradients wanted. Elsewhere the matrix-free fused backward is the faster: on the CPU it took 11 ms
-        at n = 3,000, d = 8, 11 vectors, against 22 ms for the covariance backward over ``left @ right^T`` and 68 ms
-        for stored_backward's float64 ATen form (this project's 2-core CI box)."""
+        pairs (K(x, x) takes each pair once with 2 t weights, at most 40), one matrix, K already computed for these
+        tensors and no point gradients wanted. On the CPU the matrix-free fused backward is the faster: it took
+        11 ms at n = 3,000, d = 8, 11 vectors, against 22 ms for the covariance backward over ``left @ right^T``
+        and 68 ms for stored_backward's float64 ATen form (this project's 2-core CI box)."""
         if self.x1.requires_grad or self.x2.requires_grad or not self._valid():
+            return False
+        if self.x1.dim() != 2 or self.x2.dim() != 2 or self.outputscale.numel() != 1:
+            return False
+        if self.lengthscale.numel() not in (1, self.x1.shape[-1]):
             return False
         K = self._stored.K
         vectors = left_vecs.dim() == right_vecs.dim() and left_vecs.dim() in (1, 2)

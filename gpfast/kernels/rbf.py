@@ -20,13 +20,9 @@ def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> 
 
 
 def _stored(x1, x2, lengthscale, outputscale):
-    """K, as a :class:`DenseRBFOperator` holding it with its points when it is one matrix (whose derivative for
-    GPyTorch's marginal likelihood forms no n x n matrix), else as a dense tensor."""
+    """K as a :class:`DenseRBFOperator`, holding it with its points and hyperparameters."""
     if not torch.is_tensor(outputscale):
         outputscale = torch.ones((), dtype=x1.dtype, device=x1.device)
-    one_matrix = x1.dim() == 2 and x2.dim() == 2 and lengthscale.dim() <= 2 and outputscale.numel() == 1
-    if not one_matrix or lengthscale.numel() not in (1, x1.shape[-1]):
-        return ops.rbf_covariance(x1, x2, lengthscale, outputscale, check_values=False)
     return DenseRBFOperator.from_points(x1, x2, lengthscale, outputscale)
 
 
@@ -43,10 +39,10 @@ class RBFKernel(Kernel):
     Same constructor arguments and behaviour as :class:`gpytorch.kernels.RBFKernel` (``ard_num_dims``,
     ``batch_shape``, ``active_dims``, ``lengthscale_prior``, ``lengthscale_constraint``, ``eps``), and the same
     state_dict. Covariances come from :func:`gpfast.ops.rbf_covariance`; gradients reach the lengthscale and, when
-    they require grad, the inputs. A single covariance matrix (no batch) is returned as a :class:`DenseRBFOperator`,
-    a dense operator whose CUDA products run on gpfast's stored-K kernel and whose marginal-likelihood derivative
-    forms no n x n matrix; a batch of them as a tensor. For ``n * m`` above ``matrix_free_threshold`` (default
-    :data:`MATRIX_FREE_THRESHOLD`) the full covariance is returned as a matrix-free :class:`RBFLinearOperator`.
+    they require grad, the inputs. The covariance is returned as a :class:`DenseRBFOperator`, a dense operator whose
+    CUDA products run on gpfast's stored-K kernel and whose marginal-likelihood derivative comes from the stored K
+    (one float32 matrix on CUDA) or forms no n x n matrix (the CPU). For ``n * m`` above ``matrix_free_threshold``
+    (default :data:`MATRIX_FREE_THRESHOLD`) it is a matrix-free :class:`RBFLinearOperator`.
 
     x1: (..., n, d), x2: (..., m, d) -> (..., n, m) (or (..., n) with ``diag=True``).
     """
