@@ -45,6 +45,29 @@ def test_products_diagonal_and_rows(device, batch):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shared", [False, True])
+def test_entries_and_their_gradients(device, shared):
+    # _get_indices on a batch of 3 with repeated and mixed indices (as linear_operator's pivoted-Cholesky backward
+    # asks for them): the dense reference's entries, and the same gradients for the points and hyperparameters
+    f64 = dict(dtype=torch.float64, device=device)
+    x1 = torch.randn(*(() if shared else (3,)), 40, 3, **f64).requires_grad_()  # shared: points broadcast
+    x2 = torch.randn(3, 30, 3, **f64).requires_grad_()
+    l = (torch.rand(3, 1, 3, **f64) + 0.5).requires_grad_()
+    s = (torch.rand(3, **f64) + 0.5).requires_grad_()
+    g = torch.Generator().manual_seed(5)
+    rows, cols = torch.randint(0, 40, (2, 50), generator=g).to(device), torch.randint(0, 30, (50,), generator=g)
+    members = torch.randint(0, 3, (2, 1), generator=g).to(device)  # broadcast against the (2, 50) rows
+    got = RBFLinearOperator(x1, x2, l, s)._get_indices(rows, cols.to(device), members)
+    want = ref.rbf_covariance(x1, x2, l, s)[members, rows, cols.to(device)]
+    assert got.shape == want.shape == (2, 50) and rel_err(got.detach(), want.detach()) < 1e-14
+    w = torch.randn(2, 50, **f64)
+    for a, b in zip(
+        torch.autograd.grad((got * w).sum(), [x1, x2, l, s]), torch.autograd.grad((want * w).sum(), [x1, x2, l, s])
+    ):
+        assert rel_err(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bilinear_derivative_matches_dense(device):
     x1, x2, l, s = make(device)
     op = RBFLinearOperator(x1, x2, l, s)

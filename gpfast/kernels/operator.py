@@ -118,21 +118,25 @@ class RBFLinearOperator(LinearOperator):
         ).expand(*self.shape[:-1])
 
     def _get_indices(self, row_index, col_index, *batch_indices) -> torch.Tensor:
+        # paired evaluation, O(d) an entry: z = x / l for every batch member, flattened to rows and gathered by
+        # index_select, whose backward (index_add_) takes repeated indices in its stride. Advanced indexing of the
+        # expanded points and hyperparameters accumulates through index_put instead, which for the hyperparameters
+        # (every entry's index into a few batch members) took 17 ms a call on the CPU in linear_operator's
+        # pivoted-Cholesky backward (90,000 entries, a batch of 3, n = 2000)
         batch = self.shape[:-2]
-        x1 = self.x1.expand(*batch, *self.x1.shape[-2:])
-        x2 = self.x2.expand(*batch, *self.x2.shape[-2:])
         final = ops.broadcast_shapes(*(i.shape for i in batch_indices), row_index.shape, col_index.shape)
-        a = x1[(*batch_indices, row_index)].expand(*final, x1.shape[-1])
-        b = x2[(*batch_indices, col_index)].expand(*final, x2.shape[-1])
-        if batch:
-            ls = self.lengthscale.expand(*batch, 1, self.lengthscale.shape[-1])[(*batch_indices,)]
-        else:
-            ls = self.lengthscale.reshape(1, -1)
-        s = self.outputscale.expand(batch)[(*batch_indices,)] if batch else self.outputscale
-        # paired evaluation: one entry per index, O(d) each
-        ls = ls.reshape(*ls.shape[:-2], *([1] * (len(final) - len(ls.shape[:-2]))), ls.shape[-1])
-        z = (a - b) / ls
-        return s.reshape(*s.shape, *([1] * (len(final) - s.dim()))) * torch.exp(-0.5 * z.pow(2).sum(-1))
+        d = self.x1.shape[-1]
+        ls = self.lengthscale if self.lengthscale.dim() >= 2 else self.lengthscale.reshape(1, -1)
+        z1 = (self.x1 / ls).expand(*batch, self.x1.shape[-2], d).reshape(-1, d)
+        z2 = (self.x2 / ls).expand(*batch, self.x2.shape[-2], d).reshape(-1, d)
+        member = torch.zeros((), dtype=torch.long, device=row_index.device)
+        for size, index in zip(batch, batch_indices):  # the linear index of each entry's batch member
+            member = member * size + index
+        rows = (member * self.x1.shape[-2] + row_index).expand(final).reshape(-1)
+        cols = (member * self.x2.shape[-2] + col_index).expand(final).reshape(-1)
+        diff = z1.index_select(0, rows) - z2.index_select(0, cols)
+        s = self.outputscale.expand(batch).reshape(-1).index_select(0, member.expand(final).reshape(-1))
+        return (s * torch.exp(-0.5 * diff.pow(2).sum(-1))).reshape(final)
 
     def _expand_batch(self, batch_shape) -> RBFLinearOperator:
         return RBFLinearOperator(
