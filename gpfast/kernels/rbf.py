@@ -9,8 +9,8 @@ from gpfast import ops
 from gpfast.kernels.operator import DenseRBFOperator, RBFLinearOperator
 
 #: Above this many covariance entries (n * m per batch) the kernels return a matrix-free
-#: :class:`RBFLinearOperator` instead of a dense matrix. 2**30 entries is 4 GiB in float32: below it, storing K
-#: and streaming it through CG is faster than recomputing it in every product; above it, memory rules.
+#: :class:`RBFLinearOperator` instead of a stored :class:`DenseRBFOperator`. 2**30 entries is 4 GiB in float32: below
+#: it, storing K and streaming it through CG is faster than recomputing it in every product; above it, memory rules.
 MATRIX_FREE_THRESHOLD = 2**30
 
 
