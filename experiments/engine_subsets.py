@@ -22,19 +22,18 @@ import time
 import warnings
 from pathlib import Path
 
-import gpytorch
 import numpy as np
 import torch
 
 import gpfast.train.engine as engine_module
 from experiments import RESULTS
 from gpfast import ExactGP, ops
-from gpfast.bench.compare import default_init, gpytorch_adam
+from gpfast.bench.compare import default_init, gpytorch_adam, gpytorch_model
 from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, today
 from gpfast.datasets.uci import load_uci
 from gpfast.metrics import gaussian_nll, rmse
-from gpfast.models import ExactGPModel, ExactPosterior
+from gpfast.models import ExactPosterior
 
 
 def exact_scores(X, y, Xt, yt, lengthscale, outputscale, noise, mean) -> tuple[float, float]:
@@ -50,13 +49,7 @@ def exact_scores(X, y, Xt, yt, lengthscale, outputscale, noise, mean) -> tuple[f
 def run_gpytorch(X, y, init, iters, lr):
     torch.manual_seed(0)
     x_t, y_t = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(y, dtype=torch.float32)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    model = ExactGPModel(x_t, y_t, likelihood, kernel="gpytorch")
-    with torch.no_grad():
-        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"])
-        model.covar_module.outputscale = torch.tensor(init["init_outputscale"])
-        model.likelihood.noise = torch.tensor(init["init_noise"])
-        model.mean_module.constant.fill_(init["init_mean"])
+    model = gpytorch_model(x_t, y_t, "gpytorch", init, "cpu")
     t0 = time.perf_counter()
     gpytorch_adam(model, iters, lr)
     seconds = time.perf_counter() - t0

@@ -32,10 +32,9 @@ import torch
 from torch.autograd import DeviceType
 
 from experiments import RESULTS
-from gpfast.bench.compare import _inputs, default_init
+from gpfast.bench.compare import _inputs, default_init, gpytorch_model
 from gpfast.bench.report import md_table
 from gpfast.bench.timing import git_rev, machine, sync, today
-from gpfast.models import ExactGPModel
 
 #: Operators whose device time counts as each part (the outermost such operator above a kernel names its part).
 PARTS = {
@@ -43,17 +42,6 @@ PARTS = {
     "derivative": ("gpfast::stored_backward", "gpfast::rbf_matmul_backward"),
     "products": ("aten::mm", "aten::matmul", "aten::bmm", "gpfast::dense_matmul", "aten::addmm", "aten::baddbmm"),
 }
-
-
-def _model(X, y, kernel, init, device):
-    lik = gpytorch.likelihoods.GaussianLikelihood()
-    model = ExactGPModel(X, y, lik, kernel=kernel).to(device=device, dtype=torch.float32)
-    with torch.no_grad():
-        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
-        model.covar_module.outputscale = torch.tensor(init["init_outputscale"], device=device)
-        model.likelihood.noise = torch.tensor(init["init_noise"], device=device)
-        model.mean_module.constant.fill_(init["init_mean"])
-    return model
 
 
 def _steps(model, count, device):
@@ -115,7 +103,7 @@ def run(X, y, device, kernels, warmup, steps):
     init = default_init(X.shape[1])
     rows = []
     for kernel in kernels:
-        model = _model(X, y, kernel, init, device)
+        model = gpytorch_model(X, y, kernel, init, device)
         _steps(model, warmup, device)
         times = _steps(model, steps, device)
         on_gpu = device.type == "cuda"

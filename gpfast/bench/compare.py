@@ -36,7 +36,7 @@ from gpfast.estimator import ExactGP
 from gpfast.metrics import regression_metrics
 from gpfast.models import ExactGPModel
 
-__all__ = ["REFERENCE_ROWS", "ROWS", "compare", "default_init"]
+__all__ = ["REFERENCE_ROWS", "ROWS", "compare", "default_init", "gpytorch_adam", "gpytorch_model"]
 
 ROWS: tuple[str, ...] = ("gpytorch", "gpytorch+gpfast", "gpfast")
 #: Rows run only on request: ``"exact"`` is :class:`gpfast.ExactGP` taking the same Adam steps as row ``"gpfast"``
@@ -57,6 +57,20 @@ def default_init(d: int) -> dict[str, object]:
         "init_noise": float(model.likelihood.noise.detach().reshape(-1)[0]),
         "init_mean": float(model.mean_module.constant.detach().reshape(-1)[0]),
     }
+
+
+def gpytorch_model(X, y, kernel: str, init: dict, device) -> ExactGPModel:
+    """Rows (a) and (b)'s model: :class:`gpfast.models.ExactGPModel` with ``kernel`` ("gpytorch" or "gpfast") and a
+    Gaussian likelihood, float32 on ``device``, at the initial hyperparameters ``init`` (:func:`default_init`'s
+    keys)."""
+    model = ExactGPModel(X, y, gpytorch.likelihoods.GaussianLikelihood(), kernel=kernel)
+    model = model.to(device=device, dtype=torch.float32)
+    with torch.no_grad():
+        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
+        model.covar_module.outputscale = torch.tensor(init["init_outputscale"], device=device)
+        model.likelihood.noise = torch.tensor(init["init_noise"], device=device)
+        model.mean_module.constant.fill_(init["init_mean"])
+    return model
 
 
 def gpytorch_adam(model: ExactGPModel, iters: int, lr: float, desc: str = "", verbose: bool = False) -> list[float]:
@@ -87,13 +101,8 @@ def _run_gpytorch_row(name, X, y, Xt, iters, lr, seed, device, verbose, init):
     torch.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-    likelihood = gpytorch.likelihoods.GaussianLikelihood()
-    model = ExactGPModel(X, y, likelihood, kernel=_KERNEL[name]).to(device=device, dtype=torch.float32)
-    with torch.no_grad():
-        model.covar_module.base_kernel.lengthscale = torch.tensor(init["init_lengthscale"], device=device)
-        model.covar_module.outputscale = torch.tensor(init["init_outputscale"], device=device)
-        model.likelihood.noise = torch.tensor(init["init_noise"], device=device)
-        model.mean_module.constant.fill_(init["init_mean"])
+    model = gpytorch_model(X, y, _KERNEL[name], init, device)
+    likelihood = model.likelihood
 
     sync(device)
     t0 = time.perf_counter()
