@@ -37,7 +37,14 @@ def counting(monkeypatch, name):
 # ---------------------------------------------------------------------------------- linear_operator's own suites
 
 
-class TestSquareDenseRBFOperator(LinearOperatorTestCase, unittest.TestCase):
+class _Reference:
+    """The suites' dense reference: the plain torch formula (gpfast._reference) on the operator's own tensors."""
+
+    def evaluate_linear_op(self, linear_op):
+        return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
+
+
+class TestSquareDenseRBFOperator(_Reference, LinearOperatorTestCase, unittest.TestCase):
     """K(x, x) of 6 points: every method the suite exercises. Its tests set requires_grad on every representation
     tensor, the points too, so their gradients come from the fused backward (the fall-back), the reference's from
     autograd. The outputscale puts the log-determinant at about 5.6, where the suite's stochastic estimate (relative
@@ -52,11 +59,8 @@ class TestSquareDenseRBFOperator(LinearOperatorTestCase, unittest.TestCase):
         s = torch.tensor(2.5).requires_grad_()
         return DenseRBFOperator.from_points(x, x, l, s)
 
-    def evaluate_linear_op(self, linear_op):
-        return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
 
-
-class TestRectangularDenseRBFOperator(RectangularLinearOperatorTestCase, unittest.TestCase):
+class TestRectangularDenseRBFOperator(_Reference, RectangularLinearOperatorTestCase, unittest.TestCase):
     seed = 0
 
     def create_linear_op(self):
@@ -66,11 +70,8 @@ class TestRectangularDenseRBFOperator(RectangularLinearOperatorTestCase, unittes
         s = torch.tensor(0.8).requires_grad_()
         return DenseRBFOperator.from_points(x1, x2, l, s)
 
-    def evaluate_linear_op(self, linear_op):
-        return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
 
-
-class TestBatchDenseRBFOperator(LinearOperatorTestCase, unittest.TestCase):
+class TestBatchDenseRBFOperator(_Reference, LinearOperatorTestCase, unittest.TestCase):
     """A batch of two K(x, x) with their own hyperparameters (GPyTorch's batch_shape kernels)."""
 
     seed = 0
@@ -82,9 +83,6 @@ class TestBatchDenseRBFOperator(LinearOperatorTestCase, unittest.TestCase):
         l = (0.4 + torch.rand(2, 1, 3, generator=g)).requires_grad_()
         s = torch.tensor([2.5, 1.8]).requires_grad_()
         return DenseRBFOperator.from_points(x, x, l, s)
-
-    def evaluate_linear_op(self, linear_op):
-        return ref.rbf_covariance(linear_op.x1, linear_op.x2, linear_op.lengthscale, linear_op.outputscale)
 
 
 # ----------------------------------------------------------------------------------------- the derivative itself
