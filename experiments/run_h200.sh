@@ -116,7 +116,10 @@
 #                 biases in the MMAs' accumulators and with the shifted exponent: the benchmark at 10^6 points, the
 #                 op-error cases, the CUDA tests session24a's crash cut short, the K @ V CUDA tests, memcheck;
 #                 S24B_BUDGET 580), session24c (the biases-in-accumulators default: every CUDA test, the benchmark,
-#                 the 1M engine step; S24C_BUDGET 540)
+#                 the 1M engine step; S24C_BUDGET 540), session25a (GPyTorch's loop with gpfast's kernels returning a
+#                 DenseRBFOperator: build, the operator's CUDA tests, rows a and b, gpytorch_step, two K @ V variants;
+#                 S25A_BUDGET 590), session26a (rows a and c on the seven sets, step_anatomy, racecheck and memcheck
+#                 over every kernel, the 1M engine step; S26A_BUDGET 580)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1684,6 +1687,24 @@ PYEOF
       sanitizer memcheck "$OUT/s25a_sanitize.log" 50 --only matmul
       pack_logs s25a
       stage_end s25a ;;
+    session26a)
+      # The issues' H200 figures that session25a does not give, on session25a's library (carried as .gpb/gpb.tgz)
+      # or a fresh build, in value order: rows a (training only) and c side by side on the seven sets; step_anatomy;
+      # racecheck, then memcheck, over every kernel (the K @ V variants and the float16-K product are newer than the
+      # last full racecheck); the 1M engine step (one timed step after the warm-up); at most S26A_BUDGET seconds
+      # (default 580). Files: s26a_logs.tar.gz, s26a_results.tar.gz (gpb.tgz when built here).
+      stage_begin s26a ${S26A_BUDGET:-580} 240
+      [ -s .gpb/gpb.tgz ] || pack_build
+      brun 260 "$OUT/s26a_uci_ac.log" "${UCI[@]}" --rows gpytorch gpfast --predict gpfast --stem uci_all_ac --out "$res"
+      echo "uci ac rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_ac.md" | cut -d'|' -f2,5,7,9,10,12,13,18
+      echo "ConvergenceWarnings: $(grep -c ConvergenceWarning "$OUT/s26a_uci_ac.log")"
+      anatomy "$OUT/s26a_anatomy.log" 80
+      sanitizer racecheck "$OUT/s26a_sanitize.log" 100
+      sanitizer memcheck "$OUT/s26a_sanitize.log" 100
+      brun 150 "$OUT/s26a_engine1m.log" python -m experiments.engine_step --n 1000000 --d 8 --steps 1 --out "$res"
+      echo "engine_step rc=$?"; tail -8 "$OUT/s26a_engine1m.log"
+      pack_logs s26a
+      stage_end s26a ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
