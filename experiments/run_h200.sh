@@ -1682,7 +1682,7 @@ PYEOF
       brun 60 "$OUT/s25a_step.log" python -m experiments.gpytorch_step --data-dir .data/uci --device cuda --out "$res"
       echo "gpytorch_step rc=$?"; grep -E "^(\| |- )" "$res/gpytorch_step.md"
       kvs=(tc tc_bias_g4 tc_bias_g2b4)
-      kv_kernels "$OUT/s25a_bench.log" 50 bench_matmul_s25 1000000 "${kvs[@]}" "${kvs[@]}"
+      kv_kernels "$OUT/s25a_bench.log" 70 bench_matmul_s25 1000000 "${kvs[@]}" "${kvs[@]}"
       cuda_tests "$OUT/s25a_kv_tests.log" 60 tests/test_cuda_kernels.py -k "matmul_kernels"
       sanitizer memcheck "$OUT/s25a_sanitize.log" 50 --only matmul
       pack_logs s25a
