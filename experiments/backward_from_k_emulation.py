@@ -89,14 +89,40 @@ def main(argv=None):
                     worst[name] = [max(a, b) for a, b in zip(worst[name], ratios)]
                     over[name] += max(ratios[:4]) > 1
             for name, values in worst.items():
-                rows.append({"d": d, "shift": shift, "K": name, "draws": args.draws, "over": over[name],
-                             **dict(zip(NAMES, values[:4])), "s_vs_rounding": values[4]})
+                rows.append(
+                    {
+                        "d": d,
+                        "shift": shift,
+                        "K": name,
+                        "draws": args.draws,
+                        "over": over[name],
+                        **dict(zip(NAMES, values[:4])),
+                        "s_vs_rounding": values[4],
+                    }
+                )
             print(rows[-2:], flush=True)
     table = md_table(
-        ["d", "shift", "K", "draws", "draws over the rule", *(f"worst error / bound, {k}" for k in NAMES),
-         "worst outputscale error / K's rounding scale"],
-        [[r["d"], r["shift"], r["K"], r["draws"], r["over"], *(f"{r[k]:.3g}" for k in NAMES),
-          f"{r['s_vs_rounding']:.3g}"] for r in rows],
+        [
+            "d",
+            "shift",
+            "K",
+            "draws",
+            "draws over the rule",
+            *(f"worst error / bound, {k}" for k in NAMES),
+            "worst outputscale error / K's rounding scale",
+        ],
+        [
+            [
+                r["d"],
+                r["shift"],
+                r["K"],
+                r["draws"],
+                r["over"],
+                *(f"{r[k]:.3g}" for k in NAMES),
+                f"{r['s_vs_rounding']:.3g}",
+            ]
+            for r in rows
+        ],
     )
     title = "The covariance backward from a float32 K against the accuracy rule, emulated (n = 70, m = 90)"
     print(write_results(RESULTS, "backward_from_k_emulation", title, table, rows, draws=args.draws))
