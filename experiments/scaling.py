@@ -1,9 +1,10 @@
-"""Time per training iteration and peak GPU memory against n, gpfast (matrix-free) vs stock GPyTorch.
+"""Time per training iteration and peak GPU memory against n, gpfast vs stock GPyTorch.
 
 Synthetic data (gpfast.datasets.synthetic, d=8). One iteration = one Adam step of an exact GP on
 ExactMarginalLogLikelihood with GPyTorch's default settings (CG + stochastic Lanczos quadrature above 800
 points, pivoted-Cholesky preconditioner of rank 15), float32. The only difference between the two rows is the
-kernel: ``gpfast.kernels.ScaleRBFKernel`` (matrix-free above 2**30 entries) vs ``ScaleKernel(RBFKernel())``.
+kernel: ``gpfast.kernels.ScaleRBFKernel`` (K stored up to ``gpfast.kernels.MATRIX_FREE_THRESHOLD`` entries,
+matrix-free above) vs ``ScaleKernel(RBFKernel())``.
 Median of ``--reps`` iterations after one warm-up iteration. Writes experiments/results/scaling.{md,json,png}.
 """
 

@@ -9,9 +9,12 @@ from gpfast import ops
 from gpfast.kernels.operator import DenseRBFOperator, RBFLinearOperator
 
 #: Above this many covariance entries (n * m per batch) the kernels return a matrix-free
-#: :class:`RBFLinearOperator` instead of a stored :class:`DenseRBFOperator`. 2**30 entries is 4 GiB in float32: below
-#: it, storing K and streaming it through CG is faster than recomputing it in every product; above it, memory rules.
-MATRIX_FREE_THRESHOLD = 2**30
+#: :class:`RBFLinearOperator` instead of a stored :class:`DenseRBFOperator`. 2**32 entries is 16 GiB in float32
+#: (65,536 points square). Below it, storing K and streaming it through CG is the faster: in GPyTorch's loop, 50 Adam
+#: steps took 7.0 / 5.9 / 10.4 s stored against 7.6 / 9.1 / 28.0 s matrix-free on kin40k, protein and keggdirected
+#: (36,000-43,945 points; one H100, one call, experiments/results/h100_2026-12-05_session26), at a third of stock
+#: GPyTorch's peak memory (10-25 GB against its 30-76 GB up to keggundirected's 57,248 points). Above it, memory rules.
+MATRIX_FREE_THRESHOLD = 2**32
 
 
 def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None) -> bool:
