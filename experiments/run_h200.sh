@@ -119,7 +119,9 @@
 #                 the 1M engine step; S24C_BUDGET 540), session25a (GPyTorch's loop with gpfast's kernels returning a
 #                 DenseRBFOperator: build, the operator's CUDA tests, rows a and b, gpytorch_step, two K @ V variants;
 #                 S25A_BUDGET 590), session26a (rows a and c on the seven sets, step_anatomy, racecheck and memcheck
-#                 over every kernel, the 1M engine step; S26A_BUDGET 580)
+#                 over every kernel, the 1M engine step; S26A_BUDGET 580), session26b (what session25a's shortened run left:
+#                 the operator's CUDA tests, rows a and b on the seven sets, gpytorch_step, the K @ V variants;
+#                 S26B_BUDGET 590)
 # Single-GPU stages run on GPU $GPU (default 0), so two chains can run side by side on a two-GPU machine.
 # --commit names the commit being measured (the GPU machine's copy of the tree has no .git), e.g. from
 # `git describe --always --dirty` on the host: it goes to the file COMMIT at the repository root, which the results
@@ -1659,8 +1661,9 @@ PYEOF
       # every four tiles; four blocks an SM), in value order: build (ptxas's registers and spills of kv_tc_kernel),
       # packed for a later call; the CUDA tests of the operator, the kernels, the models and the op-error cases; rows
       # a and b on pol, elevators and bike, training only; row b on the four large sets with K stored (threshold
-      # 2^33) and with the default threshold (matrix-free above 2^30 entries: all four), training only (row a there
-      # is not rerun: stock GPyTorch, untouched by the change); gpytorch_step on the three small sets (where a step
+      # 2^33) and matrix-free (threshold 0; as run in session 26 the default threshold, then 2^30 entries), training
+      # only (row a there is not rerun: stock GPyTorch, untouched by the change); gpytorch_step on the three small
+      # sets (where a step
       # of GPyTorch's loop goes, either kernel); bench_matmul at 10^6 points, the default and the two variants in
       # alternation; the variants' CUDA tests; memcheck over K @ V; at most S25A_BUDGET seconds (default 590).
       # Files: gpb.tgz, s25a_logs.tar.gz, s25a_results.tar.gz.
@@ -1674,8 +1677,8 @@ PYEOF
         --stem uci_small_ab --out "$res"
       echo "uci small ab rc=$?"; grep -E "^\| (pol|elevators|bike)" "$res/uci_small_ab.md" | cut -d'|' -f2,5,7
       for form in stored free; do
-        thr=(); [ $form = stored ] && thr=(--matrix-free-threshold 8589934592)
-        brun 100 "$OUT/s25a_uci.log" "${UCI[@]}" --rows gpytorch+gpfast --predict "${large[@]}" ${thr[@]+"${thr[@]}"} \
+        thr=(--matrix-free-threshold 0); [ $form = stored ] && thr=(--matrix-free-threshold 8589934592)
+        brun 100 "$OUT/s25a_uci.log" "${UCI[@]}" --rows gpytorch+gpfast --predict "${large[@]}" "${thr[@]}" \
           --stem uci_large_b_$form --out "$res"
         echo "uci large b $form rc=$?"; grep -E "^\| (kin40k|protein|kegg)" "$res/uci_large_b_$form.md" | cut -d'|' -f2,5,7
       done
@@ -1705,6 +1708,27 @@ PYEOF
       echo "engine_step rc=$?"; tail -8 "$OUT/s26a_engine1m.log"
       pack_logs s26a
       stage_end s26a ;;
+    session26b)
+      # What session25a's shortened run (340 s of its 590) left, with the kernels' threshold at 2^32 entries (K
+      # stored on all seven sets), in value order: build (packed for a later call); the CUDA tests of the operator
+      # (its CPU-compared test mended), the kernels, the models and the op-error cases; rows a and b side by side on
+      # the seven sets, training only; gpytorch_step on the three small sets; bench_matmul at 10^6 points, the
+      # default and the two K @ V variants in alternation; the variants' CUDA tests; memcheck over K @ V; at most
+      # S26B_BUDGET seconds (default 590). Files: gpb.tgz, s26b_logs.tar.gz, s26b_results.tar.gz.
+      stage_begin s26b ${S26B_BUDGET:-590} 330
+      [ -s .gpb/gpb.tgz ] || pack_build
+      cuda_tests "$OUT/s26b_tests.log" 100 tests/test_dense_operator.py tests/test_kernels.py tests/test_operator.py \
+        tests/test_models.py tests/test_cuda_op_errors.py
+      brun 260 "$OUT/s26b_uci.log" "${UCI[@]}" --rows gpytorch gpytorch+gpfast --predict --stem uci_all_ab --out "$res"
+      echo "uci ab rc=$?"; grep -E "^\| (pol|elevators|bike|kin40k|protein|kegg)" "$res/uci_all_ab.md" | cut -d'|' -f2,5,7,16,19
+      brun 60 "$OUT/s26b_step.log" python -m experiments.gpytorch_step --data-dir .data/uci --device cuda --out "$res"
+      echo "gpytorch_step rc=$?"; grep -E "^(\| |- )" "$res/gpytorch_step.md"
+      kvs=(tc tc_bias_g4 tc_bias_g2b4)
+      kv_kernels "$OUT/s26b_bench.log" 70 bench_matmul_s26 1000000 "${kvs[@]}" "${kvs[@]}"
+      cuda_tests "$OUT/s26b_kv_tests.log" 60 tests/test_cuda_kernels.py -k "matmul_kernels"
+      sanitizer memcheck "$OUT/s26b_sanitize.log" 50 --only matmul
+      pack_logs s26b
+      stage_end s26b ;;
     *) echo "unknown stage $st"; exit 2 ;;
   esac
 done
