@@ -311,6 +311,7 @@ def main(argv=None) -> int:
         import gpfast.kernels.rbf
 
         gpfast.kernels.rbf.MATRIX_FREE_THRESHOLD = args.matrix_free_threshold
+        gpfast.kernels.rbf.STORED_MEMORY_SHARE = float("inf")  # the threshold alone decides, as the note says
         notes.append(
             f"Row gpytorch+gpfast's matrix-free threshold: {args.matrix_free_threshold} covariance entries (K stored "
             "below it)."

@@ -13,7 +13,8 @@ from linear_operator.test.linear_operator_test_case import LinearOperatorTestCas
 
 from gpfast import _reference as ref
 from gpfast import ops
-from gpfast.kernels import DenseRBFOperator, RBFKernel, ScaleRBFKernel
+from gpfast.kernels import DenseRBFOperator, RBFKernel, RBFLinearOperator, ScaleRBFKernel
+from gpfast.kernels import rbf as rbf_module
 
 F64 = torch.float64
 
@@ -254,6 +255,24 @@ def test_kernels_return_the_operator():
     want = ref.rbf_covariance(x, x, batched.lengthscale[1], batched.outputscale[1])
     assert rel_err(batched.to_dense()[1].detach(), want.detach()) < 1e-6
     assert RBFKernel()(torch.randn(2, 30, 3)).evaluate_kernel().shape == (2, 30, 30)
+
+
+def test_default_threshold_keeps_the_stored_k_within_a_share_of_memory(monkeypatch):
+    # a batch of 2 K(x, x) of 30 x 30 float32 entries takes 7,200 bytes: stored while that is at most a quarter of
+    # the device's memory, matrix-free past it; an explicit threshold decides alone, whatever the memory
+    x = torch.randn(30, 3)
+    kern = ScaleRBFKernel(ard_num_dims=3, batch_shape=torch.Size([2]))
+    monkeypatch.setitem(rbf_module._device_memory, "cpu", 4 * 7_200)
+    assert isinstance(kern(x).evaluate_kernel(), DenseRBFOperator)
+    assert isinstance(RBFKernel()(x).evaluate_kernel(), DenseRBFOperator)
+    monkeypatch.setitem(rbf_module._device_memory, "cpu", 4 * 7_200 - 4)
+    assert isinstance(kern(x).evaluate_kernel(), RBFLinearOperator)
+    assert isinstance(RBFKernel()(x).evaluate_kernel(), DenseRBFOperator)  # one matrix: 3,600 bytes
+    assert isinstance(ScaleRBFKernel(matrix_free_threshold=30 * 30)(x).evaluate_kernel(), DenseRBFOperator)
+    assert isinstance(ScaleRBFKernel(matrix_free_threshold=30 * 30 - 1)(x).evaluate_kernel(), RBFLinearOperator)
+    monkeypatch.setitem(rbf_module._device_memory, "cpu", None)  # unknown memory: the entry count alone
+    assert isinstance(kern(x).evaluate_kernel(), DenseRBFOperator)
+    assert rbf_module._total_memory(torch.device("meta")) is None
 
 
 def gp_grads(kern, x, y, probes_seed=0):

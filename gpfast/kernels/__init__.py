@@ -2,6 +2,13 @@
 matrix-free."""
 
 from gpfast.kernels.operator import DenseRBFOperator, RBFLinearOperator
-from gpfast.kernels.rbf import MATRIX_FREE_THRESHOLD, RBFKernel, ScaleRBFKernel
+from gpfast.kernels.rbf import MATRIX_FREE_THRESHOLD, STORED_MEMORY_SHARE, RBFKernel, ScaleRBFKernel
 
-__all__ = ["MATRIX_FREE_THRESHOLD", "DenseRBFOperator", "RBFKernel", "RBFLinearOperator", "ScaleRBFKernel"]
+__all__ = [
+    "MATRIX_FREE_THRESHOLD",
+    "STORED_MEMORY_SHARE",
+    "DenseRBFOperator",
+    "RBFKernel",
+    "RBFLinearOperator",
+    "ScaleRBFKernel",
+]
