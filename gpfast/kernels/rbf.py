@@ -55,7 +55,10 @@ def _use_operator(x1: torch.Tensor, x2: torch.Tensor, threshold: int | None, bat
     total = _total_memory(x1.device)
     if total is None:
         return False
-    members = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], batch_shape).numel()
+    try:
+        members = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2], batch_shape).numel()
+    except RuntimeError:  # shapes that do not broadcast: the covariance op raises its own error, naming them
+        return False
     return members * entries * x1.element_size() > STORED_MEMORY_SHARE * total
 
 
