@@ -268,7 +268,8 @@ def test_default_threshold_keeps_the_stored_k_within_a_share_of_memory(monkeypat
     monkeypatch.setitem(rbf_module._device_memory, "cpu", 4 * 7_200 - 4)
     assert isinstance(kern(x).evaluate_kernel(), RBFLinearOperator)
     assert isinstance(RBFKernel()(x).evaluate_kernel(), DenseRBFOperator)  # one matrix: 3,600 bytes
-    assert isinstance(ScaleRBFKernel(matrix_free_threshold=30 * 30)(x).evaluate_kernel(), DenseRBFOperator)
+    explicit = {"ard_num_dims": 3, "batch_shape": torch.Size([2])}
+    assert isinstance(ScaleRBFKernel(**explicit, matrix_free_threshold=30 * 30)(x).evaluate_kernel(), DenseRBFOperator)
     assert isinstance(ScaleRBFKernel(matrix_free_threshold=30 * 30 - 1)(x).evaluate_kernel(), RBFLinearOperator)
     monkeypatch.setitem(rbf_module._device_memory, "cpu", None)  # unknown memory: the entry count alone
     assert isinstance(kern(x).evaluate_kernel(), DenseRBFOperator)
