@@ -26,21 +26,9 @@ import argparse
 import torch
 
 from experiments import RESULTS
+from experiments.backward_f32_probe import NAMES, grads, rel
 from gpfast import _reference as ref
 from gpfast.bench.report import md_table, write_results
-
-NAMES = ("x1", "x2", "lengthscale", "outputscale")
-
-
-def rel(a, b) -> float:
-    b = b.double()
-    return ((a.double() - b).norm() / b.norm().clamp_min(1e-300)).item()
-
-
-def autograd(args, weight):
-    args = [a.detach().clone().requires_grad_() for a in args]
-    (ref.rbf_covariance(*args) * weight).sum().backward()
-    return [a.grad for a in args]
 
 
 def from_k(K, x1, x2, l, s, w):
@@ -77,8 +65,8 @@ def main(argv=None):
                 l = ((torch.rand(1, d) * 1.5 + 0.5) * max(1.0, (d / 8) ** 0.5))[:, None]
                 s = torch.rand(1) + 0.5
                 w = torch.randn(1, 70, 90)
-                want = autograd([t.double() for t in (x1, x2, l, s)], w.double())
-                plain = autograd((x1, x2, l, s), w)
+                want = grads([t.double() for t in (x1, x2, l, s)], w.double())
+                plain = grads((x1, x2, l, s), w)
                 for name in worst:
                     K = ref.rbf_covariance(x1, x2, l, s) if name == "plain" else k_expansion(x1, x2, l, s)
                     got = from_k(K, x1, x2, l, s, w)
