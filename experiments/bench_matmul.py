@@ -8,10 +8,14 @@ needs them (one row pass: the gradient mask skips the points' passes). ``--cases
 instead of the product of --sizes and --t. Writes experiments/results/STEM.{md,json}.
 
 ``--kernels K ...`` times instead each named kernel of the private op ``_rbf_matmul_kernel`` (``cuda_cores``, the
-tensor-core ``tc`` and its variants; ``gpfast.ops.MATMUL_KERNELS``) on every case, with its error on the same 256
-rows, beside the tensor cores' floor: 3xTF32 is three TF32 MMAs per product, so 3 * 2 * (8 ceil(d / 8) +
-8 ceil(t / 8)) flops a pair (the cross term and P V) at the H200's 356 TFLOP/s (measured on the project's GPU
-machine). Writes experiments/results/STEM_kernels.{md,json}.
+tensor-core ``tc`` and its variants; ``gpfast.ops.MATMUL_KERNELS``; and the symmetric ones,
+``gpfast.ops.MATMUL_SYMMETRIC_KERNELS``) on every case, with its error on the same 256 rows, beside the tensor cores'
+floor: 3xTF32 is three TF32 MMAs per product, so 3 * 2 * (8 ceil(d / 8) + 8 ceil(t / 8)) flops a pair (the cross
+term and P V) at the H200's 356 TFLOP/s (measured on the project's GPU machine). The floors are those of computing
+every ordered pair; the symmetric kernels compute each pair once, so their own floors are lower (the exponential's
+half; the MMAs' (ceil(d / 8) + 2 ceil(t / 8)) / (2 ceil(d / 8) + 2 ceil(t / 8)), 5/6 at d <= 8 and t = 16, since
+the cross term is formed once and P V twice). Writes
+experiments/results/STEM_kernels.{md,json}.
 """
 
 from __future__ import annotations
@@ -134,7 +138,12 @@ def main(argv=None):
     parser.add_argument("--backward", action="store_true", help="also time forward+backward")
     parser.add_argument("--cases", nargs="+", help="N:T pairs (instead of the product of --sizes and --t)")
     parser.add_argument("--no-gpytorch", action="store_true", help="leave out dense GPyTorch")
-    parser.add_argument("--kernels", nargs="+", choices=ops.MATMUL_KERNELS, help="time these kernels instead")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=ops.MATMUL_KERNELS + ops.MATMUL_SYMMETRIC_KERNELS,
+        help="time these kernels instead",
+    )
     args = parser.parse_args(argv)
     if args.cases:
         cases = [tuple(int(v) for v in c.split(":")) for c in args.cases]

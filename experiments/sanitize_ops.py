@@ -4,7 +4,7 @@ Covers: the covariance forward's kernels, by default and each forced through the
 ``_rbf_covariance_kernel`` (row streaming by differences and by the norm expansion, with and without vector stores,
 the tiled kernel, and the tensor-core kernel with its sweep variants); K @ V in every right-hand-side bucket (1, 8,
 12, 16, 32, several chunks), with column splits, and each of its kernels forced through ``_rbf_matmul_kernel`` (the
-CUDA-core kernel, the tensor-core kernel and its variants);
+CUDA-core kernel, the tensor-core kernel and its variants, and for K(x, x) the symmetric kernels);
 both backward ops with and without point gradients (the row passes, and the float64 dense fallback for d > 32 or
 t > 32), and each tensor-core (lengthscale, outputscale) kernel forced through ``_rbf_matmul_backward_kernel``
 (4 and 8 warps, K(x1, x2), K(x, x) with each pair once and, ``_nosym``, every ordered pair, in every feature and
@@ -14,12 +14,12 @@ the stored-K product (``dense_matmul``) for t = 1..16 with a strided K, and with
 (``_dense_matmul_half``); the pivoted Cholesky's block steps (``_pivot_select``, ``_pivot_block``);
 ``stored_backward``'s tensor-core kernels, the engine's symmetric forward and its product reading half of a
 symmetric K (``symmetric_matmul`` at each super-tile). Usage:
-``python -m experiments.sanitize_ops [--only matmul|backward|forward|stored|symmetric|pivot|half]`` (or
+``python -m experiments.sanitize_ops [--only matmul|kvsym|backward|forward|stored|symmetric|pivot|half]`` (or
 ``python experiments/sanitize_ops.py``) under ``compute-sanitizer --tool memcheck|racecheck``; ``--only matmul``
-runs the K @ V kernels alone, ``--only backward`` the covariance backward's kernels, ``--only forward`` the
-covariance forward's, ``--only stored`` stored_backward's, the symmetric forward and the symmetric product,
-``--only symmetric`` the symmetric product alone, ``--only pivot`` the pivoted Cholesky's steps alone, ``--only
-half`` the float16-K product alone.
+runs the K @ V kernels alone, ``--only kvsym`` the symmetric K(x, x) @ V kernels alone, ``--only backward`` the
+covariance backward's kernels, ``--only forward`` the covariance forward's, ``--only stored`` stored_backward's,
+the symmetric forward and the symmetric product, ``--only symmetric`` the symmetric product alone, ``--only pivot``
+the pivoted Cholesky's steps alone, ``--only half`` the float16-K product alone.
 """
 
 import torch
@@ -216,7 +216,8 @@ def run_symmetric_product(dev):
 def run_matmul_kernels(dev):
     """The K @ V kernels forced one by one: the tensor-core kernel in each feature and right-hand-side bucket
     (d/8 and t/8 rounded up, 1..4), rows ragged against its 128-row blocks and columns against its 64- and
-    32-column tiles and split over blocks; the CUDA-core kernel and the tensor-core variants (d <= 8, t <= 16)."""
+    32-column tiles and split over blocks; the CUDA-core kernel and the tensor-core variants (d <= 8, t <= 16); then
+    run_kv_symmetric."""
     for B, n, m, d, t in [
         (1, 1, 1, 1, 1),
         (2, 67, 131, 3, 9),
@@ -230,6 +231,17 @@ def run_matmul_kernels(dev):
         kernels = ops.MATMUL_KERNELS if d <= 8 and t <= 16 else ("cuda_cores", "tc")
         for kernel in kernels:
             torch.ops.gpfast._rbf_matmul_kernel(x1, x2, l, s, v, kernel)
+    run_kv_symmetric(dev)
+
+
+def run_kv_symmetric(dev):
+    """The symmetric K(x, x) @ V kernels: several super-tiles ragged against the bands, one super-tile, one point,
+    a batch."""
+    for B, n, d, t in [(1, 1300, 8, 16), (2, 300, 3, 9), (1, 1, 5, 1)]:
+        x, _, l, s = _inputs(B, n, 1, d, dev, torch.float32)
+        v = torch.randn(B, n, t, device=dev)
+        for kernel in ops.MATMUL_SYMMETRIC_KERNELS:
+            torch.ops.gpfast._rbf_matmul_kernel(x, x, l, s, v, kernel)
     torch.cuda.synchronize()
 
 
@@ -239,6 +251,9 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--only", "matmul"]:  # the K @ V kernels alone: a short run for a change to them
         run_matmul_kernels("cuda")
         print("sanitize_ops: the K @ V kernels ran")
+    elif sys.argv[1:] == ["--only", "kvsym"]:  # the symmetric K(x, x) @ V kernels alone
+        run_kv_symmetric("cuda")
+        print("sanitize_ops: the symmetric K @ V kernels ran")
     elif sys.argv[1:] == ["--only", "backward"]:  # the covariance backward's row passes alone
         run_covariance_backward("cuda")
         print("sanitize_ops: the covariance backward's kernels ran")

@@ -35,18 +35,28 @@ MATMUL_KERNELS = (
     "cuda_cores", "tc", "tc_occ3", "tc_t32", "tc_vsplit", "tc_isplit", "tc_mt2", "tc_mt2w4", "tc_mt2w4b3", "tc_g2",
     "tc_mt2w4g2", "tc_bias", "tc_bias_g2", "tc_bias_g4", "tc_bias_g2b4",
 )  # fmt: skip
+# The kernels of _rbf_matmul_kernel for K(x, x) alone (x1 and x2 one tensor; d <= 8, t <= 16): each pair of points
+# computed once and used for both of its products, with super-tiles of 1024 points and two blocks a multiprocessor,
+# or of 512 points with three or two.
+MATMUL_SYMMETRIC_KERNELS = ("tc_sym", "tc_sym512", "tc_sym512b2")
 
 
 @torch.no_grad()
 def _rbf_matmul_kernel(x1, x2, lengthscale, outputscale, v, kernel: str):
     """:func:`rbf_matmul` by a named CUDA kernel, for tests and benchmarks: ``"cuda_cores"`` (kv_fwd_kernel, any
     dtype), ``"tc"`` (tensor cores, float32, d <= 32 and t <= 32; what float32 gets by default at d <= 8, 9 <= t <= 16
-    and at least 10^10 pairs), or a variant of it (``MATMUL_KERNELS``; d <= 8 and t <= 16). Arguments as in
-    :func:`rbf_matmul`; no autograd.
+    and at least 10^10 pairs), or a variant of it (``MATMUL_KERNELS``; d <= 8 and t <= 16), or for K(x, x) a
+    symmetric one (``MATMUL_SYMMETRIC_KERNELS``; ``x1`` and ``x2`` the same tensor, d <= 8 and t <= 16). Arguments
+    as in :func:`rbf_matmul`; no autograd.
     """
     _ensure_loaded()
-    if kernel not in MATMUL_KERNELS:
-        raise ValueError(f"_rbf_matmul_kernel: kernel must be one of {MATMUL_KERNELS}, got {kernel!r}")
+    names = MATMUL_KERNELS + MATMUL_SYMMETRIC_KERNELS
+    if kernel not in names:
+        raise ValueError(f"_rbf_matmul_kernel: kernel must be one of {names}, got {kernel!r}")
+    if kernel in MATMUL_SYMMETRIC_KERNELS and x1 is not x2:
+        raise ValueError(
+            f"_rbf_matmul_kernel: the kernel {kernel!r} computes K(x, x) @ v: pass one tensor as x1 and x2"
+        )
     x1c, x2c, lc, sc, vc, batch, vector = _canonicalize_matmul(x1, x2, lengthscale, outputscale, v, False)
     d, t = x1c.shape[-1], vc.shape[-1]
     limit = {"cuda_cores": (32, None), "tc": (32, 32)}.get(kernel, (8, 16))

@@ -509,6 +509,7 @@ from gpfast._kernel_variants import (  # noqa: E402, F401
     COVARIANCE_TC_KERNELS,
     FROM_K_KERNELS,
     MATMUL_KERNELS,
+    MATMUL_SYMMETRIC_KERNELS,
     _rbf_covariance_backward_kernel,
     _rbf_covariance_kernel,
     _rbf_matmul_backward_kernel,

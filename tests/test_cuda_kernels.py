@@ -289,7 +289,7 @@ def test_matmul_kernels_wide_match_float64(kernel, shape):
     forced_matmul_case(kernel, shape)
 
 
-@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
+@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS + ops.MATMUL_SYMMETRIC_KERNELS)
 def test_matmul_kernels_self_diagonal_and_duplicates(kernel):
     """K(x, x) read back through one-hot right-hand sides: exactly s on the diagonal and at exact duplicates (near
     pairs recomputed by differences), every entry against float64."""
@@ -308,7 +308,7 @@ def test_matmul_kernels_self_diagonal_and_duplicates(kernel):
     assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6
 
 
-@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS)
+@pytest.mark.parametrize("kernel", ops.MATMUL_KERNELS + ops.MATMUL_SYMMETRIC_KERNELS)
 def test_matmul_kernels_far_rows(kernel):
     """Row blocks with and without points far from the centre (|z|^2 of some thousands in log2 units, where the near
     test's threshold 2 tau |z_i|^2 is large): through one-hot right-hand sides, exactly s on the diagonal in both
@@ -350,12 +350,25 @@ def test_matmul_tensor_cores_large_against_cuda_cores_rule(ls):
 
 def test_matmul_default_kernel_by_size():
     """float32 products of at least 10^10 pairs with d <= 8 and 9 <= t <= 16 get the tensor-core kernel, the rest
-    the CUDA-core kernel, bit for bit what the private op gives when it names them."""
+    the CUDA-core kernel, bit for bit what the private op gives when it names them; K(x, x) in the tensor-core
+    kernel's bucket gets the symmetric kernel (seen by the profiler: its sums are not bitwise repeatable)."""
     l = torch.rand(8, device="cuda") + 0.5
     for n, t, kernel in ((100_000, 11, "tc"), (99_999, 11, "cuda_cores"), (100_000, 8, "cuda_cores")):
         x, v = torch.randn(n, 8, device="cuda"), torch.randn(n, t, device="cuda")
-        got = ops.rbf_matmul(x, x, l, 1.3, v)
-        assert torch.equal(got, ops._rbf_matmul_kernel(x, x, l, 1.3, v, kernel)), (n, t, kernel)
+        got = ops.rbf_matmul(x, x.clone(), l, 1.3, v)
+        assert torch.equal(got, ops._rbf_matmul_kernel(x, x.clone(), l, 1.3, v, kernel)), (n, t, kernel)
+
+    def kernels_run(x1, x2, v):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            ops.rbf_matmul(x1, x2, l, 1.3, v)
+            torch.cuda.synchronize()
+        return " ".join(e.name for e in prof.events())
+
+    x, v = torch.randn(100_000, 8, device="cuda"), torch.randn(100_000, 11, device="cuda")
+    assert "kv_sym_kernel" in kernels_run(x, x, v)
+    assert "kv_sym_kernel" in kernels_run(x[:100_000], x, v)  # a view of all of x, as the training engine passes
+    assert "kv_sym_kernel" not in kernels_run(x, x.clone(), v)
+    assert "kv_sym_kernel" not in kernels_run(x[:99_999], x[:99_999], v[:99_999])  # below 10^10 pairs
 
 
 def test_matmul_tensor_cores_long_sums():
@@ -375,6 +388,47 @@ def test_matmul_tensor_cores_long_sums():
     assert rel_err(out[rows], want) <= 2e-6
 
 
+# The symmetric K(x, x) @ V kernels (each pair once for both products; x1 and x2 one tensor): several super-tiles
+# with n ragged against them and the 128-row bands, a batch, one super-tile, one point, t = 1, 9, 11 and 16.
+KV_SYM_SHAPES = [((), 3000, 8, 16), ((2,), 1300, 3, 11), ((), 129, 5, 1), ((), 1, 8, 4), ((), 5000, 7, 9)]
+
+
+@pytest.mark.parametrize("kernel", ops.MATMUL_SYMMETRIC_KERNELS)
+@pytest.mark.parametrize("shape", KV_SYM_SHAPES)
+def test_matmul_symmetric_kernels_match_float64(kernel, shape):
+    batch, n, d, t = shape
+    x, _, l, s = rand_inputs(batch, n, 1, d, "cuda", torch.float32)
+    x = x + 10  # far from the origin: the kernels centre the points
+    v = torch.randn(*batch, n, t, device="cuda")
+    out = ops._rbf_matmul_kernel(x, x, l, s, v, kernel)
+    assert out.shape == (*batch, n, t) and torch.isfinite(out).all()
+    want = ref.rbf_matmul(x.double(), x.double(), l.double(), s.double(), v.double())
+    plain = ref.rbf_matmul(x, x, l, s, v)
+    assert rel_err(out, want) <= 2 * rel_err(plain, want) + 1e-6
+
+
+def test_matmul_symmetric_kernels_long_sums():
+    """200,000 points: each output's sums span 196 super-tiles of 1024 (391 of 512), Kahan-compensated in float32
+    within a super-tile and added in float64 across them, so the error on 256 rows stays at the bound of the
+    non-symmetric kernel's long sums (test_matmul_tensor_cores_long_sums)."""
+    n, d, t = 200_000, 8, 16
+    x = torch.randn(n, d, device="cuda")
+    l = torch.rand(d, device="cuda") + 0.5
+    v = torch.randn(n, t, device="cuda")
+    s = torch.tensor(1.3, device="cuda")
+    rows = torch.randperm(n, device="cuda")[:256]
+    want = torch.cat([reference64(x[r], x, l, s) @ v.double() for r in rows.split(32)])
+    for kernel in ops.MATMUL_SYMMETRIC_KERNELS:
+        out = ops._rbf_matmul_kernel(x, x, l, s, v, kernel)
+        assert rel_err(out[rows], want) <= 2e-6, kernel
+
+
+def test_matmul_symmetric_kernels_need_one_tensor():
+    x, l, v = torch.randn(50, 3, device="cuda"), torch.ones(3, device="cuda"), torch.randn(50, 2, device="cuda")
+    with pytest.raises(ValueError, match="pass one tensor as x1 and x2"):
+        ops._rbf_matmul_kernel(x, x.clone(), l, 1.0, v, "tc_sym")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -382,18 +436,19 @@ def test_matmul_tensor_cores_long_sums():
         ("'tc', dtype=torch.float64", "take float32 points, got x1 of dtype Double"),
         ("'tc_vsplit', d=9", "takes d <= 8 and t <= 16, got d=9 and t=4"),
         ("'tc', t=33", "takes d <= 32 and t <= 32, got d=8 and t=33"),
+        ("'tc_sym', other=True", "x1 and x2 must be the same tensor"),
     ],
 )
 def test_matmul_kernel_op_checks_in_a_subprocess(args, message):
     """The C++ op's own argument checks (the Python wrapper's are passed by calling the op directly), each in a
     process of its own: a failing check must raise, not end the interpreter."""
     call = (
-        "def call(kernel, dtype=torch.float32, d=8, t=4):\n"
+        "def call(kernel, dtype=torch.float32, d=8, t=4, other=False):\n"
         "    x = torch.randn(1, 50, d, device='cuda', dtype=dtype)\n"
         "    l, s = torch.ones(1, d, device='cuda', dtype=dtype), torch.ones(1, device='cuda', dtype=dtype)\n"
         "    v = torch.randn(1, 50, t, device='cuda', dtype=dtype)\n"
         "    ops._ensure_loaded()\n"
-        "    torch.ops.gpfast._rbf_matmul_kernel(x, x, l, s, v, kernel)\n"
+        "    torch.ops.gpfast._rbf_matmul_kernel(x, x.clone() if other else x, l, s, v, kernel)\n"
     )
     assert_raises_in_a_subprocess(call, args, message)
 

@@ -5,6 +5,7 @@
 
 #include "kv_dispatch.h"
 #include "matmul_forward.cuh"
+#include "matmul_symmetric.cuh"
 #include "matmul_tensor.cuh"
 
 namespace gpfast {
@@ -104,6 +105,41 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   result = splits == 1 ? part[0] : part.sum(0);
 }
 
+// K(x, x) @ V by kv_sym_kernel (matmul_symmetric.cuh; d <= 8, t <= 16): x1 and x2 must be one tensor. The
+// points' tiles are staged as for launch_tc (x2 = x1), the sums taken in float64, then scaled by s and rounded.
+template <int S, int kMinBlocks>
+void launch_sym(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls, const at::Tensor& s,
+                const at::Tensor& V, at::Tensor& result) {
+  GPF_CHECK(x1.data_ptr() == x2.data_ptr() && x1.sizes() == x2.sizes() && x1.strides() == x2.strides(),
+            "rbf_matmul: the symmetric kernels take K(x, x): x1 and x2 must be the same tensor");
+  const int64_t B = x1.size(0), n = x1.size(1), d = x1.size(2), t = V.size(2);
+  const int64_t tiles = ceil_div(n, int64_t(64)), supers = ceil_div(n, int64_t(S));
+  const int64_t pairs = supers * (supers + 1) / 2;
+  GPF_CHECK(pairs < (int64_t(1) << 31), "rbf_matmul: n=", n, " points give ", pairs,
+            " super-tile pairs for one launch (at most 2^31 - 1)");
+  GPF_CHECK(B <= 65535, "rbf_matmul: a batch of ", B, " is too large for one launch (at most 65535)");
+  const at::Tensor mu = x1.mean(1).contiguous();
+  at::Tensor staged = at::empty({B, tiles, KvSymTile::kWords * 4}, x1.options().dtype(at::kInt));
+  uint4* staged_p = reinterpret_cast<uint4*>(staged.data_ptr<int>());
+  const KvTcArgs st{x1.data_ptr<float>(), x1.data_ptr<float>(), ls.data_ptr<float>(), s.data_ptr<float>(),
+                    mu.data_ptr<float>(), V.data_ptr<float>(),  staged_p,             nullptr,
+                    n,                    n,                    B,                    tiles,
+                    0,                    static_cast<int>(d),  static_cast<int>(t)};
+  kv_tc_stage_kernel<1, 2, 64>
+      <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(B)), 128, 0, current_stream()>>>(st);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor sums = at::zeros({B, n, t}, x1.options().dtype(at::kDouble));
+  const KvSymArgs a{x1.data_ptr<float>(), ls.data_ptr<float>(), mu.data_ptr<float>(), V.data_ptr<float>(),
+                    staged_p,             sums.data_ptr<double>(), n,                 tiles,
+                    supers,               static_cast<int>(d),     static_cast<int>(t)};
+  constexpr int smem = kv_sym_smem_bytes<S>();
+  auto kernel = &kv_sym_kernel<S, kMinBlocks>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(B)), kKvSymThreads, smem, current_stream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  result = sums.mul_(s.to(at::kDouble).view({B, 1, 1})).to(at::kFloat);
+}
+
 using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, at::Tensor&);
 
@@ -114,7 +150,9 @@ using KvLaunch = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor
 // multiprocessor; the compensated addition every two tiles (kGroup); and tc_mt2w4b3 with the exponent's biases
 // in the MMAs' accumulators (kBias = 1, matmul_tensor.cuh), with the compensated addition every tile, two or four;
 // and that with four blocks per multiprocessor (16 warps, registers capped at 128, where the default's 3 blocks
-// leave 12 warps at 168 registers and Nsight Compute found 0.93 eligible warps a scheduler); null for another name.
+// leave 12 warps at 168 registers and Nsight Compute found 0.93 eligible warps a scheduler); and, for K(x, x)
+// only, the symmetric kernel (each pair once for both products) with 1024-point super-tiles and two blocks per
+// multiprocessor (the shared memory's limit there), or 512-point ones with three or two; null for another name.
 KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_occ3") return &launch_tc<1, 2, 1, 8, 64, 3, 0>;
   if (name == "tc_t32") return &launch_tc<1, 2, 1, 8, 32, 2, 0>;
@@ -129,6 +167,9 @@ KvLaunch tc_variant(const std::string& name) {
   if (name == "tc_bias_g2") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 2, 1>;
   if (name == "tc_bias_g4") return &launch_tc<1, 2, 2, 4, 64, 3, 2, 4, 1>;
   if (name == "tc_bias_g2b4") return &launch_tc<1, 2, 2, 4, 64, 4, 2, 2, 1>;
+  if (name == "tc_sym") return &launch_sym<1024, 2>;
+  if (name == "tc_sym512") return &launch_sym<512, 3>;
+  if (name == "tc_sym512b2") return &launch_sym<512, 2>;
   return nullptr;
 }
 
@@ -165,8 +206,9 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   });
 }
 
-// The kernel a shape gets: tensor cores where tensor_core_default says (float32); CUDA cores otherwise (float64,
-// small products, untimed buckets, and t > 32, which the CUDA-core kernel takes in chunks of 32 columns).
+// The kernel a shape gets: tensor cores where tensor_core_default says (float32), by the symmetric kernel for
+// K(x, x); CUDA cores otherwise (float64, small products, untimed buckets, and t > 32, which the CUDA-core kernel
+// takes in chunks of 32 columns).
 at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                       const at::Tensor& outputscale, const at::Tensor& v, const std::string* forced) {
   const char* op = forced ? "_rbf_matmul_kernel" : "rbf_matmul";
@@ -185,7 +227,7 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
       variant = is_default ? nullptr : tc_variant(*forced);
       GPF_CHECK(is_default || variant, op, ": kernel must be 'cuda_cores', 'tc', 'tc_occ3', 'tc_t32', ",
                 "'tc_vsplit', 'tc_isplit', 'tc_mt2', 'tc_mt2w4', 'tc_mt2w4b3', 'tc_g2', 'tc_mt2w4g2', 'tc_bias', ",
-                "'tc_bias_g2', 'tc_bias_g4' or 'tc_bias_g2b4', got '",
+                "'tc_bias_g2', 'tc_bias_g4', 'tc_bias_g2b4', 'tc_sym', 'tc_sym512' or 'tc_sym512b2', got '",
                 *forced, "'");
       GPF_CHECK(fp32, op, ": the tensor-core kernels take float32 points, got x1 of dtype ", x1.scalar_type());
       GPF_CHECK(d <= (is_default ? 32 : 8) && t <= (is_default ? 32 : 16), op, ": the kernel '", *forced,
@@ -208,6 +250,10 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
   }
   const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
+  // K(x, x) in the tensor-core kernel's bucket (the training engine's products, x1 a view of all of x2): the
+  // symmetric kernel, which computes each pair once for both of its products
+  if (!forced && tensor && p1.data_ptr() == p2.data_ptr() && p1.sizes() == p2.sizes() && p1.strides() == p2.strides())
+    variant = &launch_sym<1024, 2>;
   at::Tensor result;
   if (variant)
     variant(p1, p2, ls, s, V, result);
