@@ -21,7 +21,7 @@ import argparse
 import numpy as np
 
 WARPS, BAND, TILE, MT, NT = 4, 128, 64, 2, 2
-HALF = 160  # words of one half's transposition scratch
+HALF = 152  # words of one half's transposition scratch
 LANE = np.arange(32)
 G, Q = LANE >> 2, LANE & 3
 

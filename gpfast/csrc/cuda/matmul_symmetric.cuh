@@ -19,8 +19,10 @@
 // into a float32 array of the super-tile's S columns x 16 right-hand sides in shared memory by shared-memory
 // atomic adds: S / 32 additions into each element. At the end of a band the rows' sums, and at the end of the
 // super-tile the columns' sums, are added into the float64 output by global atomics, about n / S additions into
-// each output element from different blocks: float64 keeps the order's rounding (and with it the dependence on
-// the blocks' timing) far below float32's. The launcher scales the float64 sums by s and rounds them to float32.
+// each output element from different blocks, whose rounding float64 keeps far below float32's. The launcher
+// scales the float64 sums by s and rounds them to float32. The order of both kinds of atomic addition follows the
+// warps' and blocks' timing, so results are not bitwise repeatable (kv_tc_kernel's are): they differ from run to
+// run by about float32's rounding of the column sums in shared memory.
 //
 // Near pairs: recomputed by differences where the expanded exponent is within 2 tau |z_i|^2 of zero (the row's
 // threshold, as kv_tc_kernel), so K(x, x) = s exactly on the diagonal (the square's row products).
@@ -40,7 +42,7 @@ namespace gpfast {
 namespace cuda {
 
 constexpr int kKvSymWarps = 4, kKvSymThreads = kKvSymWarps * 32, kKvSymBand = 128;
-constexpr int kKvSymHalf = 160;                  // words of one half's transposition scratch (8 columns x 8 rows)
+constexpr int kKvSymHalf = 152;  // words of one half's transposition scratch (8 columns x 8 rows, the last at 151)
 constexpr int kKvSymScratch = 2 * 2 * kKvSymHalf;  // a warp's: 2 row tiles x 2 halves
 using KvSymTile = TcTile<1, 2, 64>;
 

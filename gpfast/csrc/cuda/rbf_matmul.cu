@@ -105,6 +105,19 @@ void launch_tc(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls,
   result = splits == 1 ? part[0] : part.sum(0);
 }
 
+// The current device's shared memory a block may opt into (227 KB on the H100 and H200, 99 KB on some others)
+int kv_sym_smem_limit() {
+  static int limit[64] = {0};
+  int device = 0, v = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < 64) v = limit[device];
+  if (v == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (device < 64) limit[device] = v;
+  }
+  return v;
+}
+
 // K(x, x) @ V by kv_sym_kernel (matmul_symmetric.cuh; d <= 8, t <= 16): x1 and x2 must be one tensor. The
 // points' tiles are staged as for launch_tc (x2 = x1), the sums taken in float64, then scaled by s and rounded.
 template <int S, int kMinBlocks>
@@ -134,7 +147,15 @@ void launch_sym(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& ls
                     supers,               static_cast<int>(d),     static_cast<int>(t)};
   constexpr int smem = kv_sym_smem_bytes<S>();
   auto kernel = &kv_sym_kernel<S, kMinBlocks>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  GPF_CHECK(smem <= kv_sym_smem_limit(), "rbf_matmul: the symmetric kernel with ", S, "-point super-tiles needs ",
+            smem, " bytes of shared memory a block; this GPU allows ", kv_sym_smem_limit());
+  static bool configured[64] = {false};  // the shared-memory limit is per device
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= 64 || !configured[device]) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    if (device < 64) configured[device] = true;
+  }
   kernel<<<dim3(static_cast<unsigned>(pairs), static_cast<unsigned>(B)), kKvSymThreads, smem, current_stream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   result = sums.mul_(s.to(at::kDouble).view({B, 1, 1})).to(at::kFloat);
@@ -248,12 +269,13 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     }
     return out;
   }
-  const at::Tensor p1 = x1.contiguous(), p2 = x2.contiguous(), ls = lengthscale.contiguous();
+  // one tensor as x1 and x2 (the training engine passes x1 as a view of all of x2) stays one after the copies
+  const bool same = x1.data_ptr() == x2.data_ptr() && x1.sizes() == x2.sizes() && x1.strides() == x2.strides();
+  const at::Tensor p1 = x1.contiguous(), p2 = same ? p1 : x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
-  // K(x, x) in the tensor-core kernel's bucket (the training engine's products, x1 a view of all of x2): the
-  // symmetric kernel, which computes each pair once for both of its products
-  if (!forced && tensor && p1.data_ptr() == p2.data_ptr() && p1.sizes() == p2.sizes() && p1.strides() == p2.strides())
-    variant = &launch_sym<1024, 2>;
+  // K(x, x) in the tensor-core kernel's bucket: the symmetric kernel, which computes each pair once for both of
+  // its products, where the device gives a block its shared memory
+  if (!forced && tensor && same && kv_sym_smem_bytes<1024>() <= kv_sym_smem_limit()) variant = &launch_sym<1024, 2>;
   at::Tensor result;
   if (variant)
     variant(p1, p2, ls, s, V, result);
