@@ -227,9 +227,9 @@ void kv_tensor_cores(const at::Tensor& x1, const at::Tensor& x2, const at::Tenso
   });
 }
 
-// The kernel a shape gets: tensor cores where tensor_core_default says (float32), by the symmetric kernel for
-// K(x, x); CUDA cores otherwise (float64, small products, untimed buckets, and t > 32, which the CUDA-core kernel
-// takes in chunks of 32 columns).
+// The kernel a shape gets: tensor cores where tensor_core_default says (float32); CUDA cores otherwise (float64,
+// small products, untimed buckets, and t > 32, which the CUDA-core kernel takes in chunks of 32 columns). The
+// symmetric K(x, x) kernels run only when named, until timings on the GPU show one faster than kv_tc_kernel.
 at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tensor& lengthscale,
                       const at::Tensor& outputscale, const at::Tensor& v, const std::string* forced) {
   const char* op = forced ? "_rbf_matmul_kernel" : "rbf_matmul";
@@ -269,13 +269,10 @@ at::Tensor run_matmul(const at::Tensor& x1, const at::Tensor& x2, const at::Tens
     }
     return out;
   }
-  // one tensor as x1 and x2 (the training engine passes x1 as a view of all of x2) stays one after the copies
+  // one tensor as x1 and x2 stays one after the copies (the symmetric kernels take K(x, x) only)
   const bool same = x1.data_ptr() == x2.data_ptr() && x1.sizes() == x2.sizes() && x1.strides() == x2.strides();
   const at::Tensor p1 = x1.contiguous(), p2 = same ? p1 : x2.contiguous(), ls = lengthscale.contiguous();
   const at::Tensor s = outputscale.contiguous(), V = v.contiguous();
-  // K(x, x) in the tensor-core kernel's bucket: the symmetric kernel, which computes each pair once for both of
-  // its products, where the device gives a block its shared memory
-  if (!forced && tensor && same && kv_sym_smem_bytes<1024>() <= kv_sym_smem_limit()) variant = &launch_sym<1024, 2>;
   at::Tensor result;
   if (variant)
     variant(p1, p2, ls, s, V, result);
