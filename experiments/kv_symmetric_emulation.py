@@ -17,8 +17,11 @@ between them, and the kernel adds into those with atomics).
 from __future__ import annotations
 
 import argparse
+import functools
 
 import numpy as np
+
+from experiments.symmetric_matmul_emulation import Arith
 
 WARPS, BAND, TILE, MT, NT = 4, 128, 64, 2, 2
 HALF = 152  # words of one half's transposition scratch
@@ -37,14 +40,8 @@ def super_pair(k: int, supers: int) -> tuple[int, int]:
     return c, c + supers - 1 - r
 
 
-def mma(a, b0, b1):
-    """m16n8k8 on lane registers: a[0..3], b0, b1 arrays of 32 (lane 4 g + q); returns c[0..3]."""
-    A = np.zeros((16, 8))
-    A[G, Q], A[G + 8, Q], A[G, Q + 4], A[G + 8, Q + 4] = a
-    B = np.zeros((8, 8))
-    B[Q, G], B[Q + 4, G] = b0, b1
-    C = A @ B
-    return [C[G, 2 * Q], C[G, 2 * Q + 1], C[G + 8, 2 * Q], C[G + 8, 2 * Q + 1]]
+# m16n8k8 on lane registers, exact: mma(a[0..3], b0, b1) -> c[0..3], each an array over the 32 lanes
+mma = functools.partial(Arith._mma, None)
 
 
 def stage(z: np.ndarray, V: np.ndarray, J: int):

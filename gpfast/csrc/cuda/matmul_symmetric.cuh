@@ -125,25 +125,10 @@ __global__ void __launch_bounds__(kKvSymThreads, kMinBlocks) kv_sym_kernel(const
   for (int bb = 0; bb < nb; ++bb) {
     const int64_t band = A * kBands + bb;  // global index: rows 128 band .., tiles 2 band and 2 band + 1
     const int64_t wrow = band * kKvSymBand + warp * 16 * MT;
-    // the rows' operands, as kv_tc_kernel: 2 Z_I split, the biases -|z_i|^2, the near thresholds
-    uint32_t ah[MT][4], al[MT][4];
+    // the rows' operands, as kv_tc_kernel
+    uint32_t ah[MT][1][4], al[MT][1][4];
     float b1[MT][2], thr[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t i = wrow + 16 * mt + g + 8 * h;
-        const float* xi = x + i * d;
-        auto z = [&](int k) { return (i < n && k < d) ? scale_point(xi[k], s_mu[k], s_w[k]) : 0.0f; };
-        float nrm = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) nrm = fmaf(z(k), z(k), nrm);
-        b1[mt][h] = -nrm;
-        thr[mt][h] = -nrm * (2 * kNearTau);
-        split_tf32(2.0f * z(q), ah[mt][h], al[mt][h]);
-        split_tf32(2.0f * z(q + 4), ah[mt][2 + h], al[mt][2 + h]);
-      }
-    }
+    tc_row_operands<MT, 1>(x, n, d, wrow, g, q, s_mu, s_w, ah, al, b1, thr);
     // V_I as the column product's A operand (m = right-hand side, k = row), k = q row 2 q and k = q + 4 row 2 q + 1
     // of each half of 8 rows
     uint32_t vh[MT][2][4], vl[MT][2][4];
@@ -160,12 +145,7 @@ __global__ void __launch_bounds__(kKvSymThreads, kMinBlocks) kv_sym_kernel(const
       }
 
     float acc[MT][NT][4], comp[MT][NT][4], big[MT][NT][4], small[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) acc[mt][nt][u] = comp[mt][nt][u] = 0.0f;
+    tc_zero(acc, comp);
 
     const int64_t j0 = jlo(bb);
     for (int64_t J = j0; J < jhi; ++J) {
@@ -183,59 +163,21 @@ __global__ void __launch_bounds__(kKvSymThreads, kMinBlocks) kv_sym_kernel(const
       const int lc0 = static_cast<int>((J - C * kSuperTiles) * 64);  // the tile's first column in col_acc
       const int64_t kk = J - j0;
 
-      if (kk % kGroup == 0) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
-      }
+      if (kk % kGroup == 0) tc_zero(big, small);
 
 #pragma unroll
       for (int ch = 0; ch < KvSymTile::kChunks; ++ch) {
         const int c0 = 8 * ch + 2 * q;
         const float2 nc = *reinterpret_cast<const float2*>(&nc_s[c0]);
-        const uint4 zf = zf_s[ch * 32 + lane];
-        float e[MT][4];
-        bool near = false;
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {  // the MMAs start from the biases (kv_tc_kernel's kBias = 1)
-          float sb[4], ss[4];
-          const float cb[4] = {b1[mt][0], b1[mt][0], b1[mt][1], b1[mt][1]}, cs[4] = {nc.x, nc.y, nc.x, nc.y};
-          mma_tf32_from(ss, al[mt], zf.x, zf.y, cs);
-          mma_tf32(ss, ah[mt], zf.z, zf.w);
-          mma_tf32_from(sb, ah[mt], zf.x, zf.y, cb);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            e[mt][u] = sb[u] + ss[u];
-            near |= e[mt][u] >= thr[mt][u >> 1];
-          }
-        }
-        if (__any_sync(kFull, near)) {
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-              const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
-              if (e[mt][u] >= thr[mt][u >> 1] && i < n && j < n)
-                e[mt][u] = tc_neg_sq_dist<8>(x + i * d, x + j * d, s_mu, s_w, d);
-            }
-        }
+        const uint4 zf[1] = {zf_s[ch * 32 + lane]};
+        float e[MT][4];  // the MMAs start from the biases (kv_tc_kernel's kBias = 1)
+        const bool near = tc_exponents<MT, 1, 1>(e, ah, al, zf, b1, thr, nc);
+        tc_recompute_near<MT, 8>(e, thr, near, x, x, d, n, n, wrow, jt, c0, g, s_mu, s_w);
         uint4 vf[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) vf[nt] = vf_s[(ch * NT + nt) * 32 + lane];
         uint32_t ph[MT][4], pl[MT][4];  // A operand order: (g, c0), (g + 8, c0), (g, c0 + 1), (g + 8, c0 + 1)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          split_p<2>(exp2_fast(e[mt][0]), ph[mt][0], pl[mt][0]);
-          split_p<2>(exp2_fast(e[mt][2]), ph[mt][1], pl[mt][1]);
-          split_p<2>(exp2_fast(e[mt][1]), ph[mt][2], pl[mt][2]);
-          split_p<2>(exp2_fast(e[mt][3]), ph[mt][3], pl[mt][3]);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            mma_3xtf32_split(big[mt][nt], small[mt][nt], ph[mt], pl[mt], vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
-        }
+        tc_p_times_v<MT, NT, 2>(e, vf, ph, pl, big, small);
         if (both) {
           // P through the scratch: lane (g, q) writes rows g (half 0) and g + 8 (half 1) of columns 2 q, 2 q + 1
 #pragma unroll
@@ -269,19 +211,7 @@ __global__ void __launch_bounds__(kKvSymThreads, kMinBlocks) kv_sym_kernel(const
           }
         }
       }
-      if ((kk + 1) % kGroup == 0 || J + 1 == jhi) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
-              const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
-              const float s = __fadd_rn(acc[mt][nt][u], y);
-              comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
-              acc[mt][nt][u] = s;
-            }
-      }
+      if ((kk + 1) % kGroup == 0 || J + 1 == jhi) tc_kahan_add(acc, comp, big, small);
       __syncthreads();  // every thread is done with this buffer before the copy two steps on
       buf ^= 1;
     }

@@ -65,6 +65,141 @@ struct KvTcArgs {
 
 __device__ __forceinline__ float tc_weight(const float* ls, int k) { return static_cast<float>(kSqrtHalfLog2e) / ls[k]; }
 
+// Pieces of the product kernels' per-lane work (kv_tc_kernel here and kv_sym_kernel, matmul_symmetric.cuh), each
+// over a warp's MT row tiles of 16 rows from row wrow. Lane 4 g + q holds rows g and g + 8 of each tile and, in a
+// chunk of 8 columns from c0 = 8 ch + 2 q, columns c0 and c0 + 1: e[mt][0..3] for (g, c0), (g, c0 + 1),
+// (g + 8, c0), (g + 8, c0 + 1), the MMAs' accumulator layout.
+
+// The lane's rows: the cross term's A operand (2 Z_I, split; doubling is exact), the biases -|z_i|^2 and the
+// near thresholds. x is the raw points, n of them, d features; rows past n are zero.
+template <int MT, int KD>
+__device__ __forceinline__ void tc_row_operands(const float* x, int64_t n, int d, int64_t wrow, int g, int q,
+                                                const float* s_mu, const float* s_w, uint32_t (&ah)[MT][KD][4],
+                                                uint32_t (&al)[MT][KD][4], float (&b1)[MT][2], float (&thr)[MT][2]) {
+  constexpr int D = 8 * KD;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = wrow + 16 * mt + g + 8 * h;
+      const float* xi = x + i * d;
+      auto z = [&](int k) { return (i < n && k < d) ? scale_point(xi[k], s_mu[k], s_w[k]) : 0.0f; };
+      float nrm = 0.0f;
+#pragma unroll
+      for (int k = 0; k < D; ++k) nrm = fmaf(z(k), z(k), nrm);
+      b1[mt][h] = -nrm;
+      thr[mt][h] = -nrm * (2 * kNearTau);
+#pragma unroll
+      for (int ks = 0; ks < KD; ++ks) {  // a0/a2 of row g, a1/a3 of row g + 8
+        split_tf32(2.0f * z(8 * ks + q), ah[mt][ks][h], al[mt][ks][h]);
+        split_tf32(2.0f * z(8 * ks + q + 4), ah[mt][ks][2 + h], al[mt][ks][2 + h]);
+      }
+    }
+  }
+}
+
+// The chunk's exponents from its staged Z_J fragments zf and column biases nc = -|z_j|^2 (kBias as in
+// kv_tc_kernel); returns whether any of the lane's pairs passes its row's near threshold.
+template <int MT, int KD, int kBias>
+__device__ __forceinline__ bool tc_exponents(float (&e)[MT][4], const uint32_t (&ah)[MT][KD][4],
+                                             const uint32_t (&al)[MT][KD][4], const uint4 (&zf)[KD],
+                                             const float (&b1)[MT][2], const float (&thr)[MT][2], float2 nc) {
+  bool near = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float sb[4], ss[4];
+    if constexpr (kBias == 0) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) sb[u] = ss[u] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KD; ++ks)
+        mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
+    } else {  // the first k-step's MMAs start from the biases; the others accumulate as in mma_3xtf32_split
+      const float cb[4] = {b1[mt][0], b1[mt][0], b1[mt][1], b1[mt][1]}, cs[4] = {nc.x, nc.y, nc.x, nc.y};
+      mma_tf32_from(ss, al[mt][0], zf[0].x, zf[0].y, cs);
+      mma_tf32(ss, ah[mt][0], zf[0].z, zf[0].w);
+      mma_tf32_from(sb, ah[mt][0], zf[0].x, zf[0].y, cb);
+#pragma unroll
+      for (int ks = 1; ks < KD; ++ks)
+        mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if constexpr (kBias == 0)
+        e[mt][u] = ((sb[u] + ss[u]) + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first
+      else
+        e[mt][u] = sb[u] + ss[u];
+      near |= e[mt][u] >= thr[mt][u >> 1];
+    }
+  }
+  return near;
+}
+
+// Where any lane of the warp has a near pair, those pairs' exponents recomputed by differences from the raw
+// points (rows from x1, n of them; columns jt + c0 .. from x2, those before j_end)
+template <int MT, int D>
+__device__ __forceinline__ void tc_recompute_near(float (&e)[MT][4], const float (&thr)[MT][2], bool near,
+                                                  const float* x1, const float* x2, int d, int64_t n, int64_t j_end,
+                                                  int64_t wrow, int64_t jt, int c0, int g, const float* s_mu,
+                                                  const float* s_w) {
+  if (__any_sync(kFull, near)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
+        if (e[mt][u] >= thr[mt][u >> 1] && i < n && j < j_end)
+          e[mt][u] = tc_neg_sq_dist<D>(x1 + i * d, x2 + j * d, s_mu, s_w, d);
+      }
+  }
+}
+
+// P = 2^e split as the A operand (k = q is column c0, k = q + 4 column c0 + 1: (g, c0), (g + 8, c0), (g, c0 + 1),
+// (g + 8, c0 + 1)), and O += P V_J over the chunk's NT staged n-tiles vf, into `big` and `small`
+template <int MT, int NT, int kSplit>
+__device__ __forceinline__ void tc_p_times_v(const float (&e)[MT][4], const uint4 (&vf)[NT], uint32_t (&ph)[MT][4],
+                                             uint32_t (&pl)[MT][4], float (&big)[MT][NT][4],
+                                             float (&small)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    split_p<kSplit>(exp2_fast(e[mt][0]), ph[mt][0], pl[mt][0]);
+    split_p<kSplit>(exp2_fast(e[mt][2]), ph[mt][1], pl[mt][1]);
+    split_p<kSplit>(exp2_fast(e[mt][1]), ph[mt][2], pl[mt][2]);
+    split_p<kSplit>(exp2_fast(e[mt][3]), ph[mt][3], pl[mt][3]);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      mma_3xtf32_split(big[mt][nt], small[mt][nt], ph[mt], pl[mt], vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void tc_zero(float (&a)[MT][NT][4], float (&b)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[mt][nt][u] = b[mt][nt][u] = 0.0f;
+}
+
+// A group of tiles' sums (big + small) added into the Kahan totals (acc, and comp its lost low part, so that the
+// sum is acc - comp)
+template <int MT, int NT>
+__device__ __forceinline__ void tc_kahan_add(float (&acc)[MT][NT][4], float (&comp)[MT][NT][4],
+                                             const float (&big)[MT][NT][4], const float (&small)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
+        const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
+        const float s = __fadd_rn(acc[mt][nt][u], y);
+        comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
+        acc[mt][nt][u] = s;
+      }
+}
+
 // grid (tiles, B), 128 threads: one tile of columns in the product kernel's layout
 template <int KD, int NT, int kTile>
 __global__ void __launch_bounds__(128) kv_tc_stage_kernel(const KvTcArgs a) {
@@ -170,38 +305,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
   }
   __syncthreads();
 
-  // this lane's rows g and g + 8 of each of the warp's row tiles: the cross term's A operand (2 Z_I, split), the
-  // biases -|z_i|^2 and the near thresholds
+  // this lane's rows g and g + 8 of each of the warp's row tiles
   const int64_t wrow = row0 + warp * 16 * MT;
   uint32_t ah[MT][KD][4], al[MT][KD][4];
   float b1[MT][2], thr[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t i = wrow + 16 * mt + g + 8 * h;
-      const float* xi = x1 + i * d;
-      auto z = [&](int k) { return (i < a.n && k < d) ? scale_point(xi[k], s_mu[k], s_w[k]) : 0.0f; };
-      float nrm = 0.0f;
-#pragma unroll
-      for (int k = 0; k < D; ++k) nrm = fmaf(z(k), z(k), nrm);
-      b1[mt][h] = -nrm;
-      thr[mt][h] = -nrm * (2 * kNearTau);
-#pragma unroll
-      for (int ks = 0; ks < KD; ++ks) {  // a0/a2 of row g, a1/a3 of row g + 8; doubling is exact
-        split_tf32(2.0f * z(8 * ks + q), ah[mt][ks][h], al[mt][ks][h]);
-        split_tf32(2.0f * z(8 * ks + q + 4), ah[mt][ks][2 + h], al[mt][ks][2 + h]);
-      }
-    }
-  }
+  tc_row_operands<MT, KD>(x1, a.n, d, wrow, g, q, s_mu, s_w, ah, al, b1, thr);
 
   float acc[MT][NT][4], comp[MT][NT][4];  // Kahan sums: the total and its lost low part
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int u = 0; u < 4; ++u) acc[mt][nt][u] = comp[mt][nt][u] = 0.0f;
+  tc_zero(acc, comp);
 
   float big[MT][NT][4], small[MT][NT][4];  // the current group of tiles: hi x hi and the two cross products
   for (int64_t k = 0; k < ntiles; ++k) {
@@ -214,14 +325,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
     const float* nc_s = reinterpret_cast<const float*>(zf_s + Tile::kZ + Tile::kV);
     const int64_t jt = j_begin + k * kTile;
 
-    if (k % kGroup == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int u = 0; u < 4; ++u) big[mt][nt][u] = small[mt][nt][u] = 0.0f;
-    }
+    if (k % kGroup == 0) tc_zero(big, small);
 
 #pragma unroll
     for (int ch = 0; ch < Tile::kChunks; ++ch) {
@@ -230,74 +334,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) kv_tc_kernel(const Kv
       uint4 zf[KD];
 #pragma unroll
       for (int ks = 0; ks < KD; ++ks) zf[ks] = zf_s[(ch * KD + ks) * 32 + lane];
-      // e[mt][0..3] for (g, c0), (g, c0 + 1), (g + 8, c0), (g + 8, c0 + 1): the accumulator layout
       float e[MT][4];
-      bool near = false;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        float sb[4], ss[4];
-        if constexpr (kBias == 0) {
-#pragma unroll
-          for (int u = 0; u < 4; ++u) sb[u] = ss[u] = 0.0f;
-#pragma unroll
-          for (int ks = 0; ks < KD; ++ks)
-            mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
-        } else {  // the first k-step's MMAs start from the biases; the others accumulate as in mma_3xtf32_split
-          const float cb[4] = {b1[mt][0], b1[mt][0], b1[mt][1], b1[mt][1]}, cs[4] = {nc.x, nc.y, nc.x, nc.y};
-          mma_tf32_from(ss, al[mt][0], zf[0].x, zf[0].y, cs);
-          mma_tf32(ss, ah[mt][0], zf[0].z, zf[0].w);
-          mma_tf32_from(sb, ah[mt][0], zf[0].x, zf[0].y, cb);
-#pragma unroll
-          for (int ks = 1; ks < KD; ++ks)
-            mma_3xtf32_split(sb, ss, ah[mt][ks], al[mt][ks], zf[ks].x, zf[ks].y, zf[ks].z, zf[ks].w);
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if constexpr (kBias == 0)
-            e[mt][u] = ((sb[u] + ss[u]) + b1[mt][u >> 1]) + ((u & 1) ? nc.y : nc.x);  // the dot product first
-          else
-            e[mt][u] = sb[u] + ss[u];
-          near |= e[mt][u] >= thr[mt][u >> 1];
-        }
-      }
-      if (__any_sync(kFull, near)) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int64_t i = wrow + 16 * mt + g + 8 * (u >> 1), j = jt + c0 + (u & 1);
-            if (e[mt][u] >= thr[mt][u >> 1] && i < a.n && j < j_end)
-              e[mt][u] = tc_neg_sq_dist<D>(x1 + i * d, x2 + j * d, s_mu, s_w, d);
-          }
-      }
+      const bool near = tc_exponents<MT, KD, kBias>(e, ah, al, zf, b1, thr, nc);
+      tc_recompute_near<MT, D>(e, thr, near, x1, x2, d, a.n, j_end, wrow, jt, c0, g, s_mu, s_w);
       uint4 vf[NT];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) vf[nt] = vf_s[(ch * NT + nt) * 32 + lane];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        uint32_t ph[4], pl[4];  // A operand: k = t is column c0, k = t + 4 column c0 + 1
-        split_p<kSplit>(exp2_fast(e[mt][0]), ph[0], pl[0]);
-        split_p<kSplit>(exp2_fast(e[mt][2]), ph[1], pl[1]);
-        split_p<kSplit>(exp2_fast(e[mt][1]), ph[2], pl[2]);
-        split_p<kSplit>(exp2_fast(e[mt][3]), ph[3], pl[3]);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          mma_3xtf32_split(big[mt][nt], small[mt][nt], ph, pl, vf[nt].x, vf[nt].y, vf[nt].z, vf[nt].w);
-      }
+      uint32_t ph[MT][4], pl[MT][4];
+      tc_p_times_v<MT, NT, kSplit>(e, vf, ph, pl, big, small);
     }
-    if ((k + 1) % kGroup == 0 || k + 1 == ntiles) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {  // explicit roundings: fast-math must not reassociate the compensation away
-            const float y = __fsub_rn(__fadd_rn(big[mt][nt][u], small[mt][nt][u]), comp[mt][nt][u]);
-            const float s = __fadd_rn(acc[mt][nt][u], y);
-            comp[mt][nt][u] = __fsub_rn(__fsub_rn(s, acc[mt][nt][u]), y);
-            acc[mt][nt][u] = s;
-          }
-    }
+    if ((k + 1) % kGroup == 0 || k + 1 == ntiles) tc_kahan_add(acc, comp, big, small);
     __syncthreads();  // every thread is done with buffer k & 1 before the next tile's copy into it
   }
 
